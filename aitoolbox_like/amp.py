@@ -1,0 +1,48 @@
+"""Mixed-precision policy: which autocast dtype, and whether a GradScaler is needed."""
+import contextlib
+
+import torch
+
+
+class AmpPolicy:
+    """Resolve ``use_amp`` for a device.
+
+    use_amp: False (off), True or 'fp16' (float16 autocast + GradScaler, CUDA only), 'bf16'
+    (bfloat16 autocast, no scaler needed, works on CPU and CUDA), or a dict of GradScaler arguments
+    (fp16 with a custom scaler, as in AIToolbox).
+    """
+
+    def __init__(self, use_amp, device):
+        device = torch.device(device)
+        scaler_kwargs = {}
+        if isinstance(use_amp, dict):
+            scaler_kwargs, use_amp = dict(use_amp), 'fp16'
+        if use_amp is True:
+            use_amp = 'fp16'
+        if use_amp in (False, None):
+            use_amp = None
+        if use_amp not in (None, 'fp16', 'bf16'):
+            raise ValueError(f"use_amp must be False, True/'fp16', 'bf16' or a dict of GradScaler arguments, "
+                             f"got {use_amp!r}")
+        if use_amp == 'fp16' and device.type != 'cuda':
+            raise ValueError(f"use_amp=True (float16 with a GradScaler) needs a CUDA device, but the loop runs on "
+                             f"{device}; use use_amp='bf16' on CPU, or use_amp=False")
+        self.mode = use_amp
+        self.device_type = device.type
+        self.dtype = {'fp16': torch.float16, 'bf16': torch.bfloat16}.get(use_amp)
+        # Always a GradScaler (disabled unless fp16) so callbacks can rely on loop.amp_scaler existing.
+        self.scaler = torch.amp.GradScaler(device.type if device.type == 'cuda' else 'cpu',
+                                           enabled=use_amp == 'fp16', **scaler_kwargs)
+
+    @property
+    def enabled(self):
+        return self.mode is not None
+
+    @property
+    def uses_scaler(self):
+        return self.mode == 'fp16'
+
+    def autocast(self):
+        if self.mode is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)

@@ -1,0 +1,1 @@
+from .abstract import AbstractCallback, AbstractExperimentCallback, StopTraining

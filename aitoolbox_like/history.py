@@ -1,0 +1,118 @@
+"""TrainingHistory: per-metric lists of values, one entry per time the metric was computed."""
+import copy
+import logging
+from collections.abc import Mapping
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingHistory:
+    """Dict-like record of a training run: ``history['val_loss']`` is a list with one value per epoch
+    in which it was computed.
+
+    Besides the values, the history remembers the epoch of each value (``get_epochs(metric)``), so
+    that metrics computed only every k epochs can be plotted and compared without guessing.
+    As in AIToolbox, ``history[name] = value`` APPENDS a value; ``history[name]`` returns the list.
+    """
+
+    def __init__(self, has_validation=True, strict_content_check=False):
+        self.strict_content_check = strict_content_check
+        self.has_validation = has_validation
+        self.train_history = self._empty_history()
+        self._epochs = {}
+        self.current_epoch = 0   # the TrainLoop keeps this up to date; it labels new values
+
+    def _empty_history(self):
+        history = {'loss': [], 'accumulated_loss': []}
+        if self.has_validation:
+            history['val_loss'] = []
+        return history
+
+    @property
+    def empty_train_history(self):
+        return self._empty_history()
+
+    def insert_single_result_into_history(self, metric_name, metric_result, epoch=None):
+        self.train_history.setdefault(metric_name, []).append(metric_result)
+        self._epochs.setdefault(metric_name, []).append(self.current_epoch if epoch is None else epoch)
+
+    def get_epochs(self, metric_name):
+        """Epoch index of each value of ``metric_name`` (same length as ``history[metric_name]``)."""
+        return list(self._epochs.get(metric_name, []))
+
+    def get_train_history(self):
+        return self.train_history
+
+    def get_train_history_dict(self, flatten_dict=False):
+        if self.train_history == self._empty_history():
+            logger.warning('Train History dict is empty')
+        if not flatten_dict:
+            return self.train_history
+        return self.flatten_history(self.train_history)
+
+    @staticmethod
+    def flatten_history(history):
+        """Expand metrics whose values are dicts into one list per key: ``{'f1': [{'a': 1}]}`` becomes
+        ``{'f1_a': [1]}``. Works on any Python 3 (AIToolbox's used collections.Mapping, gone in 3.10)."""
+        flat = {}
+        for name, values in history.items():
+            if values and all(isinstance(v, Mapping) for v in values):
+                for sub_name in dict.fromkeys(k for v in values for k in v):
+                    flat[f'{name}_{sub_name}'] = [copy.deepcopy(v.get(sub_name)) for v in values]
+            else:
+                flat[name] = copy.deepcopy(values)
+        return flat
+
+    def wrap_pre_prepared_history(self, history):
+        self.train_history = history
+        self._epochs = {name: list(range(len(values))) for name, values in history.items()}
+        return self
+
+    def get_epoch_from_history(self, epoch):
+        """The values recorded in one epoch: ``{metric: value}``."""
+        return {name: self.train_history[name][self._epochs[name].index(epoch)]
+                for name in self.train_history if epoch in self._epochs.get(name, [])}
+
+    # ---- checkpoint state ----
+    def state_dict(self):
+        return {'train_history': copy.deepcopy(self.train_history), 'epochs': copy.deepcopy(self._epochs),
+                'current_epoch': self.current_epoch}
+
+    def load_state_dict(self, state):
+        self.train_history = copy.deepcopy(state['train_history'])
+        self._epochs = copy.deepcopy(state['epochs'])
+        self.current_epoch = state.get('current_epoch', 0)
+
+    # ---- dict protocol ----
+    def __getitem__(self, metric_name):
+        return self.train_history[metric_name]
+
+    def __setitem__(self, metric_name, metric_result):
+        self.insert_single_result_into_history(metric_name, metric_result)
+
+    def __contains__(self, metric_name):
+        return metric_name in self.train_history
+
+    def __iter__(self):
+        return iter(self.train_history)
+
+    def __len__(self):
+        return len(self.train_history)
+
+    def keys(self):
+        return self.train_history.keys()
+
+    def values(self):
+        return self.train_history.values()
+
+    def items(self):
+        return self.train_history.items()
+
+    def get(self, metric_name, default=None):
+        return self.train_history.get(metric_name, default)
+
+    def __str__(self):
+        return str(self.train_history)
+
+    def __repr__(self):
+        return f'TrainingHistory({self.train_history!r})'

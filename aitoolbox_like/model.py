@@ -1,0 +1,109 @@
+"""The model contract the TrainLoop trains: how a batch becomes a loss and predictions."""
+from abc import ABC, abstractmethod
+
+import torch
+from torch import nn
+
+
+def _to_device(data, device):
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=True)
+    if isinstance(data, (list, tuple)):
+        return type(data)(_to_device(el, device) for el in data)
+    if isinstance(data, dict):
+        return {k: _to_device(v, device) for k, v in data.items()}
+    return data
+
+
+class TTModel(nn.Module, ABC):
+    """An nn.Module that also says how to compute the loss and predictions of one batch."""
+
+    @abstractmethod
+    def get_loss(self, batch_data, criterion, device):
+        """Return the training loss of one batch (a scalar tensor, or a MultiLoss)."""
+
+    def get_loss_eval(self, batch_data, criterion, device):
+        """Loss used for evaluation; the training loss unless a model needs something else."""
+        return self.get_loss(batch_data, criterion, device)
+
+    @abstractmethod
+    def get_predictions(self, batch_data, device):
+        """Return ``(y_pred, y_true, metadata)`` for one batch; metadata is a dict of lists or None."""
+
+
+class TTBasicModel(TTModel):
+    """A TTModel for the common case: the last element of the batch is the target and every other
+    element is a positional input of ``forward``."""
+
+    def get_loss(self, batch_data, criterion, device):
+        *inputs, target = batch_data
+        predicted = self(*_to_device(inputs, device))
+        return criterion(predicted, _to_device(target, device))
+
+    def get_predictions(self, batch_data, device):
+        *inputs, target = batch_data
+        predicted = self(*_to_device(inputs, device))
+        return predicted.detach(), target, None
+
+
+class AbstractModelFeedDefinition(ABC):
+    """How a plain nn.Module is fed a batch, for models that cannot subclass TTModel."""
+
+    @abstractmethod
+    def get_loss(self, model, batch_data, criterion, device):
+        pass
+
+    def get_loss_eval(self, model, batch_data, criterion, device):
+        return self.get_loss(model, batch_data, criterion, device)
+
+    @abstractmethod
+    def get_predictions(self, model, batch_data, device):
+        pass
+
+
+class ModelWrap:
+    """Adapt a plain nn.Module: ``ModelWrap(model, batch_model_feed_def)``; the TrainLoop trains
+    ``model`` and asks ``batch_model_feed_def`` for losses and predictions."""
+
+    def __init__(self, model, batch_model_feed_def):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f'ModelWrap: model must be a torch.nn.Module, got {type(model).__qualname__}')
+        missing = [m for m in ('get_loss', 'get_predictions') if not callable(getattr(batch_model_feed_def, m, None))]
+        if missing:
+            raise TypeError(f'ModelWrap: batch_model_feed_def ({type(batch_model_feed_def).__qualname__}) has no '
+                            f'{" or ".join(missing)}; subclass aitoolbox_like.model.AbstractModelFeedDefinition')
+        self.model = model
+        self.batch_model_feed_def = batch_model_feed_def
+
+
+class _BoundFeedDefinition:
+    """Gives a wrapped model the TTModel call shape so the loop has one code path."""
+
+    def __init__(self, model, feed_def):
+        self._model = model
+        self._feed_def = feed_def
+
+    def get_loss(self, batch_data, criterion, device):
+        return self._feed_def.get_loss(self._model, batch_data, criterion, device)
+
+    def get_loss_eval(self, batch_data, criterion, device):
+        get_loss_eval = getattr(self._feed_def, 'get_loss_eval', None) or self._feed_def.get_loss
+        return get_loss_eval(self._model, batch_data, criterion, device)
+
+    def get_predictions(self, batch_data, device):
+        return self._feed_def.get_predictions(self._model, batch_data, device)
+
+
+def resolve_model(model):
+    """Return ``(nn.Module to train, object with get_loss/get_loss_eval/get_predictions)``."""
+    if isinstance(model, ModelWrap):
+        return model.model, _BoundFeedDefinition(model.model, model.batch_model_feed_def)
+    if isinstance(model, TTModel):
+        return model, model
+    name = type(model).__qualname__
+    if isinstance(model, nn.Module):
+        raise TypeError(f'model is a plain torch.nn.Module ({name}); the TrainLoop needs to know how to get a loss '
+                        f'from a batch: subclass aitoolbox_like.TTModel (define get_loss and get_predictions), '
+                        f'subclass aitoolbox_like.TTBasicModel (the last batch element is the target), or wrap it '
+                        f'with aitoolbox_like.ModelWrap(model, feed_definition)')
+    raise TypeError(f'model must be a TTModel, TTBasicModel or ModelWrap, got {name}')

@@ -1,0 +1,551 @@
+"""TrainLoop: the training loop. Everything beyond fit / evaluate / predict is a callback.
+
+The event order of one fit (see docs/event-order.md):
+
+    register callbacks -> on_train_loop_registration
+    [DDP worker] on_multiprocess_start
+    on_train_begin
+    for each epoch:
+        on_epoch_begin
+        for each batch:
+            on_batch_begin
+            loss = get_loss(batch) under autocast; backward(loss / grad_accumulation)
+            on_after_backward
+            if update step:
+                unscale (fp16); for each optimizer idx:
+                    on_after_gradient_update(idx); step; on_after_optimizer_step; zero_grad
+            on_batch_end
+        end-of-epoch evaluation -> history 'accumulated_loss', 'loss', 'val_loss'
+        on_epoch_end
+        stop if early_stop
+    end-of-training evaluation -> history 'train_end_test_loss'
+    on_train_end
+    (on any exception: on_exception(exc), then re-raise)
+"""
+import copy
+import datetime
+import logging
+import math
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import IterableDataset
+
+from . import distributed
+from .amp import AmpPolicy
+from .callbacks.abstract import StopTraining
+from .callbacks.handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError
+from .history import TrainingHistory
+from .model import ModelWrap, resolve_model
+from .multi_loss_optim import MultiLoss, MultiOptimizer
+from .predictions import append_predictions, batch_size_of, combine_prediction_metadata_batches, torch_cat_transf
+
+logger = logging.getLogger(__name__)
+
+GPU_MODES = ('single', 'ddp')
+
+
+class TrainLoop:
+    """Train a TTModel (or ModelWrap) with an optimizer and a criterion, extended by callbacks.
+
+    Args:
+        model: TTModel, TTBasicModel or ModelWrap.
+        train_loader, validation_loader, test_loader: DataLoaders (validation/test may be None).
+        optimizer: a torch optimizer, a MultiOptimizer, or any object with step() and zero_grad().
+        criterion: passed to the model's get_loss (may be None if the model does not need one).
+        collate_batch_pred_fn: how one batch's predictions are added to the collected list.
+        pred_transform_fn: how the collected list becomes the final predictions (default torch.cat).
+        end_auto_eval (bool or int): compute 'loss'/'val_loss' after every epoch (True), never (False)
+            or every k epochs (int k); also controls the end-of-training test loss.
+        lazy_experiment_save (bool): for tracking loops: create experiment folders only when first used.
+        print_callbacks (bool): print the registered callbacks at the start of fit.
+        gpu_mode: 'single' or 'ddp' (DistributedDataParallel; see docs/distributed.md).
+        cuda_device_idx (int or None): which GPU in 'single' mode (CPU when CUDA is unavailable).
+        use_amp: False, True / 'fp16' (CUDA, with GradScaler), 'bf16' (CPU or CUDA), or a dict of
+            GradScaler arguments.
+        progress_bar (bool or None): tqdm progress bar; None shows it only when stderr is a terminal.
+    """
+
+    def __init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion,
+                 collate_batch_pred_fn=append_predictions, pred_transform_fn=torch_cat_transf,
+                 end_auto_eval=True, lazy_experiment_save=False, print_callbacks=False,
+                 gpu_mode='single', cuda_device_idx=None, use_amp=False, progress_bar=None):
+        self.model, self._feed = resolve_model(model)
+        self.batch_model_feed_def = model.batch_model_feed_def if isinstance(model, ModelWrap) else None
+        if train_loader is None or not hasattr(train_loader, '__iter__'):
+            raise TypeError(f'train_loader must be an iterable of batches (e.g. a torch DataLoader), '
+                            f'got {type(train_loader).__qualname__}')
+        missing = [m for m in ('step', 'zero_grad') if not callable(getattr(optimizer, m, None))]
+        if missing:
+            raise TypeError(f'optimizer ({type(optimizer).__qualname__}) has no {" or ".join(missing)}(); pass a '
+                            f'torch.optim optimizer or aitoolbox_like.MultiOptimizer([...])')
+        if gpu_mode not in GPU_MODES:
+            hint = " ('dp' / DataParallel is not supported: use 'ddp')" if gpu_mode == 'dp' else ''
+            raise ValueError(f'gpu_mode must be one of {GPU_MODES}, got {gpu_mode!r}{hint}')
+        if isinstance(end_auto_eval, bool) or end_auto_eval is None:
+            end_auto_eval = bool(end_auto_eval)
+        elif not isinstance(end_auto_eval, int) or end_auto_eval < 1:
+            raise ValueError(f'end_auto_eval must be True, False or an epoch interval >= 1, got {end_auto_eval!r}')
+
+        self.train_loader = train_loader
+        self.validation_loader = validation_loader
+        self.test_loader = test_loader
+        self.optimizer = optimizer
+        self.criterion = criterion
+        self.collate_batch_pred_fn = collate_batch_pred_fn
+        self.pred_transform_fn = pred_transform_fn
+        self.end_auto_eval = end_auto_eval
+        self.lazy_experiment_save = lazy_experiment_save
+        self.print_callbacks = print_callbacks
+        self.gpu_mode = gpu_mode
+        self.cuda_device_idx = cuda_device_idx
+        self.progress_bar = sys.stderr.isatty() if progress_bar is None else bool(progress_bar)
+
+        self.device = self._select_device(cuda_device_idx)
+        self._amp = AmpPolicy(use_amp, self.device)
+        self.use_amp = self._amp.mode or False
+        self.amp_scaler = self._amp.scaler
+
+        self.experiment_timestamp = datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')
+        self.train_history = TrainingHistory(has_validation=validation_loader is not None)
+        self.epoch = 0
+        self.iteration = 0
+        self.total_iteration_idx = -1
+        self.num_epochs = None
+        self.num_iterations = None
+        self.grad_accumulation = 1
+        self.optimizer_idx = 0
+        self.loss_batch_accum = []
+        self.early_stop = False
+        self.grad_cb_used = False       # AIToolbox callbacks set it; dispatch does not need it
+        self.ddp_training_mode = False
+        self.callbacks = []
+        self.callbacks_handler = CallbacksHandler(self)
+
+        self._epochs_completed = 0      # the next fit starts at this epoch
+        self._is_last_batch = False
+        self._eval_cache = {}
+        self._rank_restricted_callback = None
+
+    # ------------------------------------------------------------------ set-up helpers
+
+    def _select_device(self, cuda_device_idx):
+        if torch.cuda.is_available():
+            if cuda_device_idx is not None and not 0 <= cuda_device_idx < torch.cuda.device_count():
+                raise ValueError(f'cuda_device_idx={cuda_device_idx} but only {torch.cuda.device_count()} GPUs '
+                                 f'are visible')
+            return torch.device('cuda' if cuda_device_idx is None else f'cuda:{cuda_device_idx}')
+        if cuda_device_idx is not None:
+            logger.warning('cuda_device_idx=%s ignored: CUDA is not available, training on CPU', cuda_device_idx)
+        return torch.device('cpu')
+
+    @property
+    def global_rank(self):
+        return distributed.get_rank()
+
+    @property
+    def world_size(self):
+        return distributed.get_world_size()
+
+    def is_main_process(self):
+        """True in the process of global rank 0 (always in a single-process run)."""
+        return self.global_rank == 0
+
+    @property
+    def _optimizers(self):
+        return list(self.optimizer) if isinstance(self.optimizer, MultiOptimizer) else [self.optimizer]
+
+    # ------------------------------------------------------------------ fit
+
+    def __call__(self, num_epochs=0, num_iterations=0, callbacks=None, grad_accumulation=1, **kwargs):
+        return self.fit(num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
+
+    def fit(self, num_epochs=0, num_iterations=0, callbacks=None, grad_accumulation=1, **kwargs):
+        """Train and return the model.
+
+        Args:
+            num_epochs (int): train until this many epochs are done in total (a second fit continues
+                from the next epoch). Exactly one of num_epochs / num_iterations is given.
+            num_iterations (int): train until this many batches are done in total; works with loaders
+                that have no len() (IterableDataset).
+            callbacks (list): AbstractCallback instances; a callback already registered is kept once.
+            grad_accumulation (int): micro-batches per optimizer update; the last partial window of an
+                epoch is applied too.
+        """
+        for name, value in (('num_epochs', num_epochs), ('num_iterations', num_iterations),
+                            ('grad_accumulation', grad_accumulation)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f'{name} must be a non-negative int, got {value!r}')
+        if (num_epochs > 0) == (num_iterations > 0):
+            raise ValueError(f'give exactly one of num_epochs and num_iterations (got num_epochs={num_epochs}, '
+                             f'num_iterations={num_iterations})')
+        if grad_accumulation < 1:
+            raise ValueError('grad_accumulation must be >= 1')
+        if self.gpu_mode == 'ddp':
+            from .ddp_launch import fit_ddp
+            return fit_ddp(self, num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
+        if kwargs:
+            raise TypeError(f'fit() got unexpected arguments {sorted(kwargs)}; these are only accepted with '
+                            f"gpu_mode='ddp'")
+        return self._train(num_epochs, num_iterations, callbacks, grad_accumulation)
+
+    def _train(self, num_epochs, num_iterations, callbacks=None, grad_accumulation=1):
+        self.num_iterations = num_iterations
+        self.grad_accumulation = grad_accumulation
+        self.num_epochs = num_epochs or self._epochs_for_iterations(num_iterations)
+        self.early_stop = False
+        self._eval_cache.clear()
+
+        self.callbacks_handler.register_callbacks(callbacks)      # also registers cached callbacks
+        self._add_default_progress_bar()
+        if self.print_callbacks:
+            self.callbacks_handler.print_registered_callback_names()
+
+        self.model.to(self.device)
+        if isinstance(self.criterion, torch.nn.Module):
+            self.criterion.to(self.device)
+        self.model.train()
+
+        try:
+            try:
+                self.callbacks_handler.execute_train_begin()
+                self._train_epochs()
+            except StopTraining as stop:
+                logger.info('Training stopped by a callback: %s', stop or 'StopTraining')
+            try:
+                self.auto_execute_end_of_training()
+                self.callbacks_handler.execute_train_end()
+            except StopTraining:
+                pass
+        except BaseException as exc:
+            self.callbacks_handler.execute_exception(exc)
+            raise
+        return self.model
+
+    def _epochs_for_iterations(self, num_iterations):
+        try:
+            return math.ceil(num_iterations / len(self.train_loader))
+        except TypeError:
+            return None       # a loader without len(): epochs last until the data runs out
+
+    def _add_default_progress_bar(self):
+        if not self.progress_bar or not self.is_main_process():
+            return
+        from .callbacks.basic import ProgressBar
+        if not any(isinstance(cb, ProgressBar) for cb in self.callbacks):
+            self.callbacks_handler.register_callbacks([ProgressBar()])
+
+    def _train_epochs(self):
+        handler = self.callbacks_handler
+        epoch = self._epochs_completed
+        if self.num_epochs is not None and epoch >= self.num_epochs:
+            logger.warning('Nothing to train: %d epochs are already done and num_epochs=%d is the total; pass a '
+                           'larger num_epochs to continue', epoch, self.num_epochs)
+        while (self.num_epochs is None or epoch < self.num_epochs) and not self._iterations_done():
+            self.epoch = self.train_history.current_epoch = epoch
+            self.loss_batch_accum = []
+            handler.execute_epoch_begin()
+            for self.iteration, batch_data, self._is_last_batch in self._batches():
+                self.total_iteration_idx += 1
+                handler.execute_batch_begin()
+                self._train_step(batch_data)
+                handler.execute_batch_end()
+                if self._is_last_batch:
+                    break
+            self._epochs_completed = epoch + 1
+            self.auto_execute_end_of_epoch()
+            handler.execute_epoch_end()
+            if self._agree_on_early_stop():
+                logger.info('Early stopping after epoch %d', epoch)
+                break
+            epoch += 1
+
+    def _iterations_done(self):
+        return bool(self.num_iterations) and self.total_iteration_idx + 1 >= self.num_iterations
+
+    def _batches(self):
+        """Yield (index, batch, is_last). is_last marks the end of the epoch (or of num_iterations) so the
+        last partial gradient-accumulation window is applied. Sized loaders use len() so that batches
+        are fetched exactly when a hand-written loop would fetch them; others look one batch ahead."""
+        remaining = self.num_iterations - (self.total_iteration_idx + 1) if self.num_iterations else None
+        sized = not isinstance(getattr(self.train_loader, 'dataset', None), IterableDataset)
+        try:
+            length = len(self.train_loader) if sized else None
+        except TypeError:
+            length = None
+        if length is not None:
+            last = length - 1 if remaining is None else min(length, remaining) - 1
+            for i, batch in enumerate(self.train_loader):
+                yield i, batch, i == last
+            return
+        iterator = iter(self.train_loader)
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        i = 0
+        while True:
+            try:
+                upcoming = next(iterator)
+            except StopIteration:
+                yield i, batch, True
+                return
+            yield i, batch, remaining is not None and i == remaining - 1
+            batch, i = upcoming, i + 1
+
+    def _train_step(self, batch_data):
+        with self._amp.autocast():
+            loss = self._feed.get_loss(batch_data, self.criterion, self.device)
+        self.loss_batch_accum.append(loss.detach())
+        if self.grad_accumulation > 1:
+            loss = loss / self.grad_accumulation
+        if self._amp.uses_scaler:
+            loss = self.amp_scaler.scale(loss) if isinstance(loss, torch.Tensor) else loss.scale(self.amp_scaler)
+        loss.backward()
+        self.callbacks_handler.execute_after_backward()
+        if self.should_execute_optimizer_update():
+            self._optimizer_update()
+
+    def _optimizer_update(self):
+        handler = self.callbacks_handler
+        optimizers = self._optimizers
+        uses_scaler = self._amp.uses_scaler
+        if uses_scaler:
+            for optimizer in optimizers:     # once, so callbacks see and clip the real gradients
+                self.amp_scaler.unscale_(optimizer)
+        for self.optimizer_idx, optimizer in enumerate(optimizers):
+            handler.execute_gradient_update(self.optimizer_idx)
+            if uses_scaler:
+                self.amp_scaler.step(optimizer)
+            else:
+                optimizer.step()
+            handler.execute_optimizer_step()
+            optimizer.zero_grad()
+        if uses_scaler:
+            self.amp_scaler.update()
+        self.optimizer_idx = 0
+
+    def should_execute_optimizer_update(self):
+        """True on the batches where the optimizer steps: every grad_accumulation-th batch of the epoch and
+        the last batch of the epoch."""
+        return (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch
+
+    def _agree_on_early_stop(self):
+        if self.world_size == 1:
+            return self.early_stop
+        flag = torch.tensor([1.0 if self.early_stop else 0.0], device=self._collective_device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self.early_stop = bool(flag.item())
+        return self.early_stop
+
+    def _collective_device(self):
+        return self.device if dist.get_backend() == 'nccl' else torch.device('cpu')
+
+    # ------------------------------------------------------------------ automatic evaluation
+
+    def _auto_eval_due(self):
+        if isinstance(self.end_auto_eval, bool):
+            return self.end_auto_eval
+        return self.epoch % self.end_auto_eval == 0
+
+    def auto_execute_end_of_epoch(self):
+        if self.loss_batch_accum:
+            self._insert_loss('accumulated_loss', self.parse_loss(self.loss_batch_accum))
+        else:
+            logger.warning('Epoch %d had no training batches', self.epoch)
+        if self._auto_eval_due():
+            self._insert_loss('loss', self.evaluate_loss_on_train_set())
+            if self.validation_loader is not None:
+                self._insert_loss('val_loss', self.evaluate_loss_on_validation_set())
+        if self.is_main_process() and logger.isEnabledFor(logging.INFO):
+            values = {k: v[-1] for k, v in self.train_history.items()
+                      if v and self.train_history.get_epochs(k)[-1] == self.epoch and isinstance(v[-1], float)}
+            logger.info('Epoch %d: %s', self.epoch, ', '.join(f'{k}={v:.5g}' for k, v in values.items()))
+
+    def auto_execute_end_of_training(self):
+        if self.test_loader is not None and self.end_auto_eval:
+            self._insert_loss('train_end_test_loss', self.evaluate_loss_on_test_set())
+            logger.info('Test loss at the end of training: %.5g', self.train_history['train_end_test_loss'][-1])
+
+    def _insert_loss(self, name, loss):
+        if isinstance(loss, MultiLoss):
+            # One key per loss as in AIToolbox, plus their sum under the plain name (AIToolbox left it
+            # empty, which broke early stopping and plots on multi-loss models).
+            for loss_name, value in loss.items():
+                self.insert_metric_result_into_history(f'{name}_{loss_name}', value.item())
+            self.insert_metric_result_into_history(name, float(sum(v.item() for v in loss.values())))
+        else:
+            self.insert_metric_result_into_history(name, loss.item())
+
+    def parse_loss(self, loss_record):
+        """Mean of a list of per-batch losses (tensors or MultiLoss), as a float64 tensor (or MultiLoss);
+        averaged across processes in a distributed run."""
+        if isinstance(loss_record[0], MultiLoss):
+            names = list(loss_record[0].keys())
+            return MultiLoss({name: self.parse_loss([ml[name] for ml in loss_record]) for name in names})
+        mean = torch.stack([loss.reshape(()) for loss in loss_record]).double().mean()
+        if self.world_size > 1:
+            self._check_collective_allowed('parse_loss')
+            mean = mean.to(self._collective_device())
+            dist.all_reduce(mean)
+            mean = mean / self.world_size
+        return mean
+
+    def insert_metric_result_into_history(self, metric_name, metric_result):
+        self.train_history.insert_single_result_into_history(metric_name, metric_result)
+
+    # ------------------------------------------------------------------ loss evaluation
+
+    def evaluate_loss_on_train_set(self, force_prediction=False, float_dict_format=False):
+        return self._cached_loss('train', self.train_loader, force_prediction, float_dict_format)
+
+    def evaluate_loss_on_validation_set(self, force_prediction=False, float_dict_format=False):
+        return self._cached_loss('validation', self.validation_loader, force_prediction, float_dict_format)
+
+    def evaluate_loss_on_test_set(self, force_prediction=False, float_dict_format=False):
+        return self._cached_loss('test', self.test_loader, force_prediction, float_dict_format)
+
+    def _cached_loss(self, dataset_type, data_loader, force_prediction, float_dict_format):
+        loss = self._cached(('loss', dataset_type), force_prediction, lambda: self.evaluate_model_loss(
+            self._require_loader(data_loader, dataset_type), move_to_cpu=True, dataset_info={'type': dataset_type}))
+        return self.convert_loss_to_float_dict_format(loss) if float_dict_format else loss
+
+    @staticmethod
+    def convert_loss_to_float_dict_format(loss):
+        return loss.item() if isinstance(loss, (torch.Tensor, MultiLoss)) else loss
+
+    def evaluate_model_loss(self, data_loader, move_to_cpu=False, dataset_info=None):
+        """Loss of the model over a loader, in eval mode without gradients: the mean of the per-batch
+        losses weighted by batch size (so a smaller last batch does not skew it)."""
+        self._check_collective_allowed('evaluate_model_loss')
+        was_training = self.model.training
+        self.model.eval()
+        weighted_sum, num_samples = None, 0
+        try:
+            with torch.no_grad(), self._amp.autocast():
+                for batch_data in data_loader:
+                    loss = self._feed.get_loss_eval(batch_data, self.criterion, self.device)
+                    n = batch_size_of(batch_data)
+                    if isinstance(loss, MultiLoss):
+                        contribution = {k: v.detach().double() * n for k, v in loss.items()}
+                        weighted_sum = contribution if weighted_sum is None else \
+                            {k: weighted_sum[k] + contribution[k] for k in weighted_sum}
+                    else:
+                        contribution = loss.detach().double() * n
+                        weighted_sum = contribution if weighted_sum is None else weighted_sum + contribution
+                    num_samples += n
+        finally:
+            self.model.train(was_training)
+        if weighted_sum is None:
+            raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
+        if isinstance(weighted_sum, dict):
+            loss = MultiLoss({k: self._reduce_mean(v, num_samples) for k, v in weighted_sum.items()})
+            return loss._map(torch.Tensor.cpu) if move_to_cpu else loss
+        loss = self._reduce_mean(weighted_sum, num_samples)
+        return loss.cpu() if move_to_cpu else loss
+
+    def _reduce_mean(self, weighted_sum, num_samples):
+        if self.world_size == 1:
+            return weighted_sum / num_samples
+        totals = torch.stack([weighted_sum.to(self._collective_device()),
+                              torch.tensor(float(num_samples), dtype=torch.float64, device=self._collective_device())])
+        dist.all_reduce(totals)
+        return totals[0] / totals[1]
+
+    # ------------------------------------------------------------------ predictions
+
+    def predict_on_train_set(self, force_prediction=False, execute_callbacks=False):
+        return self._cached_predictions('train', self.train_loader, force_prediction, execute_callbacks)
+
+    def predict_on_validation_set(self, force_prediction=False, execute_callbacks=False):
+        return self._cached_predictions('validation', self.validation_loader, force_prediction, execute_callbacks)
+
+    def predict_on_test_set(self, force_prediction=False, execute_callbacks=False):
+        return self._cached_predictions('test', self.test_loader, force_prediction, execute_callbacks)
+
+    def _cached_predictions(self, dataset_type, data_loader, force_prediction, execute_callbacks):
+        return self._cached(('predictions', dataset_type), force_prediction, lambda: self.predict_with_model(
+            self._require_loader(data_loader, dataset_type), execute_callbacks, move_to_cpu=True,
+            dataset_info={'type': dataset_type}))
+
+    def predict_with_model(self, data_loader, execute_callbacks=False, move_to_cpu=False, dataset_info=None):
+        """Run the model over a loader in eval mode: returns ``(y_pred, y_true, metadata)``."""
+        self._check_collective_allowed('predict_with_model')
+        was_training = self.model.training
+        self.model.eval()
+        y_pred, y_true, metadata_list = [], [], []
+        try:
+            with torch.no_grad(), self._amp.autocast():
+                for batch_data in data_loader:
+                    y_pred_batch, y_true_batch, metadata_batch = self._feed.get_predictions(batch_data, self.device)
+                    if execute_callbacks:
+                        self.callbacks_handler.execute_after_batch_prediction(
+                            y_pred_batch, y_true_batch, metadata_batch, dataset_info)
+                    y_pred = self.collate_batch_pred_fn(y_pred_batch, y_pred)
+                    y_true = self.collate_batch_pred_fn(y_true_batch, y_true)
+                    if metadata_batch:
+                        metadata_list.append(metadata_batch)
+        finally:
+            self.model.train(was_training)
+        y_pred, y_true = self.pred_transform_fn(y_pred), self.pred_transform_fn(y_true)
+        metadata = combine_prediction_metadata_batches(metadata_list) if metadata_list else None
+        if move_to_cpu:
+            y_pred, y_true = _cpu(y_pred), _cpu(y_true)
+            metadata = {k: _cpu(v) for k, v in metadata.items()} if metadata else metadata
+        return y_pred, y_true, metadata
+
+    def _cached(self, key, force, compute):
+        """Results are cached per training position: every callback asking at the same point gets the same
+        values without recomputing, and each caller gets its own copy to mutate."""
+        position = (self.epoch, self.total_iteration_idx)
+        hit = self._eval_cache.get(key)
+        if force or hit is None or hit[0] != position:
+            hit = (position, compute())
+            self._eval_cache[key] = hit
+        return copy.deepcopy(hit[1])
+
+    def purge_prediction_cache(self):
+        """Forget cached losses and predictions (e.g. after loading other weights into the model)."""
+        self._eval_cache.clear()
+
+    @staticmethod
+    def _require_loader(data_loader, dataset_type):
+        if data_loader is None:
+            raise ValueError(f'no {dataset_type} loader was given to the TrainLoop, so there is nothing to evaluate '
+                             f'on the {dataset_type} set')
+        return data_loader
+
+    def _check_collective_allowed(self, operation):
+        callback = self._rank_restricted_callback
+        if callback is not None and self.world_size > 1:
+            raise CollectiveInRankRestrictedCallbackError(
+                f'callback {callback.callback_name!r} ({type(callback).__name__}) runs only on rank '
+                f'{callback.device_idx_execution} but called {operation}, which every rank must join; it would hang. '
+                f'Set device_idx_execution=None so it runs on every rank (and guard its side effects with '
+                f'train_loop_obj.is_main_process()).')
+
+    # ------------------------------------------------------------------ schedules
+
+    def get_schedulers(self):
+        from .callbacks.train_schedule import AbstractScheduler
+        return [cb for cb in self.callbacks if isinstance(cb, AbstractScheduler)]
+
+    def get_num_training_steps(self):
+        """Number of optimizer updates this fit will make (the last partial accumulation window of each
+        epoch counts as an update)."""
+        if self.num_epochs is None and not self.num_iterations:
+            raise RuntimeError('get_num_training_steps() is known only once fit() has started')
+        try:
+            per_epoch = len(self.train_loader)
+        except TypeError:
+            if self.num_iterations:
+                return math.ceil(self.num_iterations / self.grad_accumulation)
+            raise RuntimeError('get_num_training_steps() needs a train_loader with len() or fit(num_iterations=...)')
+        total_batches = self.num_iterations or per_epoch * self.num_epochs
+        full_epochs, rest = divmod(total_batches, per_epoch)
+        return full_epochs * math.ceil(per_epoch / self.grad_accumulation) + math.ceil(rest / self.grad_accumulation)
+
+
+def _cpu(value):
+    return value.cpu() if isinstance(value, torch.Tensor) else value
