@@ -501,9 +501,17 @@ class TrainLoop:
         position = (self.epoch, self.total_iteration_idx)
         hit = self._eval_cache.get(key)
         if force or hit is None or hit[0] != position:
-            hit = (position, compute())
+            # Iterating a loader draws from the global RNG (sampler and worker seeds); isolating it keeps
+            # the training trajectory independent of how often and on what the model is evaluated.
+            with torch.random.fork_rng(devices=self._rng_devices()):
+                hit = (position, compute())
             self._eval_cache[key] = hit
         return copy.deepcopy(hit[1])
+
+    def _rng_devices(self):
+        if self.device.type != 'cuda':
+            return []
+        return [self.device.index if self.device.index is not None else torch.cuda.current_device()]
 
     def purge_prediction_cache(self):
         """Forget cached losses and predictions (e.g. after loading other weights into the model)."""

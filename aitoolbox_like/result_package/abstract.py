@@ -1,0 +1,630 @@
+"""Base classes of the result packages.
+
+A result package turns ground-truth targets and model predictions into a flat dict of
+``metric_name -> value``. The values are plain Python numbers (or lists / dicts of them), so
+the dict can go straight into a training history and be written out as JSON.
+
+Life cycle::
+
+    pkg = SomeResultPackage()
+    pkg.prepare_result_package(y_true, y_predicted, hyperparameters=args)
+    pkg.get_results()        # metrics computed here on the first call, then cached
+    pkg.get_results()        # cached dict (a fresh copy each call)
+
+Calling ``prepare_result_package()`` again (next epoch) drops the cached results.
+
+Compared with AIToolbox 1.8.0 the following are fixed:
+
+* ``get_hyperparameters()`` crashed with ``TypeError`` when no hyperparameters were given;
+* warnings were ``print``-ed; they are now :class:`UserWarning` (or ``ValueError`` with
+  ``strict_content_check=True``);
+* ``np_array='auto'`` crashed on a 1-D list of numbers and on ragged input;
+* numpy scalars leaked into the results dict (not JSON-serialisable); values are now plain Python;
+* ``str(pkg)`` raised before the package was prepared;
+* ``pkg_a + pkg_b`` nested the results by package name; it now gives the flat union with the
+  clashing names prefixed by the package name;
+* ``MultipleResultPackageWrapper.get_additional_results_dump_paths()`` grew the sub-package path
+  list on every call.
+"""
+
+import copy
+import numbers
+import os
+import shutil
+import warnings
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+__all__ = ['AbstractResultPackage', 'PreCalculatedResultPackage', 'MultipleResultPackageWrapper']
+
+
+# ----------------------------------------------------------------------------------------------
+# Conversion helpers (shared with metrics.py / basic.py)
+# ----------------------------------------------------------------------------------------------
+
+def _is_torch_tensor(obj):
+    """True for a torch.Tensor, without importing torch."""
+    cls = type(obj)
+    return cls.__module__.split('.')[0] == 'torch' and hasattr(obj, 'detach') and hasattr(obj, 'cpu')
+
+
+def _tensor_to_numpy(tensor):
+    tensor = tensor.detach().cpu()
+    if str(tensor.dtype) == 'torch.bfloat16':
+        tensor = tensor.float()
+    return tensor.numpy()
+
+
+def _to_numpy(values, name='y'):
+    """Convert a list / tuple / numpy array / torch tensor (or a list of tensors) to a numpy array."""
+    if isinstance(values, np.ndarray):
+        return values
+    if _is_torch_tensor(values):
+        return _tensor_to_numpy(values)
+    if isinstance(values, (list, tuple)) and any(_is_torch_tensor(el) for el in values):
+        values = [_tensor_to_numpy(el) if _is_torch_tensor(el) else el for el in values]
+    try:
+        return np.asarray(values)
+    except ValueError as exc:
+        raise ValueError(
+            f'{name} could not be converted to a numpy array ({exc}). It is probably a list of '
+            f'differently sized elements (e.g. per-batch outputs): concatenate them first '
+            f'(np.concatenate / torch.cat) or create the package with np_array=False.'
+        ) from exc
+
+
+def _auto_to_numpy(values):
+    """np_array='auto': convert when the input forms a regular array, otherwise leave it as it is."""
+    if isinstance(values, np.ndarray) or _is_torch_tensor(values):
+        return _to_numpy(values)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            array = np.asarray(values)
+    except ValueError:
+        return values
+    if array.dtype == object:
+        return values
+    return array
+
+
+def _to_python(value):
+    """Turn numpy / torch scalars and arrays (possibly nested in dicts, lists, tuples) into plain Python."""
+    if isinstance(value, dict):
+        return {k: _to_python(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_python(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.item() if value.ndim == 0 else value.tolist()
+    if _is_torch_tensor(value):
+        value = value.detach().cpu()
+        if str(value.dtype) == 'torch.bfloat16':
+            value = value.float()
+        return value.item() if value.ndim == 0 else value.tolist()
+    return value
+
+
+def _num_samples(values):
+    """Number of examples (length of the first axis) or None when it cannot be told."""
+    shape = getattr(values, 'shape', None)
+    if shape is not None:
+        if len(shape) == 0:
+            return None
+        return int(shape[0])
+    try:
+        return len(values)
+    except TypeError:
+        return None
+
+
+def _check_targets_and_predictions(y_true, y_predicted):
+    """Raise ValueError for missing, 0-d, empty or mismatched-length targets / predictions."""
+    for name, values in (('y_true', y_true), ('y_predicted', y_predicted)):
+        if values is None:
+            raise ValueError(f'{name} is None: pass the ground-truth targets and the model predictions '
+                             f'to prepare_result_package(y_true, y_predicted).')
+        shape = getattr(values, 'shape', None)
+        if shape is not None and len(shape) == 0:
+            raise ValueError(f'{name} is a scalar: pass one value (or one row) per example, '
+                             f'e.g. a 1-D array of length n_examples.')
+    n_true, n_pred = _num_samples(y_true), _num_samples(y_predicted)
+    if n_true == 0 or n_pred == 0:
+        raise ValueError(f'y_true has {n_true} and y_predicted has {n_pred} examples: metrics need at least '
+                         f'one example. Check that the evaluation data loader is not empty.')
+    if n_true is not None and n_pred is not None and n_true != n_pred:
+        raise ValueError(f'y_true has {n_true} examples but y_predicted has {n_pred}: pass one prediction per '
+                         f'target (same first dimension), e.g. concatenate all batches of both.')
+
+
+# ----------------------------------------------------------------------------------------------
+# Result packages
+# ----------------------------------------------------------------------------------------------
+
+class AbstractResultPackage(ABC):
+    def __init__(self, pkg_name=None, strict_content_check=False, np_array=True, **kwargs):
+        """Base result package from which the specific result packages are derived
+
+        Override in a subclass:
+            - ``prepare_results_dict()`` (required): compute the metrics from ``self.y_true`` /
+              ``self.y_predicted`` and return ``{metric_name: value}``
+            - ``list_additional_results_dump_paths()`` (optional)
+            - ``set_experiment_dir_path_for_additional_results()`` (optional)
+
+        Args:
+            pkg_name (str or None): result package name, used for clarity and to prefix clashing metric
+                names when packages are combined with ``+``
+            strict_content_check (bool): on a content problem (missing / empty results, missing
+                hyperparameters) raise ``ValueError`` instead of issuing a ``UserWarning``
+            np_array (bool or str): ``True``: convert y_true / y_predicted (lists, numpy arrays, torch
+                tensors on any device) to numpy arrays; ``False``: keep them as given; ``'auto'``: convert
+                only when they form a regular (non-ragged) array
+            **kwargs: additional package metadata, kept in ``self.package_metadata``
+        """
+        if not (np_array is True or np_array is False or np_array == 'auto'):
+            raise ValueError(f"np_array must be True, False or 'auto'; got {np_array!r}.")
+        self.pkg_name = pkg_name
+        self.strict_content_check = strict_content_check
+        self.np_array = np_array
+
+        self.y_true = None
+        self.y_predicted = None
+        self.additional_results = None
+        self.additional_results_dump_paths = None
+        self._results_pending = False
+        self.results_dict = None
+
+        self.requires_loss = False
+
+        self.hyperparameters = None
+        self.package_metadata = kwargs
+
+    # --- results cache ------------------------------------------------------------------------
+
+    @property
+    def results_dict(self):
+        """Computed results (computed on first access after ``prepare_result_package()``), or None"""
+        if self.__dict__.get('_results_pending', False):
+            self._compute_results()
+        return self.__dict__.get('_results_dict')
+
+    @results_dict.setter
+    def results_dict(self, value):
+        self._results_dict = value
+        self._results_pending = False
+
+    def _compute_results(self):
+        # not pending while computing, so a prepare_results_dict() that reads self.results_dict does not recurse
+        self._results_pending = False
+        try:
+            results = self.prepare_results_dict()
+        except BaseException:
+            self._results_pending = True  # retried on the next access
+            raise
+        if not isinstance(results, dict):
+            raise TypeError(f'{type(self).__name__}.prepare_results_dict() returned {type(results).__name__}; '
+                            f'it must return a dict of metric_name -> value.')
+        self._results_dict = _to_python(results)
+        self._results_pending = False
+        if len(self._results_dict) == 0:
+            self.warn_about_result_data_problem(
+                f'{type(self).__name__} produced an empty results dict: check that its metrics list is not empty.')
+
+    @abstractmethod
+    def prepare_results_dict(self):
+        """Calculate the metrics of this package
+
+        Use ``self.y_true`` and ``self.y_predicted`` (and ``self.additional_results``). To combine several
+        metrics return ``{**metric_dict_1, **metric_dict_2}`` (or ``metric_1 + metric_2`` for
+        :class:`~aitoolbox_like.result_package.metrics.AbstractBaseMetric` objects).
+
+        Returns:
+            dict: metric_name -> value
+        """
+
+    def prepare_result_package(self, y_true, y_predicted, hyperparameters=None, **kwargs):
+        """Give the package the targets and predictions to evaluate
+
+        The metrics are computed lazily by the next ``get_results()`` (or any access to the results).
+
+        Args:
+            y_true (numpy.ndarray or list or torch.Tensor): ground truth targets
+            y_predicted (numpy.ndarray or list or torch.Tensor): predicted targets
+            hyperparameters (dict or None): the experiment's hyperparameters
+            **kwargs: additional results for the result package, kept in ``self.additional_results``
+
+        Raises:
+            ValueError: when y_true / y_predicted are missing, empty or of different lengths
+        """
+        if self.np_array is True:
+            y_true = _to_numpy(y_true, 'y_true')
+            y_predicted = _to_numpy(y_predicted, 'y_predicted')
+        elif self.np_array == 'auto':
+            y_true = _auto_to_numpy(y_true)
+            y_predicted = _auto_to_numpy(y_predicted)
+        _check_targets_and_predictions(y_true, y_predicted)
+
+        self.y_true = y_true
+        self.y_predicted = y_predicted
+        self.hyperparameters = hyperparameters
+        self.additional_results = kwargs
+        self._results_dict = None
+        self._results_pending = True
+
+    @staticmethod
+    def auto_y_input_array_convert(y_array):
+        """Convert to numpy array when the input is regular, otherwise return it unchanged (np_array='auto')"""
+        return _auto_to_numpy(y_array)
+
+    def get_results(self):
+        """Get the results dict, computing it on the first call after ``prepare_result_package()``
+
+        Returns:
+            dict or None: a copy of ``{metric_name: value}`` with plain Python values; None (after a
+            warning) when the package has not been prepared yet
+        """
+        results = self.results_dict
+        if results is None:
+            self.warn_about_result_data_problem(
+                f'Results dict missing in {type(self).__name__}: call prepare_result_package(y_true, y_predicted) '
+                f'before get_results().')
+            return None
+        return dict(results)
+
+    def get_hyperparameters(self):
+        """Get the hyperparameters given to ``prepare_result_package()`` (after a quality check)
+
+        Returns:
+            dict or None: hyperparameters
+        """
+        self.qa_check_hyperparameters_dict()
+        return self.hyperparameters
+
+    def get_additional_results_dump_paths(self):
+        """Paths of additional result files produced by the package (e.g. plots)
+
+        Returns:
+            list or None: ``[[results_file_name, results_file_local_path], ...]`` or None
+        """
+        self.additional_results_dump_paths = self.list_additional_results_dump_paths()
+        self.qa_check_additional_results_dump_paths()
+        return self.additional_results_dump_paths
+
+    def list_additional_results_dump_paths(self):
+        """Override to list the additional files to save with the experiment
+
+        Returns:
+            list or None: ``[[results_file_name, results_file_local_path], ...]``; None by default
+        """
+        return None
+
+    def set_experiment_dir_path_for_additional_results(self, project_name, experiment_name, experiment_timestamp,
+                                                       local_model_result_folder_path):
+        """Override to place additional result outputs inside the experiment folder (does nothing by default)
+
+        Args:
+            project_name (str): root name of the project
+            experiment_name (str): name of the particular experiment
+            experiment_timestamp (str): time stamp at the start of training
+            local_model_result_folder_path (str): root local path where the project folder is created
+        """
+
+    def qa_check_hyperparameters_dict(self):
+        """Quality check of the hyperparameters (warning, or ValueError under strict_content_check)"""
+        if self.hyperparameters is None:
+            self.warn_about_result_data_problem(
+                'Hyperparameters missing: pass hyperparameters=dict(...) to prepare_result_package().')
+            return
+        if not isinstance(self.hyperparameters, dict):
+            self.warn_about_result_data_problem(
+                f'Hyperparameters should be a dict; got {type(self.hyperparameters).__name__}.')
+            return
+        for key in ('bash_script_path', 'python_experiment_file_path'):
+            if self.hyperparameters.get(key) is None:
+                self.warn_about_result_data_problem(
+                    f'{key} missing from the hyperparameters dict. Potential solution: add it to the model config '
+                    f'file and parse it with argparse.')
+
+    def qa_check_additional_results_dump_paths(self):
+        """Check the format of ``self.additional_results_dump_paths``
+
+        Raises:
+            ValueError: when it is not a list of ``[file_name, file_path]`` string pairs
+        """
+        paths = self.additional_results_dump_paths
+        if paths is None:
+            return
+        if not isinstance(paths, list):
+            raise ValueError(f'Additional results dump paths must be a list of [file_name, file_path] pairs; '
+                             f'got {type(paths).__name__}: {paths}')
+        for el in paths:
+            if not isinstance(el, (list, tuple)):
+                raise ValueError(f'Element inside additional results dump paths is not a list: {el}')
+            if len(el) != 2:
+                raise ValueError(f'Element of additional results dump paths must be a [file_name, file_path] '
+                                 f'pair (length 2): {el}')
+            if not all(isinstance(part, (str, os.PathLike)) for part in el):
+                raise ValueError(f'Both parts of an additional results dump path element must be strings: {el}')
+
+    def warn_about_result_data_problem(self, msg):
+        """Issue a UserWarning, or raise ValueError when ``strict_content_check`` is set
+
+        Raises:
+            ValueError: under strict_content_check
+        """
+        if self.strict_content_check:
+            raise ValueError(msg)
+        warnings.warn(msg, UserWarning, stacklevel=3)
+
+    @staticmethod
+    def zip_additional_results_dump(source_dir_path, zip_path):
+        """Zip a folder
+
+        Args:
+            source_dir_path (str): folder to zip
+            zip_path (str): path of the zip file to create, without the ``.zip`` extension
+
+        Returns:
+            str: full path of the created zip file (``zip_path + '.zip'``)
+        """
+        if zip_path.endswith('.zip'):
+            zip_path = zip_path[:-len('.zip')]
+        return shutil.make_archive(zip_path, 'zip', source_dir_path)
+
+    # --- dunder helpers -----------------------------------------------------------------------
+
+    def warn_if_results_dict_not_defined(self):
+        """Raise ValueError when the package has no results yet"""
+        if self.results_dict is None:
+            raise ValueError(f'{type(self).__name__} has no results yet: call '
+                             f'prepare_result_package(y_true, y_predicted) first.')
+
+    def __str__(self):
+        results = self.results_dict
+        if results is None:
+            return f'{self.pkg_name or type(self).__name__}: <results not prepared>'
+        return '\n'.join(f'{name}: {value}' for name, value in results.items())
+
+    def __len__(self):
+        self.warn_if_results_dict_not_defined()
+        return len(self.results_dict)
+
+    def __contains__(self, item):
+        self.warn_if_results_dict_not_defined()
+        return item in self.results_dict
+
+    def __getitem__(self, item):
+        self.warn_if_results_dict_not_defined()
+        if item in self.results_dict:
+            return self.results_dict[item]
+        raise KeyError(f'Key {item} can not be found in the results_dict. '
+                       f'Currently present keys: {list(self.results_dict.keys())}')
+
+    def __add__(self, other):
+        """Combine with another evaluated package (or a results dict)
+
+        Returns:
+            MultipleResultPackageWrapper: results are the union of both; a metric name present in both
+            is prefixed with its package name (``'<pkg_name>_<metric>'``)
+        """
+        return self.add_merge_multi_pkg_wrap(other)
+
+    def __radd__(self, other):
+        # 0 + pkg lets sum([pkg_1, pkg_2, ...]) work
+        if isinstance(other, numbers.Number) and not isinstance(other, bool) and other == 0:
+            self.warn_if_results_dict_not_defined()
+            return copy.deepcopy(self)
+        other_pkg = self.create_other_object_pkg(other)
+        return other_pkg.add_merge_multi_pkg_wrap(self)
+
+    def add_merge_multi_pkg_wrap(self, other_object):
+        """Wrap copies of this package and ``other_object`` into a MultipleResultPackageWrapper
+
+        Args:
+            other_object (AbstractResultPackage or dict): package or results dict to combine with
+
+        Returns:
+            MultipleResultPackageWrapper
+        """
+        self.warn_if_results_dict_not_defined()
+        other_pkgs = self._as_package_list(other_object)
+        self_copy = copy.deepcopy(self)
+        multi_result_pkg = MultipleResultPackageWrapper(strict_content_check=self.strict_content_check)
+        multi_result_pkg.prepare_result_package([self_copy] + other_pkgs, self_copy.hyperparameters)
+        return multi_result_pkg
+
+    @classmethod
+    def _as_package_list(cls, other_object):
+        other_pkg = cls.create_other_object_pkg(other_object)
+        if isinstance(other_pkg, MultipleResultPackageWrapper):
+            return list(other_pkg.result_packages)
+        return [other_pkg]
+
+    @staticmethod
+    def create_other_object_pkg(other_object):
+        """Deep copy of an evaluated package, or a dict wrapped into a PreCalculatedResultPackage
+
+        Raises:
+            TypeError: for anything but a result package or a dict
+        """
+        if isinstance(other_object, AbstractResultPackage):
+            other_object.warn_if_results_dict_not_defined()
+            return copy.deepcopy(other_object)
+        if isinstance(other_object, dict):
+            return PreCalculatedResultPackage(copy.deepcopy(other_object))
+        raise TypeError(f'Addition is supported between result packages and dicts; got {type(other_object).__name__}.')
+
+    def __iadd__(self, other):
+        """Merge another package's (or a dict's) results into this package's results in place
+
+        Raises:
+            ValueError: when a metric name is present in both
+        """
+        return self.add_merge_dicts(other)
+
+    def add_merge_dicts(self, other):
+        """Merge the results of ``other`` (package or dict) into this package's results dict"""
+        self.warn_if_results_dict_not_defined()
+        if isinstance(other, AbstractResultPackage):
+            other.warn_if_results_dict_not_defined()
+            return self.merge_dicts(other.results_dict)
+        if isinstance(other, dict):
+            return self.merge_dicts(other)
+        raise TypeError(f'Addition is supported between result packages and dicts; got {type(other).__name__}.')
+
+    def merge_dicts(self, other_results_dict):
+        """Add ``other_results_dict`` to the results dict
+
+        Raises:
+            ValueError: when a metric name is present in both (use ``+`` to get prefixed names instead)
+        """
+        duplicated = [name for name in other_results_dict if name in self.results_dict]
+        if duplicated:
+            raise ValueError(f'Duplicated metric results {duplicated} when merging results dicts with '
+                             f'{list(self.results_dict.keys())} and {list(other_results_dict.keys())}. '
+                             f'Use pkg_a + pkg_b instead of +=, which prefixes clashing names with the package name.')
+        self.results_dict = {**self.results_dict, **_to_python(other_results_dict)}
+        return self
+
+
+class PreCalculatedResultPackage(AbstractResultPackage):
+    def __init__(self, results_dict, strict_content_check=False, **kwargs):
+        """Result package holding an already computed results dict (no evaluation logic)
+
+        Args:
+            results_dict (dict): pre-calculated ``{metric_name: value}``
+            strict_content_check (bool): raise instead of warn on content problems
+            **kwargs: additional package metadata
+        """
+        if not isinstance(results_dict, dict):
+            raise TypeError(f'results_dict must be a dict of metric_name -> value; got {type(results_dict).__name__}.')
+        AbstractResultPackage.__init__(self, pkg_name='PreCalculatedResult',
+                                       strict_content_check=strict_content_check, **kwargs)
+        self.results_dict = _to_python(results_dict)
+        self.hyperparameters = {}
+
+    def prepare_results_dict(self):
+        return dict(self.__dict__.get('_results_dict') or {})
+
+
+class MultipleResultPackageWrapper(AbstractResultPackage):
+    def __init__(self, strict_content_check=False, **kwargs):
+        """Combines several evaluated result packages into one
+
+        Its results dict is the flat union of the packages' results. A metric name that is produced by
+        more than one package is prefixed with the package name in every package that has it:
+        ``'<pkg_name>_<metric_name>'`` (packages without a name are called ``ResultPackage<i>``; a
+        repeated package name gets its position appended, e.g. ``ClassificationResult1``).
+
+        Usually built with ``pkg_a + pkg_b``.
+
+        Args:
+            strict_content_check (bool): raise instead of warn on content problems
+            **kwargs: additional package metadata
+        """
+        AbstractResultPackage.__init__(self, pkg_name='MultipleResultWrapper',
+                                       strict_content_check=strict_content_check, **kwargs)
+        self.result_packages = None
+
+    def prepare_result_package(self, result_packages, hyperparameters=None, **kwargs):
+        """
+        Args:
+            result_packages (list): result packages (AbstractResultPackage objects; dicts are wrapped into
+                PreCalculatedResultPackage), each already prepared with its own data
+            hyperparameters (dict or None): hyperparameters
+            **kwargs: additional results
+        """
+        if not isinstance(result_packages, (list, tuple)) or len(result_packages) == 0:
+            raise ValueError('result_packages must be a non-empty list of result packages.')
+        packages = []
+        for pkg in result_packages:
+            if isinstance(pkg, dict):
+                pkg = PreCalculatedResultPackage(pkg)
+            if not isinstance(pkg, AbstractResultPackage):
+                raise TypeError(f'result_packages may only contain result packages or dicts; '
+                                f'got {type(pkg).__name__}.')
+            packages.append(pkg)
+        self.result_packages = packages
+        self.hyperparameters = hyperparameters
+        self.additional_results = kwargs
+        self._results_dict = None
+        self._results_pending = True
+
+    def _package_labels(self):
+        labels = []
+        for i, pkg in enumerate(self.result_packages):
+            label = pkg.pkg_name if pkg.pkg_name is not None else f'ResultPackage{i}'
+            if label in labels:
+                label = f'{label}{i}'
+            labels.append(label)
+        return labels
+
+    def prepare_results_dict(self):
+        labels = self._package_labels()
+        pkg_results = []
+        for pkg in self.result_packages:
+            results = pkg.get_results()
+            pkg_results.append(results if results is not None else {})
+
+        name_counts = {}
+        for results in pkg_results:
+            for name in results:
+                name_counts[name] = name_counts.get(name, 0) + 1
+
+        results_dict = {}
+        self.y_true, self.y_predicted = {}, {}
+        own_additional = self.additional_results
+        self.additional_results = {self.pkg_name: own_additional} if own_additional else {}
+        for label, pkg, results in zip(labels, self.result_packages, pkg_results):
+            for name, value in results.items():
+                out_name = f'{label}_{name}' if name_counts[name] > 1 else name
+                if out_name in results_dict:
+                    raise ValueError(f'Metric name {out_name!r} is produced twice when combining the result '
+                                     f'packages {labels}: rename one of the packages (pkg_name) or metrics.')
+                results_dict[out_name] = value
+            self.y_true[label] = pkg.y_true
+            self.y_predicted[label] = pkg.y_predicted
+            self.additional_results[label] = pkg.additional_results
+        return results_dict
+
+    def get_additional_results_dump_paths(self):
+        """Own additional paths followed by those of all the wrapped packages
+
+        Returns:
+            list or None
+        """
+        own_paths = self.list_additional_results_dump_paths()
+        paths = list(own_paths) if own_paths is not None else []
+        for pkg in self.result_packages or []:
+            pkg_paths = pkg.get_additional_results_dump_paths()
+            if pkg_paths is not None:
+                paths += pkg_paths
+        self.additional_results_dump_paths = paths if (own_paths is not None or paths) else None
+        self.qa_check_additional_results_dump_paths()
+        return self.additional_results_dump_paths
+
+    def __str__(self):
+        if not self.result_packages:
+            return f'{self.pkg_name}: <results not prepared>'
+        return '\n'.join(f'--> {label}:\n{pkg}' for label, pkg in zip(self._package_labels(), self.result_packages))
+
+    def __len__(self):
+        """Number of wrapped result packages"""
+        self.warn_if_results_dict_not_defined()
+        return len(self.result_packages)
+
+    def add_merge_multi_pkg_wrap(self, other_object):
+        self.warn_if_results_dict_not_defined()
+        other_pkgs = self._as_package_list(other_object)
+        self_copy = copy.deepcopy(self)
+        self_copy.prepare_result_package(self_copy.result_packages + other_pkgs, self_copy.hyperparameters)
+        return self_copy
+
+    def __iadd__(self, other):
+        """Append another package (or dict) to the wrapped packages, in place"""
+        self.warn_if_results_dict_not_defined()
+        other_pkgs = self._as_package_list(other)
+        self.prepare_result_package(self.result_packages + other_pkgs, self.hyperparameters)
+        return self

@@ -1,0 +1,285 @@
+"""Ready-made result packages.
+
+Fixed compared with AIToolbox 1.8.0:
+
+* ``GeneralResultPackage`` ran the hyperparameters quality check inside the metric computation, so it
+  crashed (``TypeError``) whenever no hyperparameters were passed, and its metrics-list check tested
+  for metric *instances* although it calls metric *classes*; the list is now checked at construction
+  and duplicate metric names raise instead of silently overwriting each other;
+* ``BinaryClassificationResultPackage`` also reports precision and recall, accepts float 0./1.
+  targets and ``(n, 1)`` / ``(n, 2)`` predictions, and rejects multi-class targets with a clear error;
+* ``RegressionResultPackage`` also reports R^2;
+* ``TorchMetricsPackage`` called the metric's ``forward`` (accumulating state forever, a memory leak
+  for list-state metrics), returned tensors instead of numbers and accepted no
+  ``strict_content_check``; it now resets, updates, computes and resets again, and returns Python
+  floats / lists.
+"""
+
+import numbers
+
+import numpy as np
+
+from .abstract import AbstractResultPackage, _is_torch_tensor
+from .metrics import (AbstractBaseMetric, AccuracyMetric, F1ScoreMetric, MeanAbsoluteErrorMetric,
+                      MeanSquaredErrorMetric, PrecisionMetric, PrecisionRecallCurveAUCMetric, R2ScoreMetric,
+                      RecallMetric, ROCAUCMetric, _is_integer_valued, _positive_class_scores, _true_labels)
+
+__all__ = ['GeneralResultPackage', 'ClassificationResultPackage', 'BinaryClassificationResultPackage',
+           'RegressionResultPackage', 'TorchMetricsPackage']
+
+
+def _callable_name(fn):
+    while hasattr(fn, 'func') and not hasattr(fn, '__name__'):  # functools.partial
+        fn = fn.func
+    return getattr(fn, '__name__', type(fn).__name__)
+
+
+class GeneralResultPackage(AbstractResultPackage):
+    def __init__(self, metrics_list, strict_content_check=False, **kwargs):
+        """Result package running the given metrics
+
+        Args:
+            metrics_list (list): metric classes derived from
+                :class:`~aitoolbox_like.result_package.metrics.AbstractBaseMetric` (called as
+                ``MetricClass(y_true, y_predicted)``). Use ``functools.partial(MetricClass, arg=...)`` for
+                extra arguments. Any callable ``fn(y_true, y_predicted)`` returning a metric object, a dict
+                or a number also works (a number is stored under the callable's ``__name__``).
+            strict_content_check (bool): raise instead of warn on content problems (e.g. empty metrics list)
+            **kwargs: additional package metadata
+
+        Raises:
+            TypeError: when metrics_list is not a list of callables (e.g. holds already computed metric objects)
+        """
+        AbstractResultPackage.__init__(self, pkg_name='GeneralResultPackage',
+                                       strict_content_check=strict_content_check, **kwargs)
+        if not isinstance(metrics_list, (list, tuple)):
+            raise TypeError(f'metrics_list must be a list of metric classes; got {type(metrics_list).__name__}.')
+        self.metrics_list = list(metrics_list)
+        self.qa_check_metrics_list()
+
+    def qa_check_metrics_list(self):
+        """Check the metrics list: warn (or raise under strict_content_check) when empty
+
+        Raises:
+            TypeError: for an element that is not callable
+        """
+        if len(self.metrics_list) == 0:
+            self.warn_about_result_data_problem('Metrics list is empty: GeneralResultPackage will produce no results.')
+        for metric in self.metrics_list:
+            if isinstance(metric, AbstractBaseMetric):
+                raise TypeError(f'metrics_list holds an already computed metric object ({metric.metric_name}): '
+                                f'pass the metric class, e.g. {type(metric).__name__}, or functools.partial('
+                                f'{type(metric).__name__}, ...) for extra arguments.')
+            if not callable(metric):
+                raise TypeError(f'metrics_list elements must be metric classes or callables '
+                                f'fn(y_true, y_predicted); got {metric!r}.')
+
+    def prepare_results_dict(self):
+        results_dict = {}
+        for metric in self.metrics_list:
+            result = metric(self.y_true, self.y_predicted)
+            if isinstance(result, AbstractBaseMetric):
+                metric_dict = result.get_metric_dict()
+            elif isinstance(result, dict):
+                metric_dict = result
+            elif isinstance(result, (numbers.Number, np.generic)) or _is_torch_tensor(result):
+                metric_dict = {_callable_name(metric): result}
+            else:
+                raise TypeError(f'Metric {_callable_name(metric)} returned {type(result).__name__}; expected a metric '
+                                f'object, a dict or a number.')
+            duplicated = [name for name in metric_dict if name in results_dict]
+            if duplicated:
+                raise ValueError(f'Metric name(s) {duplicated} computed twice in GeneralResultPackage: give the metrics '
+                                 f'distinct names, e.g. functools.partial(MetricClass, metric_name=...).')
+            results_dict.update(metric_dict)
+        return results_dict
+
+
+class ClassificationResultPackage(AbstractResultPackage):
+    def __init__(self, strict_content_check=False, **kwargs):
+        """Multi-class classification result package: ``{'Accuracy': ...}``
+
+        As in AIToolbox only accuracy is reported (add e.g. ``GeneralResultPackage([functools.partial(
+        F1ScoreMetric, positive_class_thresh=None, average='macro')])`` for more).
+
+        Accepted inputs:
+            * y_true: class indices ``(n,)`` (also ``(n, 1)``) or one-hot ``(n, C)``
+            * y_predicted: class indices ``(n,)``, or per-class scores / probabilities / logits ``(n, C)``,
+              reduced with argmax
+
+        Args:
+            strict_content_check (bool): raise instead of warn on content problems
+            **kwargs: additional package metadata
+        """
+        AbstractResultPackage.__init__(self, pkg_name='ClassificationResult',
+                                       strict_content_check=strict_content_check, **kwargs)
+
+    def prepare_results_dict(self):
+        return AccuracyMetric(self.y_true, self.y_predicted, positive_class_thresh=None).get_metric_dict()
+
+
+class BinaryClassificationResultPackage(AbstractResultPackage):
+    def __init__(self, positive_class_thresh=0.5, strict_content_check=False, **kwargs):
+        """Binary classification result package
+
+        Reports ``Accuracy``, ``ROC_AUC``, ``PrecisionRecall_AUC``, ``F1_score``, ``Precision`` and ``Recall``.
+
+        Accepted inputs:
+            * y_true: labels 0/1 (int, bool or float) of shape ``(n,)`` or ``(n, 1)``
+            * y_predicted: positive-class probabilities ``(n,)`` / ``(n, 1)``, or two-column class
+              probabilities ``(n, 2)`` (second column used). For accuracy, F1, precision and recall they are
+              thresholded (``p >= positive_class_thresh``); the AUCs use them as scores.
+
+        Args:
+            positive_class_thresh (float or None): probability threshold of the positive class; None when
+                y_predicted already holds 0/1 labels (the AUCs are then computed on those labels)
+            strict_content_check (bool): raise instead of warn on content problems
+            **kwargs: additional package metadata
+        """
+        AbstractResultPackage.__init__(self, pkg_name='BinaryClassificationResult',
+                                       strict_content_check=strict_content_check, **kwargs)
+        self.positive_class_thresh = positive_class_thresh
+
+    def prepare_results_dict(self):
+        y_true = _true_labels(self.y_true)
+        labels = np.unique(y_true)
+        if not (_is_integer_valued(labels) and set(labels.astype(int).tolist()) <= {0, 1}):
+            raise ValueError(f'BinaryClassificationResultPackage expects y_true labels 0/1; found '
+                             f'{labels.tolist()[:10]}. Use ClassificationResultPackage for multi-class targets.')
+        y_true = y_true.astype(int)
+        y_predicted = np.asarray(self.y_predicted)
+        if y_predicted.ndim > 2 or (y_predicted.ndim == 2 and y_predicted.shape[1] > 2):
+            raise ValueError(f'y_predicted has shape {y_predicted.shape}; binary classification expects '
+                             f'(n,), (n, 1) or (n, 2) probabilities. Use ClassificationResultPackage for multi-class.')
+        y_score = _positive_class_scores(y_predicted)
+
+        thresh = self.positive_class_thresh
+        return {
+            **AccuracyMetric(y_true, y_score, positive_class_thresh=thresh).get_metric_dict(),
+            **ROCAUCMetric(y_true, y_score).get_metric_dict(),
+            **PrecisionRecallCurveAUCMetric(y_true, y_score).get_metric_dict(),
+            **F1ScoreMetric(y_true, y_score, positive_class_thresh=thresh).get_metric_dict(),
+            **PrecisionMetric(y_true, y_score, positive_class_thresh=thresh).get_metric_dict(),
+            **RecallMetric(y_true, y_score, positive_class_thresh=thresh).get_metric_dict(),
+        }
+
+
+class RegressionResultPackage(AbstractResultPackage):
+    def __init__(self, strict_content_check=False, **kwargs):
+        """Regression result package: ``Mean_squared_error``, ``Mean_absolute_error`` and ``R2_score``
+
+        y_true and y_predicted of shape ``(n,)`` or ``(n, 1)`` (mixing the two is fine), or ``(n, k)`` for k
+        outputs (uniform average over the outputs).
+
+        Args:
+            strict_content_check (bool): raise instead of warn on content problems
+            **kwargs: additional package metadata
+        """
+        AbstractResultPackage.__init__(self, pkg_name='RegressionResult',
+                                       strict_content_check=strict_content_check, **kwargs)
+
+    def prepare_results_dict(self):
+        return {
+            **MeanSquaredErrorMetric(self.y_true, self.y_predicted).get_metric_dict(),
+            **MeanAbsoluteErrorMetric(self.y_true, self.y_predicted).get_metric_dict(),
+            **R2ScoreMetric(self.y_true, self.y_predicted).get_metric_dict(),
+        }
+
+
+# ----------------------------------------------------------------------------------------------
+# torchmetrics
+# ----------------------------------------------------------------------------------------------
+
+def _import_torchmetrics():
+    try:
+        import torchmetrics
+    except ImportError as exc:
+        raise ImportError('TorchMetricsPackage needs torchmetrics: pip install aitoolbox_like[metrics]') from exc
+    except (RuntimeError, OSError) as exc:
+        # e.g. an installed torchvision built for another torch: torchmetrics imports it when present
+        raise ImportError(f'torchmetrics is installed but failed to import ({type(exc).__name__}: {exc}). This usually '
+                          f'means a torch extension package (often torchvision) does not match the installed torch: '
+                          f'reinstall it for this torch build, or uninstall it.') from exc
+    return torchmetrics
+
+
+def _as_tensor(values, name):
+    import torch
+    if isinstance(values, torch.Tensor):
+        return values.detach()
+    if isinstance(values, (list, tuple)) and len(values) > 0 and all(isinstance(v, torch.Tensor) for v in values):
+        values = [v.detach() for v in values]
+        return torch.stack(values) if values[0].ndim == 0 else torch.cat(values)
+    try:
+        return torch.as_tensor(np.asarray(values))
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f'{name} could not be converted to a torch tensor ({exc}): pass a tensor, a numpy array '
+                         f'or a list of numbers.') from exc
+
+
+class TorchMetricsPackage(AbstractResultPackage):
+    def __init__(self, torch_metrics, strict_content_check=False, **kwargs):
+        """Result package computing `torchmetrics <https://lightning.ai/docs/torchmetrics>`_ metrics
+
+        On each evaluation the metric is reset, updated once with the whole ``(y_predicted, y_true)``, computed
+        and reset again, so one package can be reused every epoch with independent results.
+
+        Result names are ``'<name>_PTLMetrics'`` (as in AIToolbox), where name is the metric class name for a
+        single metric, or the collection's key for a MetricCollection / dict / list. Scalar results are Python
+        floats (ints for integer metrics), non-scalar results (e.g. a confusion matrix) nested lists.
+
+        Args:
+            torch_metrics (torchmetrics.Metric or torchmetrics.MetricCollection or dict or list): a metric,
+                a collection, a dict ``{name: metric}`` or a list of metrics (the last two are wrapped in a
+                MetricCollection)
+            strict_content_check (bool): raise instead of warn on content problems
+            **kwargs: additional package metadata
+
+        Raises:
+            ImportError: when torchmetrics is not installed
+            TypeError: when torch_metrics is not a torchmetrics metric / collection / dict / list of them
+        """
+        AbstractResultPackage.__init__(self, pkg_name='Torch Metrics', strict_content_check=strict_content_check,
+                                       np_array=False, **kwargs)
+        torchmetrics = _import_torchmetrics()
+        if isinstance(torch_metrics, (dict, list, tuple)):
+            if len(torch_metrics) == 0:
+                raise ValueError('torch_metrics is empty: give at least one torchmetrics metric.')
+            torch_metrics = torchmetrics.MetricCollection(torch_metrics)
+        if not isinstance(torch_metrics, (torchmetrics.Metric, torchmetrics.MetricCollection)):
+            raise TypeError(f'torch_metrics must be a torchmetrics.Metric, a torchmetrics.MetricCollection, or a '
+                            f'dict / list of metrics; got {type(torch_metrics).__name__}.')
+        self.metric = torch_metrics
+
+    def _metric_device(self):
+        metric = self.metric
+        if hasattr(metric, 'values') and not hasattr(metric, 'device'):
+            metric = next(iter(metric.values()), None)
+        return getattr(metric, 'device', None)
+
+    def prepare_results_dict(self):
+        y_true = _as_tensor(self.y_true, 'y_true')
+        y_predicted = _as_tensor(self.y_predicted, 'y_predicted')
+        device = self._metric_device()
+        if device is not None:
+            y_true, y_predicted = y_true.to(device), y_predicted.to(device)
+
+        self.metric.reset()
+        try:
+            self.metric.update(y_predicted, y_true)
+            metric_result = self.metric.compute()
+        finally:
+            self.metric.reset()
+
+        if not isinstance(metric_result, dict):
+            metric_result = {type(self.metric).__name__: metric_result}
+        # the suffix tells the torchmetrics (PyTorch Lightning metrics) results from the aitoolbox_like ones
+        return {f'{name}_PTLMetrics': value for name, value in metric_result.items()}
+
+    def metric_compute(self):
+        """Compute the metric's current accumulated state (``torchmetrics`` ``compute()``)"""
+        return self.metric.compute()
+
+    def metric_reset(self):
+        """Reset the metric's state"""
+        self.metric.reset()

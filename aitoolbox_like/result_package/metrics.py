@@ -1,0 +1,413 @@
+"""Core metrics (AIToolbox's ``aitoolbox.experiment.core_metrics``).
+
+A metric object computes its value at construction::
+
+    AccuracyMetric(y_true, y_predicted).get_metric()        # 0.75
+    AccuracyMetric(y_true, y_predicted).get_metric_dict()   # {'Accuracy': 0.75}
+    AccuracyMetric(...) + F1ScoreMetric(...)                # {'Accuracy': ..., 'F1_score': ...}
+
+The arithmetic is scikit-learn's (imported lazily: ``pip install aitoolbox_like[metrics]``).
+Results are plain Python floats.
+
+Fixed compared with AIToolbox 1.8.0:
+
+* F1 / precision / recall thresholded with ``>`` while accuracy used ``>=``; all use ``>=`` now;
+* F1 / precision / recall crashed with ``positive_class_thresh=None``; None now means "the
+  predictions already are labels";
+* accuracy only printed a message when thresholding got logits and then failed inside sklearn; a
+  ``ValueError`` now says what to do;
+* predictions of shape ``(n, 1)`` and two-column binary probabilities ``(n, 2)`` are handled;
+* results were numpy scalars, so comparisons / ``len()`` of metrics raised; they are Python floats now;
+* ROC AUC / PR AUC with only one class present give a ``ValueError`` explaining why.
+"""
+
+import numbers
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from .abstract import _check_targets_and_predictions, _to_numpy, _to_python
+
+__all__ = ['AbstractBaseMetric', 'AccuracyMetric', 'F1ScoreMetric', 'PrecisionMetric', 'RecallMetric',
+           'ROCAUCMetric', 'PrecisionRecallCurveAUCMetric', 'MeanSquaredErrorMetric', 'MeanAbsoluteErrorMetric',
+           'R2ScoreMetric']
+
+
+def _sklearn_metrics():
+    try:
+        from sklearn import metrics
+    except ImportError as exc:
+        raise ImportError('The aitoolbox_like metrics need scikit-learn: pip install aitoolbox_like[metrics]') from exc
+    return metrics
+
+
+class AbstractBaseMetric(ABC):
+    #: name used when ``metric_name`` is not given
+    DEFAULT_METRIC_NAME = None
+
+    def __init__(self, y_true, y_predicted, metric_name=None, np_array=True):
+        """Base of all the metrics: converts the inputs, computes and stores the metric
+
+        Args:
+            y_true (numpy.ndarray or list or torch.Tensor): ground truth targets
+            y_predicted (numpy.ndarray or list or torch.Tensor): predicted targets
+            metric_name (str or None): name of the metric (key in the metric dict); None uses the class's
+                default name (``DEFAULT_METRIC_NAME``, else the class name)
+            np_array (bool): convert the targets to numpy arrays (torch tensors on any device are accepted)
+
+        Raises:
+            ValueError: on empty or mismatched-length inputs
+        """
+        if np_array:
+            y_true = _to_numpy(y_true, 'y_true')
+            y_predicted = _to_numpy(y_predicted, 'y_predicted')
+        _check_targets_and_predictions(y_true, y_predicted)
+        self.y_true = y_true
+        self.y_predicted = y_predicted
+        self.metric_name = metric_name or self.DEFAULT_METRIC_NAME or type(self).__name__
+        self.metric_result = None
+        self.metric_result = _to_python(self.calculate_metric())
+
+    @abstractmethod
+    def calculate_metric(self):
+        """Compute the metric from ``self.y_true`` and ``self.y_predicted``
+
+        Returns:
+            float or dict: the metric result
+        """
+
+    def get_metric(self):
+        """Returns:
+            float or dict: the metric result
+        """
+        return self.metric_result
+
+    def get_metric_dict(self):
+        """Returns:
+            dict: ``{metric_name: metric_result}``
+        """
+        return {self.metric_name: self.metric_result}
+
+    def __str__(self):
+        return f'{self.metric_name}: {self.metric_result}'
+
+    def __len__(self):
+        result = self.metric_result
+        if isinstance(result, (list, dict)):
+            return len(result)
+        if isinstance(result, numbers.Number):
+            return 1
+        if result is None:
+            return 0
+        raise TypeError(f'metric_result of type {type(result).__name__} has no length; '
+                        f'expected a list, dict, float or int.')
+
+    def _get_metric_self_other_val(self, other):
+        def is_scalar(value):
+            return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+        other_val = other.metric_result if isinstance(other, AbstractBaseMetric) else other
+        if is_scalar(self.metric_result) and is_scalar(other_val):
+            return self.metric_result, other_val
+        raise ValueError('Metrics can only be compared when both results are int or float.')
+
+    def __lt__(self, other):
+        self_val, other_val = self._get_metric_self_other_val(other)
+        return self_val < other_val
+
+    def __le__(self, other):
+        self_val, other_val = self._get_metric_self_other_val(other)
+        return self_val <= other_val
+
+    def __gt__(self, other):
+        self_val, other_val = self._get_metric_self_other_val(other)
+        return self_val > other_val
+
+    def __ge__(self, other):
+        self_val, other_val = self._get_metric_self_other_val(other)
+        return self_val >= other_val
+
+    def __contains__(self, item):
+        if item == self.metric_name:
+            return True
+        return isinstance(self.metric_result, dict) and item in self.metric_result
+
+    def __getitem__(self, item):
+        if item == self.metric_name:
+            return self.metric_result
+        if isinstance(self.metric_result, dict) and item in self.metric_result:
+            return self.metric_result[item]
+        raise KeyError(f'Key {item} not found')
+
+    def __add__(self, other):
+        """Returns:
+            dict: this metric's dict merged with ``other`` (metric or dict)
+        """
+        return self.concat_metric(other)
+
+    def __radd__(self, other):
+        if isinstance(other, dict):
+            return {**other, **self.get_metric_dict()}
+        return self.concat_metric(other)
+
+    def concat_metric(self, other):
+        """Merge this metric's dict with another metric or dict
+
+        Returns:
+            dict: combined metric dict
+        """
+        if isinstance(other, AbstractBaseMetric):
+            other_metric_dict = other.get_metric_dict()
+        elif isinstance(other, dict):
+            other_metric_dict = other
+        else:
+            raise TypeError(f'Can only add a metric or a dict to a metric; got {type(other).__name__}.')
+        return {**self.get_metric_dict(), **other_metric_dict}
+
+
+# ----------------------------------------------------------------------------------------------
+# Input shaping helpers
+# ----------------------------------------------------------------------------------------------
+
+def _is_integer_valued(array):
+    if array.dtype == bool or np.issubdtype(array.dtype, np.integer):
+        return True
+    if not np.issubdtype(array.dtype, np.number):
+        return False
+    return bool(np.all(np.isfinite(array)) and np.all(np.mod(array, 1) == 0))
+
+
+def _true_labels(y_true):
+    """Class labels from y_true: one-hot ``(n, C)`` -> argmax, ``(n, 1)`` -> flattened"""
+    y_true = np.asarray(y_true)
+    if y_true.ndim == 2 and y_true.shape[1] > 1:
+        return np.argmax(y_true, axis=1)
+    if y_true.ndim == 2 and y_true.shape[1] == 1:
+        return y_true.ravel()
+    if y_true.ndim > 2:
+        raise ValueError(f'y_true has shape {y_true.shape}: pass class labels of shape (n,) or one-hot (n, C).')
+    return y_true
+
+
+def _predicted_labels(y_predicted, positive_class_thresh):
+    """Predicted labels
+
+    * ``(n, C)`` with C > 1: per-class scores / probabilities / logits -> argmax
+    * ``(n,)`` or ``(n, 1)`` with a threshold: probabilities in [0, 1] -> ``p >= thresh``;
+      integer class labels outside [0, 1] are kept as they are
+    * ``(n,)`` or ``(n, 1)`` without a threshold: labels, used as they are
+    """
+    y_predicted = np.asarray(y_predicted)
+    if y_predicted.ndim > 2:
+        raise ValueError(f'y_predicted has shape {y_predicted.shape}: pass labels / probabilities of shape (n,) '
+                         f'or per-class scores of shape (n, C).')
+    if y_predicted.ndim == 2:
+        if y_predicted.shape[1] > 1:
+            return np.argmax(y_predicted, axis=1)
+        y_predicted = y_predicted.ravel()
+
+    if positive_class_thresh is None:
+        if np.issubdtype(y_predicted.dtype, np.number) and not _is_integer_valued(y_predicted):
+            raise ValueError('y_predicted holds non-integer values but no positive_class_thresh was given: pass '
+                             'class labels, per-class scores of shape (n, C), or set positive_class_thresh '
+                             '(e.g. 0.5) to threshold positive-class probabilities.')
+        return y_predicted
+
+    if not np.issubdtype(y_predicted.dtype, np.number) and y_predicted.dtype != bool:
+        return y_predicted
+    if np.min(y_predicted) >= 0. and np.max(y_predicted) <= 1.:
+        return (y_predicted >= positive_class_thresh).astype(int)
+    if _is_integer_valued(y_predicted):
+        return y_predicted  # multi-class labels: nothing to threshold
+    raise ValueError(f'y_predicted has values outside [0, 1] (min {np.min(y_predicted):.4g}, max '
+                     f'{np.max(y_predicted):.4g}) so they are not probabilities (logits?). Apply a sigmoid first, '
+                     f'or pass positive_class_thresh=None when y_predicted already holds labels.')
+
+
+def _positive_class_scores(y_predicted):
+    """Positive-class scores: ``(n,)``, ``(n, 1)`` flattened, ``(n, 2)`` -> second column"""
+    y_predicted = np.asarray(y_predicted)
+    if y_predicted.ndim == 2 and y_predicted.shape[1] in (1, 2):
+        return y_predicted[:, -1]
+    return y_predicted
+
+
+def _check_both_classes(y_true, metric):
+    classes = np.unique(y_true)
+    if len(classes) < 2:
+        raise ValueError(f'{metric} is undefined when y_true contains only one class (found only {classes.tolist()}): '
+                         f'evaluate on data that contains both positive and negative examples.')
+
+
+# ----------------------------------------------------------------------------------------------
+# Classification
+# ----------------------------------------------------------------------------------------------
+
+class AccuracyMetric(AbstractBaseMetric):
+    DEFAULT_METRIC_NAME = 'Accuracy'
+
+    def __init__(self, y_true, y_predicted, positive_class_thresh=0.5, metric_name=None):
+        """Accuracy (sklearn ``accuracy_score``)
+
+        Args:
+            y_true: class labels ``(n,)`` or one-hot ``(n, C)``
+            y_predicted: labels ``(n,)``, positive-class probabilities ``(n,)`` (thresholded), or per-class
+                scores / logits ``(n, C)`` (argmax)
+            positive_class_thresh (float or None): threshold for positive-class probabilities; None when
+                y_predicted holds labels (e.g. multi-class)
+            metric_name (str or None): defaults to ``'Accuracy'``
+        """
+        self.positive_class_thresh = positive_class_thresh
+        AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
+
+    def calculate_metric(self):
+        self.y_predicted = _predicted_labels(self.y_predicted, self.positive_class_thresh)
+        self.y_true = _true_labels(self.y_true)
+        return _sklearn_metrics().accuracy_score(self.y_true, self.y_predicted)
+
+
+class _ThresholdedScoreMetric(AbstractBaseMetric):
+    _sklearn_fn = None
+
+    def __init__(self, y_true, y_predicted, positive_class_thresh=0.5, average='binary', metric_name=None):
+        """
+        Args:
+            y_true: labels ``(n,)`` (0/1 for ``average='binary'``) or one-hot ``(n, C)``
+            y_predicted: positive-class probabilities ``(n,)`` (thresholded with ``>=``), labels, or per-class
+                scores ``(n, C)`` (argmax)
+            positive_class_thresh (float or None): threshold; None when y_predicted already holds labels
+            average (str): sklearn's ``average`` (``'binary'``, ``'macro'``, ``'micro'``, ``'weighted'``)
+            metric_name (str or None): metric name, defaults to the class's name
+        """
+        self.positive_class_thresh = positive_class_thresh
+        self.average = average
+        AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
+
+    def calculate_metric(self):
+        y_label_predicted = _predicted_labels(self.y_predicted, self.positive_class_thresh)
+        y_true = _true_labels(self.y_true)
+        fn = getattr(_sklearn_metrics(), self._sklearn_fn)
+        return fn(y_true, y_label_predicted, average=self.average, zero_division=0)
+
+
+class F1ScoreMetric(_ThresholdedScoreMetric):
+    """F1 score (sklearn ``f1_score``, 0 when undefined)"""
+    DEFAULT_METRIC_NAME = 'F1_score'
+    _sklearn_fn = 'f1_score'
+
+
+class PrecisionMetric(_ThresholdedScoreMetric):
+    """Precision (sklearn ``precision_score``, 0 when undefined)"""
+    DEFAULT_METRIC_NAME = 'Precision'
+    _sklearn_fn = 'precision_score'
+
+
+class RecallMetric(_ThresholdedScoreMetric):
+    """Recall (sklearn ``recall_score``, 0 when undefined)"""
+    DEFAULT_METRIC_NAME = 'Recall'
+    _sklearn_fn = 'recall_score'
+
+
+class ROCAUCMetric(AbstractBaseMetric):
+    DEFAULT_METRIC_NAME = 'ROC_AUC'
+
+    def __init__(self, y_true, y_predicted, metric_name=None):
+        """Area under the ROC curve (sklearn ``roc_auc_score``)
+
+        Args:
+            y_true: binary labels ``(n,)``
+            y_predicted: positive-class scores ``(n,)`` / ``(n, 1)``, or two-column probabilities ``(n, 2)``
+                (second column used); for more than 2 classes ``(n, C)`` probabilities (one-vs-rest AUC)
+            metric_name (str or None): defaults to ``'ROC_AUC'``
+        """
+        AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
+
+    def calculate_metric(self):
+        y_true = _true_labels(self.y_true)
+        y_score = _positive_class_scores(self.y_predicted)
+        _check_both_classes(y_true, 'ROC AUC')
+        if y_score.ndim == 2:
+            return _sklearn_metrics().roc_auc_score(y_true, y_score, multi_class='ovr')
+        return _sklearn_metrics().roc_auc_score(y_true, y_score)
+
+
+class PrecisionRecallCurveAUCMetric(AbstractBaseMetric):
+    DEFAULT_METRIC_NAME = 'PrecisionRecall_AUC'
+
+    def __init__(self, y_true, y_predicted, metric_name=None):
+        """Area under the precision-recall curve (sklearn ``precision_recall_curve`` + ``auc``)
+
+        Args:
+            y_true: binary labels ``(n,)``
+            y_predicted: positive-class scores ``(n,)`` / ``(n, 1)`` or two-column probabilities ``(n, 2)``
+            metric_name (str or None): defaults to ``'PrecisionRecall_AUC'``
+        """
+        AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
+
+    def calculate_metric(self):
+        y_true = _true_labels(self.y_true)
+        y_score = _positive_class_scores(self.y_predicted)
+        if y_score.ndim != 1:
+            raise ValueError(f'PR AUC needs positive-class scores of shape (n,); got y_predicted of shape '
+                             f'{np.shape(self.y_predicted)}.')
+        _check_both_classes(y_true, 'PR AUC')
+        metrics = _sklearn_metrics()
+        precision, recall, _ = metrics.precision_recall_curve(y_true, y_score)
+        return metrics.auc(recall, precision)
+
+
+# ----------------------------------------------------------------------------------------------
+# Regression
+# ----------------------------------------------------------------------------------------------
+
+def _regression_arrays(y_true, y_predicted):
+    y_true, y_predicted = np.asarray(y_true, dtype=float), np.asarray(y_predicted, dtype=float)
+    # (n, 1) vs (n,) is the usual shape mismatch of a regression head: flatten both
+    if y_true.ndim == 2 and y_true.shape[1] == 1:
+        y_true = y_true.ravel()
+    if y_predicted.ndim == 2 and y_predicted.shape[1] == 1:
+        y_predicted = y_predicted.ravel()
+    if y_true.shape != y_predicted.shape:
+        raise ValueError(f'y_true has shape {y_true.shape} but y_predicted has shape {y_predicted.shape}: '
+                         f'regression metrics need one predicted value per target value.')
+    return y_true, y_predicted
+
+
+class MeanSquaredErrorMetric(AbstractBaseMetric):
+    DEFAULT_METRIC_NAME = 'Mean_squared_error'
+
+    def __init__(self, y_true, y_predicted, metric_name=None):
+        """Mean squared error (sklearn ``mean_squared_error``)"""
+        AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
+
+    def calculate_metric(self):
+        return _sklearn_metrics().mean_squared_error(*_regression_arrays(self.y_true, self.y_predicted))
+
+
+class MeanAbsoluteErrorMetric(AbstractBaseMetric):
+    DEFAULT_METRIC_NAME = 'Mean_absolute_error'
+
+    def __init__(self, y_true, y_predicted, metric_name=None):
+        """Mean absolute error (sklearn ``mean_absolute_error``)"""
+        AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
+
+    def calculate_metric(self):
+        return _sklearn_metrics().mean_absolute_error(*_regression_arrays(self.y_true, self.y_predicted))
+
+
+class R2ScoreMetric(AbstractBaseMetric):
+    DEFAULT_METRIC_NAME = 'R2_score'
+
+    def __init__(self, y_true, y_predicted, metric_name=None):
+        """Coefficient of determination R^2 (sklearn ``r2_score``)
+
+        Raises:
+            ValueError: with fewer than two examples (R^2 is undefined)
+        """
+        AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
+
+    def calculate_metric(self):
+        y_true, y_predicted = _regression_arrays(self.y_true, self.y_predicted)
+        if y_true.shape[0] < 2:
+            raise ValueError('R2 score is undefined for fewer than two examples: evaluate on at least two.')
+        return _sklearn_metrics().r2_score(y_true, y_predicted)

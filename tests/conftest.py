@@ -1,0 +1,33 @@
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+# Tests import their shared helpers (helpers.py, s3_server.py) from this folder.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def _let_cuda_torchvision_import_on_cpu_torch():
+    """The PyPI torchvision wheel is a CUDA build: with CPU-only torch its import (and torchmetrics', which
+    imports it) fails with 'operator torchvision::nms does not exist'. Declaring the two op schemas first is
+    enough for transforms, datasets, models and utils. Test set-up only: the library never does this."""
+    if torch.version.cuda is not None or importlib.util.find_spec('torchvision') is None:
+        return None
+    lib = torch.library.Library('torchvision', 'DEF')
+    lib.define('nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
+    lib.define('qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
+    return lib
+
+
+_TORCHVISION_SCHEMAS = _let_cuda_torchvision_import_on_cpu_torch()
+
+# Tiny models: extra threads only add contention on the CI's two cores.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _work_in_tmp_dir(tmp_path, monkeypatch):
+    """Callbacks that default to ./experiments must not litter the checkout."""
+    monkeypatch.chdir(tmp_path)

@@ -1,0 +1,151 @@
+"""The TrainLoop must train exactly like a hand-written PyTorch loop: same seed, same weights to the bit."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from aitoolbox_like import TrainLoop
+from helpers import MLP, loaders, state_equal
+
+
+def hand_written_loop(model, train_loader, optimizer, criterion, num_epochs, grad_accumulation=1):
+    model.train()
+    for _ in range(num_epochs):
+        num_batches = len(train_loader)
+        for i, (x, y) in enumerate(train_loader):
+            loss = criterion(model(x), y)
+            if grad_accumulation > 1:
+                loss = loss / grad_accumulation
+            loss.backward()
+            if (i + 1) % grad_accumulation == 0 or i == num_batches - 1:
+                optimizer.step()
+                optimizer.zero_grad()
+    return model
+
+
+def make(seed, dropout, optimizer_cls):
+    torch.manual_seed(seed)
+    model = MLP(dropout=dropout)
+    optimizer = optimizer_cls(model.parameters(), lr=0.05) if optimizer_cls is torch.optim.SGD \
+        else optimizer_cls(model.parameters(), lr=0.01)
+    return model, optimizer
+
+
+@pytest.mark.parametrize('grad_accumulation', [1, 3])
+@pytest.mark.parametrize('optimizer_cls', [torch.optim.SGD, torch.optim.Adam])
+def test_weights_equal_hand_written_loop_to_the_bit(grad_accumulation, optimizer_cls):
+    # 53 samples in batches of 8: 7 batches, so with accumulation 3 the last window holds one batch.
+    ref_model, ref_opt = make(1, 0.2, optimizer_cls)
+    tl_model, tl_opt = make(1, 0.2, optimizer_cls)
+    assert state_equal(ref_model.state_dict(), tl_model.state_dict())
+
+    torch.manual_seed(7)
+    train, _, _ = loaders()
+    hand_written_loop(ref_model, train, ref_opt, nn.CrossEntropyLoss(), 3, grad_accumulation)
+
+    torch.manual_seed(7)
+    train, val, test = loaders()
+    # Evaluation runs every epoch here and must not disturb the training randomness (shuffle, dropout).
+    TrainLoop(tl_model, train, val, test, tl_opt, nn.CrossEntropyLoss()).fit(
+        num_epochs=3, grad_accumulation=grad_accumulation)
+
+    assert state_equal(ref_model.state_dict(), tl_model.state_dict())
+    assert state_equal(ref_opt.state_dict()['state'][0], tl_opt.state_dict()['state'][0]) \
+        if optimizer_cls is torch.optim.Adam else True
+
+
+def test_history_losses_match_hand_computed_values():
+    torch.manual_seed(0)
+    model, opt = make(0, 0.0, torch.optim.SGD)
+    train, val, test = loaders(shuffle=False)
+    batch_losses = []
+
+    class RecordLoss:
+        pass
+
+    tl = TrainLoop(model, train, val, test, opt, nn.CrossEntropyLoss())
+    tl.fit(num_epochs=1)
+    batch_losses = [loss.item() for loss in tl.loss_batch_accum]
+    assert tl.train_history['accumulated_loss'] == [pytest.approx(sum(batch_losses) / len(batch_losses))]
+
+    model.eval()
+    with torch.no_grad():
+        def dataset_loss(loader):
+            total = sum(nn.functional.cross_entropy(model(x), y, reduction='sum').item() for x, y in loader)
+            return total / len(loader.dataset)
+        assert tl.train_history['loss'][0] == pytest.approx(dataset_loss(train), rel=1e-6)
+        assert tl.train_history['val_loss'][0] == pytest.approx(dataset_loss(val), rel=1e-6)
+        assert tl.train_history['train_end_test_loss'][0] == pytest.approx(dataset_loss(test), rel=1e-6)
+
+
+def test_end_auto_eval_every_k_epochs():
+    model, opt = make(0, 0.0, torch.optim.SGD)
+    train, val, test = loaders()
+    tl = TrainLoop(model, train, val, test, opt, nn.CrossEntropyLoss(), end_auto_eval=2)
+    tl.fit(num_epochs=5)
+    assert len(tl.train_history['accumulated_loss']) == 5
+    assert tl.train_history.get_epochs('val_loss') == [0, 2, 4]
+    assert len(tl.train_history['loss']) == 3
+
+
+def test_end_auto_eval_false_records_only_accumulated_loss():
+    model, opt = make(0, 0.0, torch.optim.SGD)
+    train, val, test = loaders()
+    tl = TrainLoop(model, train, val, test, opt, nn.CrossEntropyLoss(), end_auto_eval=False)
+    tl.fit(num_epochs=2)
+    assert len(tl.train_history['accumulated_loss']) == 2
+    assert tl.train_history['loss'] == [] and tl.train_history['val_loss'] == []
+    assert 'train_end_test_loss' not in tl.train_history
+
+
+def test_num_iterations_spans_epochs_and_applies_last_partial_window():
+    ref_model, ref_opt = make(3, 0.0, torch.optim.SGD)
+    tl_model, tl_opt = make(3, 0.0, torch.optim.SGD)
+    train, val, _ = loaders(shuffle=False)          # 7 batches per epoch
+    criterion = nn.CrossEntropyLoss()
+    # Reference: 7 batches of epoch 0, then 3 of epoch 1, accumulation 2 -> updates after 2,4,6,7 | 2, 3.
+    batches = list(train)
+    for epoch_batches in (batches, batches[:3]):
+        for i, (x, y) in enumerate(epoch_batches):
+            (criterion(ref_model(x), y) / 2).backward()
+            if (i + 1) % 2 == 0 or i == len(epoch_batches) - 1:
+                ref_opt.step()
+                ref_opt.zero_grad()
+    tl = TrainLoop(tl_model, train, val, None, tl_opt, criterion)
+    tl.fit(num_iterations=10, grad_accumulation=2)
+    assert tl.total_iteration_idx == 9 and tl.epoch == 1
+    assert tl.get_num_training_steps() == 6
+    assert state_equal(ref_model.state_dict(), tl_model.state_dict())
+
+
+def test_bf16_autocast_on_cpu_trains():
+    model, opt = make(0, 0.0, torch.optim.SGD)
+    before = copy.deepcopy(model.state_dict())
+    seen_dtypes = []
+
+    class Probe(MLP):
+        pass
+
+    train, val, test = loaders()
+    original_forward = model.forward
+
+    def forward(x):
+        out = original_forward(x)
+        seen_dtypes.append(out.dtype)
+        return out
+    model.forward = forward
+    tl = TrainLoop(model, train, val, test, opt, nn.CrossEntropyLoss(), use_amp='bf16')
+    tl.fit(num_epochs=2)
+    assert seen_dtypes and all(d == torch.bfloat16 for d in seen_dtypes)
+    assert not state_equal(before, model.state_dict())
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert tl.train_history['val_loss'][-1] < tl.train_history['accumulated_loss'][0] * 2
+    assert not tl.amp_scaler.is_enabled()
+
+
+def test_fp16_on_cpu_is_a_clear_error():
+    model, opt = make(0, 0.0, torch.optim.SGD)
+    train, val, test = loaders()
+    with pytest.raises(ValueError, match="use_amp='bf16'"):
+        TrainLoop(model, train, val, test, opt, nn.CrossEntropyLoss(), use_amp=True)
