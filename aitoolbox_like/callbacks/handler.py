@@ -47,6 +47,8 @@ class CallbacksHandler:
         if cache_callbacks:
             self.cached_callbacks += [cb for cb in callbacks if not any(cb is c for c in self.cached_callbacks)]
             return
+        # Cached callbacks (a tracking loop's savers) join the first real registration, as in AIToolbox.
+        callbacks, self.cached_callbacks = self.cached_callbacks + callbacks, []
         loop = self.train_loop_obj
         new_callbacks = [cb for cb in callbacks if not any(cb is c for c in loop.callbacks)]
         new_callbacks = [cb for cb in new_callbacks if self._runs_on_this_rank(cb)]
@@ -60,11 +62,6 @@ class CallbacksHandler:
             callback.register_train_loop_object(loop)
         if print_callbacks:
             self.print_registered_callback_names()
-
-    def register_cached_callbacks(self):
-        cached, self.cached_callbacks = self.cached_callbacks, []
-        if cached:
-            self.register_callbacks(cached)
 
     def _validate(self, callbacks):
         if callbacks is None:
