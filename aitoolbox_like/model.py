@@ -31,18 +31,23 @@ class TTModel(nn.Module, ABC):
         """Return ``(y_pred, y_true, metadata)`` for one batch; metadata is a dict of lists or None."""
 
 
+def _inputs_to_device(inputs, device):
+    # The per-step path: plain tensors skip the generic recursion.
+    return [x.to(device, non_blocking=True) if type(x) is torch.Tensor else _to_device(x, device) for x in inputs]
+
+
 class TTBasicModel(TTModel):
     """A TTModel for the common case: the last element of the batch is the target and every other
     element is a positional input of ``forward``."""
 
     def get_loss(self, batch_data, criterion, device):
         *inputs, target = batch_data
-        predicted = self(*_to_device(inputs, device))
+        predicted = self(*_inputs_to_device(inputs, device))
         return criterion(predicted, _to_device(target, device))
 
     def get_predictions(self, batch_data, device):
         *inputs, target = batch_data
-        predicted = self(*_to_device(inputs, device))
+        predicted = self(*_inputs_to_device(inputs, device))
         return predicted.detach(), target, None
 
 

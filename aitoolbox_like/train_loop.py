@@ -153,8 +153,10 @@ class TrainLoop:
         return self.global_rank == 0
 
     @property
-    def _optimizers(self):
-        return list(self.optimizer) if isinstance(self.optimizer, MultiOptimizer) else [self.optimizer]
+    def _optimizer_list(self):
+        # Read per update (not cached) so a callback may swap loop.optimizer during training.
+        optimizer = self.optimizer
+        return optimizer.optimizer_list if isinstance(optimizer, MultiOptimizer) else (optimizer,)
 
     # ------------------------------------------------------------------ fit
 
@@ -246,11 +248,14 @@ class TrainLoop:
             self.epoch = self.train_history.current_epoch = epoch
             self.loss_batch_accum = []
             handler.execute_epoch_begin()
+            hooks = handler._hook_lists
             for self.iteration, batch_data, self._is_last_batch in self._batches():
                 self.total_iteration_idx += 1
-                handler.execute_batch_begin()
+                for fn in hooks['on_batch_begin']:
+                    fn()
                 self._train_step(batch_data)
-                handler.execute_batch_end()
+                for fn in hooks['on_batch_end']:
+                    fn()
                 if self._is_last_batch:
                     break
             self._epochs_completed = epoch + 1
@@ -295,7 +300,13 @@ class TrainLoop:
             batch, i = upcoming, i + 1
 
     def _train_step(self, batch_data):
-        with self._amp.autocast():
+        # The per-step path: hook lists are read directly (no dispatch method per hook) and nothing here
+        # reads a tensor value on the host.
+        hooks = self.callbacks_handler._hook_lists
+        if self._amp.enabled:
+            with self._amp.autocast():
+                loss = self._feed.get_loss(batch_data, self.criterion, self.device)
+        else:
             loss = self._feed.get_loss(batch_data, self.criterion, self.device)
         self.loss_batch_accum.append(loss.detach())
         if self.grad_accumulation > 1:
@@ -303,24 +314,27 @@ class TrainLoop:
         if self._amp.uses_scaler:
             loss = self.amp_scaler.scale(loss) if isinstance(loss, torch.Tensor) else loss.scale(self.amp_scaler)
         loss.backward()
-        self.callbacks_handler.execute_after_backward()
-        if self.should_execute_optimizer_update():
-            self._optimizer_update()
+        for fn in hooks['on_after_backward']:
+            fn()
+        if (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch:
+            self._optimizer_update(hooks)
 
-    def _optimizer_update(self):
-        handler = self.callbacks_handler
-        optimizers = self._optimizers
+    def _optimizer_update(self, hooks):
+        optimizers = self._optimizer_list
         uses_scaler = self._amp.uses_scaler
         if uses_scaler:
             for optimizer in optimizers:     # once, so callbacks see and clip the real gradients
                 self.amp_scaler.unscale_(optimizer)
-        for self.optimizer_idx, optimizer in enumerate(optimizers):
-            handler.execute_gradient_update(self.optimizer_idx)
+        for idx, optimizer in enumerate(optimizers):
+            self.optimizer_idx = idx
+            for fn in hooks['on_after_gradient_update']:
+                fn(idx)
             if uses_scaler:
                 self.amp_scaler.step(optimizer)
             else:
                 optimizer.step()
-            handler.execute_optimizer_step()
+            for fn in hooks['on_after_optimizer_step']:
+                fn()
             optimizer.zero_grad()
         if uses_scaler:
             self.amp_scaler.update()
