@@ -1,0 +1,226 @@
+"""Checkpoint files: atomic writes and safe (``weights_only``) loading.
+
+A checkpoint is one ``torch.save`` dict that holds only tensors, numbers, strings, lists/tuples and
+dicts, so it loads with ``torch.load(weights_only=True)``: loading a file then never runs code that
+came with it.
+"""
+import logging
+import os
+import pickle
+import re
+import secrets
+from collections import OrderedDict
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# Bump when the checkpoint dict layout changes incompatibly; a reader refuses newer files rather
+# than silently misreading them.
+FORMAT_VERSION = 1
+
+# Exact types only: subclasses (IntEnum, numpy scalars, custom dicts) are pickled as globals that
+# the weights_only unpickler rejects.
+_SCALAR_TYPES = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device)
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_DICT_TYPES = (dict, OrderedDict)
+_SEQUENCE_TYPES = (list, tuple, torch.Size)
+_KEY_TYPES = (str, int)
+
+# How torch's weights_only unpickler reports an object it refuses to rebuild (as opposed to a
+# malformed byte stream). Matched against the inner UnpicklingError's text.
+_UNSAFE_GLOBAL_RE = re.compile(r'GLOBAL (\S+) was not an allowed global')
+_UNSAFE_OTHER_MARKERS = (
+    'is blocked',
+    'Can only create new object',
+    'Trying to call reduce',
+    'Can only build',
+    'must be imported to load',
+)
+_DOTTED_NAME_RE = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$')
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or read as asked; the message says why and what to do."""
+
+
+def _fsync_directory(directory):
+    # Makes the rename itself durable; some platforms (Windows) cannot open a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_torch_save(obj, path):
+    """``torch.save(obj, path)`` such that ``path`` holds either the old file or the complete new one.
+
+    The temporary file lives in the target directory so ``os.replace`` is a same-filesystem rename.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    base = os.path.basename(path)
+    while True:
+        tmp_path = os.path.join(directory, f'.{base}.{secrets.token_hex(6)}.tmp')
+        try:
+            # os.open with 0o666 (not mkstemp's 0o600) so the final file gets the usual umask mode.
+            fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_path, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_path)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_directory(directory)
+
+
+def _describe_key(key):
+    return f'[{key!r}]'
+
+
+def check_weights_only_safe(obj, where='checkpoint'):
+    """Raise CheckpointError if ``obj`` holds anything ``torch.load(weights_only=True)`` would refuse.
+
+    Run before saving so the mistake (a lambda, a numpy scalar, a custom object in a callback's
+    state) is reported with its location now, not as an unreadable checkpoint at resume time.
+    """
+    # Iterative walk: deeply nested state must not hit the recursion limit; `seen` guards cycles.
+    stack = [(obj, where)]
+    seen = set()
+    while stack:
+        value, location = stack.pop()
+        kind = type(value)
+        if kind in _TENSOR_TYPES or kind in _SCALAR_TYPES:
+            continue
+        if kind in _DICT_TYPES or kind in _SEQUENCE_TYPES:
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            if kind in _DICT_TYPES:
+                for key, item in value.items():
+                    if type(key) not in _KEY_TYPES and type(key) is not bool:
+                        raise CheckpointError(
+                            f'{location}: dict key {key!r} has type {_type_name(key)}; '
+                            f'checkpoint dict keys must be str or int'
+                        )
+                    stack.append((item, location + _describe_key(key)))
+            else:
+                for index, item in enumerate(value):
+                    stack.append((item, f'{location}[{index}]'))
+            continue
+        hint = ''
+        if kind.__module__ == 'numpy':
+            hint = ' (convert numpy values with .item() or torch.as_tensor())'
+        raise CheckpointError(
+            f'{location}: {_type_name(value)} cannot be stored in a weights_only checkpoint; '
+            f'only tensors, numbers, bools, None, strings, lists/tuples and dicts are allowed{hint}'
+        )
+
+
+def _type_name(value):
+    kind = type(value)
+    if kind.__module__ == 'builtins':
+        return kind.__qualname__
+    return f'{kind.__module__}.{kind.__qualname__}'
+
+
+def _unsafe_reason(error):
+    """Return a short description if a weights_only failure is a refused object, else None.
+
+    torch wraps the unpickler's own error in a long message; the original is its __context__.
+    """
+    texts = [str(error)]
+    if error.__context__ is not None:
+        texts.insert(0, str(error.__context__))
+    for text in texts:
+        match = _UNSAFE_GLOBAL_RE.search(text)
+        if match:
+            name = match.group(1)
+            # A flipped byte inside a global's name looks like an unknown global; a real Python
+            # name is the sign of a pickled object rather than corruption.
+            if _DOTTED_NAME_RE.match(name):
+                return f'it references {name}'
+            return None
+        for marker in _UNSAFE_OTHER_MARKERS:
+            if marker in text:
+                return text.splitlines()[0].strip()
+    return None
+
+
+def _short_error(error):
+    inner = error.__context__ if isinstance(error, pickle.UnpicklingError) and error.__context__ else error
+    lines = str(inner).strip().splitlines()
+    first = lines[0] if lines else ''
+    return f'{type(inner).__name__}: {first}' if first else type(inner).__name__
+
+
+def load_checkpoint(path_or_file, map_location='cpu', allow_unsafe_pickle=False):
+    """Load a checkpoint written by :func:`atomic_torch_save`.
+
+    Uses ``torch.load(weights_only=True)`` unless ``allow_unsafe_pickle`` is set, which is only for
+    files you trust (for example old checkpoints that pickled whole objects).
+    """
+    is_path = isinstance(path_or_file, (str, bytes, os.PathLike))
+    name = os.fspath(path_or_file) if is_path else getattr(path_or_file, 'name', repr(path_or_file))
+    if is_path and not os.path.exists(path_or_file):
+        raise FileNotFoundError(f'Checkpoint file not found: {name}')
+
+    try:
+        checkpoint = torch.load(path_or_file, map_location=map_location,
+                                weights_only=not allow_unsafe_pickle)
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise
+    except pickle.UnpicklingError as error:
+        reason = None if allow_unsafe_pickle else _unsafe_reason(error)
+        if reason is not None:
+            raise CheckpointError(
+                f'Checkpoint {name} contains arbitrary Python objects ({reason}), which '
+                f'torch.load(weights_only=True) refuses because unpickling them can run code. '
+                f'If you trust where this file came from, load it with allow_unsafe_pickle=True.'
+            ) from None
+        raise CheckpointError(
+            f'Checkpoint {name} is truncated or corrupt and cannot be loaded '
+            f'({_short_error(error)})'
+        ) from error
+    except (ModuleNotFoundError, AttributeError) as error:
+        if not allow_unsafe_pickle:
+            raise CheckpointError(
+                f'Checkpoint {name} is truncated or corrupt and cannot be loaded '
+                f'({_short_error(error)})'
+            ) from error
+        # Full unpickling imports the classes the file names; a missing one is not corruption.
+        raise CheckpointError(
+            f'Checkpoint {name} refers to Python code that cannot be imported here '
+            f'({_short_error(error)}); install or import the module that defined it'
+        ) from error
+    except Exception as error:
+        # A damaged file can surface as nearly any exception (EOFError, RuntimeError from the zip
+        # reader, OSError, KeyError, UnicodeDecodeError, ...); report them all the same way.
+        raise CheckpointError(
+            f'Checkpoint {name} is truncated or corrupt and cannot be loaded ({_short_error(error)})'
+        ) from error
+
+    if isinstance(checkpoint, dict):
+        version = checkpoint.get('format_version')
+        if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+            raise CheckpointError(
+                f'Checkpoint {name} has format_version {version}, but this aitoolbox_like reads '
+                f'format_version <= {FORMAT_VERSION}; upgrade aitoolbox_like to load it.'
+            )
+    logger.debug('Loaded checkpoint %s', name)
+    return checkpoint

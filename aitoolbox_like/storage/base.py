@@ -1,0 +1,97 @@
+"""The interface shared by local and S3 storage, and key validation.
+
+Keys are '/'-separated relative paths ("project/experiment/model/weights.pt") whatever the backend,
+so callbacks build keys once and any storage can hold them.
+"""
+import abc
+import re
+
+_DRIVE_RE = re.compile(r'^[A-Za-z]:')
+
+
+class StorageError(RuntimeError):
+    """A storage operation failed for a reason retrying will not fix (missing bucket, bad key)."""
+
+
+class StorageAuthError(StorageError):
+    """The storage rejected our credentials or permissions. Never carries the credentials."""
+
+
+def validate_key_part(name, what):
+    """Return ``name`` if it is safe as one path component of a key, else raise ValueError.
+
+    Used for user-supplied project and experiment names: they become directories, so anything
+    that could climb out of the results folder or start a new root is refused.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f'{what} must be a string, got {type(name).__name__}: {name!r}')
+    if name in ('', '.', '..'):
+        raise ValueError(f'{what} must be a plain name, not {name!r}')
+    if '\x00' in name:
+        raise ValueError(f'{what} must not contain a NUL character: {name!r}')
+    if '/' in name or '\\' in name:
+        raise ValueError(f'{what} must not contain "/" or "\\" (it is one path component): {name!r}')
+    if _DRIVE_RE.match(name):
+        raise ValueError(f'{what} must not be an absolute path: {name!r}')
+    return name
+
+
+def validate_key(key, what='key'):
+    """Return ``key`` if every '/'-separated part passes :func:`validate_key_part`."""
+    if not isinstance(key, str):
+        raise ValueError(f'{what} must be a string, got {type(key).__name__}: {key!r}')
+    if key.startswith('/'):
+        raise ValueError(f'{what} must be relative (no leading "/"): {key!r}')
+    for part in key.split('/'):
+        try:
+            validate_key_part(part, what)
+        except ValueError:
+            raise ValueError(
+                f'{what} {key!r} is not a clean relative path: every "/"-separated part must be a '
+                f'non-empty name other than "." or "..", without "\\" or NUL'
+            ) from None
+    return key
+
+
+def join_key(*parts):
+    """Join key fragments with '/', ignoring empty ones (e.g. an empty prefix)."""
+    return '/'.join(p.strip('/') for p in parts if p and p.strip('/'))
+
+
+class Storage(abc.ABC):
+    """Somewhere to put experiment files: a local folder or an S3 bucket."""
+
+    @abc.abstractmethod
+    def save_file(self, local_path, key):
+        """Copy the local file to ``key``, replacing any existing object; readers never see a partial one."""
+
+    @abc.abstractmethod
+    def load_file(self, key, local_path):
+        """Copy ``key`` to ``local_path`` (parent folders created) and return ``local_path``.
+
+        Raises FileNotFoundError if the key does not exist.
+        """
+
+    @abc.abstractmethod
+    def exists(self, key):
+        """True if an object is stored under exactly ``key``."""
+
+    @abc.abstractmethod
+    def list(self, prefix=''):
+        """Sorted keys that start with ``prefix`` (a plain string prefix, as in S3)."""
+
+    @abc.abstractmethod
+    def delete(self, key):
+        """Remove ``key``; a missing key is not an error."""
+
+    @abc.abstractmethod
+    def write_text(self, key, text):
+        """Store ``text`` (UTF-8) under ``key``."""
+
+    @abc.abstractmethod
+    def read_text(self, key):
+        """Return the UTF-8 text stored under ``key``; FileNotFoundError if missing."""
+
+    @abc.abstractmethod
+    def uri(self, key):
+        """A human-readable location for ``key`` (file:// or s3:// URI) for logs and messages."""

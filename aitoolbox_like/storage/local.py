@@ -1,0 +1,117 @@
+"""Storage in a local folder (or any mounted filesystem)."""
+import logging
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+
+from .base import Storage, validate_key
+
+logger = logging.getLogger(__name__)
+
+_PARTIAL_SUFFIX = '.partial'
+_PARTIAL_RE = re.compile(r'^\..+\.[0-9a-f]{12}\.partial$')
+
+
+def _temp_path_for(path):
+    return path.with_name(f'.{path.name}.{secrets.token_hex(6)}{_PARTIAL_SUFFIX}')
+
+
+def _write_atomically(path, write):
+    """Run ``write(file_object)`` into a sibling temp file, fsync it, then rename over ``path``.
+
+    Readers (and a crash) see the old file or the complete new one, never a half-written one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_path_for(path)
+    try:
+        with open(tmp, 'xb') as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+        raise
+
+
+class LocalStorage(Storage):
+    """Keys map to files under ``root_dir``; the folder is created on first write."""
+
+    def __init__(self, root_dir):
+        self.root_dir = Path(os.path.abspath(os.path.expanduser(os.fspath(root_dir))))
+
+    def __repr__(self):
+        return f'LocalStorage({str(self.root_dir)!r})'
+
+    def path(self, key):
+        """The filesystem path that holds ``key``."""
+        validate_key(key)
+        path = Path(os.path.normpath(self.root_dir / key))
+        # validate_key already forbids '..' and absolute keys; this is the backstop that keeps the
+        # promise "nothing is written outside root_dir" even if validation is ever loosened.
+        # Lexical on purpose: a symlink the user placed inside root_dir is allowed to point elsewhere.
+        if path != self.root_dir and self.root_dir not in path.parents:
+            raise ValueError(f'key {key!r} resolves outside the storage root {self.root_dir}')
+        return path
+
+    def save_file(self, local_path, key):
+        target = self.path(key)
+        with open(local_path, 'rb') as src:
+            _write_atomically(target, lambda dst: shutil.copyfileobj(src, dst, 1024 * 1024))
+        logger.debug('Saved %s to %s', local_path, target)
+
+    def load_file(self, key, local_path):
+        source = self.path(key)
+        try:
+            src = open(source, 'rb')
+        except FileNotFoundError:
+            raise FileNotFoundError(f'No such key in storage: {self.uri(key)}') from None
+        with src:
+            _write_atomically(Path(os.path.abspath(local_path)),
+                              lambda dst: shutil.copyfileobj(src, dst, 1024 * 1024))
+        return local_path
+
+    def exists(self, key):
+        return self.path(key).is_file()
+
+    def list(self, prefix=''):
+        # Walk only the folder the prefix names, not the whole tree.
+        directory, _, _ = prefix.rpartition('/')
+        start = self.path(directory) if directory else self.root_dir
+        if not start.is_dir():
+            return []
+        keys = []
+        for dirpath, _, filenames in os.walk(start):
+            rel_dir = os.path.relpath(dirpath, self.root_dir)
+            for filename in filenames:
+                if _PARTIAL_RE.match(filename):
+                    continue
+                rel = filename if rel_dir == '.' else os.path.join(rel_dir, filename)
+                key = rel.replace(os.sep, '/')
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def delete(self, key):
+        try:
+            self.path(key).unlink()
+        except FileNotFoundError:
+            pass
+
+    def write_text(self, key, text):
+        data = text.encode('utf-8')
+        _write_atomically(self.path(key), lambda f: f.write(data))
+
+    def read_text(self, key):
+        try:
+            return self.path(key).read_text(encoding='utf-8')
+        except FileNotFoundError:
+            raise FileNotFoundError(f'No such key in storage: {self.uri(key)}') from None
+
+    def uri(self, key):
+        return self.path(key).as_uri()

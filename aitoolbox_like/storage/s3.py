@@ -1,0 +1,260 @@
+"""Storage in an S3 bucket (AWS or any S3-compatible server) through boto3.
+
+boto3 is imported when an S3Storage is created, so the core package works without the s3 extra.
+"""
+import logging
+import os
+
+from .base import Storage, StorageAuthError, StorageError, join_key, validate_key
+
+logger = logging.getLogger(__name__)
+
+_AUTH_ERROR_CODES = frozenset({
+    'InvalidAccessKeyId', 'SignatureDoesNotMatch', 'AccessDenied', 'AccessDeniedException',
+    'ExpiredToken', 'InvalidToken', 'TokenRefreshRequired', 'AllAccessDisabled',
+    'InvalidClientTokenId', 'UnrecognizedClientException',
+    # HEAD responses have no body, so botocore reports only the status code.
+    '403', 'Forbidden',
+})
+_NOT_FOUND_CODES = frozenset({'404', 'NoSuchKey', 'NotFound'})
+_NO_BUCKET_CODES = frozenset({'NoSuchBucket'})
+
+
+def _import_boto3():
+    try:
+        import boto3
+        import boto3.s3.transfer
+        import botocore.config
+        import botocore.exceptions
+    except ImportError as error:
+        raise ImportError(
+            'S3 storage needs boto3, which is not installed: pip install aitoolbox_like[s3]'
+        ) from error
+    return boto3
+
+
+class S3Storage(Storage):
+    """Keys live under ``s3://bucket_name/cloud_dir_prefix/``.
+
+    ``endpoint_url=None`` leaves endpoint resolution to botocore, which honours
+    ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` and the AWS config file. Credentials come from
+    boto3's usual chain (environment, profile, instance role) and are never logged.
+    """
+
+    def __init__(self, bucket_name, cloud_dir_prefix='', endpoint_url=None, region_name=None,
+                 max_attempts=8, multipart_threshold=64 * 1024 * 1024,
+                 multipart_chunksize=16 * 1024 * 1024, client=None):
+        if not isinstance(bucket_name, str) or not bucket_name or '/' in bucket_name:
+            raise ValueError(f'bucket_name must be a bucket name without "/", got {bucket_name!r}')
+        boto3 = _import_boto3()
+        import botocore.config
+        from boto3.s3.transfer import TransferConfig
+
+        self.bucket_name = bucket_name
+        prefix = (cloud_dir_prefix or '').strip('/')
+        if prefix:
+            validate_key(prefix, 'cloud_dir_prefix')
+        self.cloud_dir_prefix = prefix
+
+        if client is None:
+            config_kwargs = dict(
+                retries={'max_attempts': max_attempts, 'mode': 'standard'},
+                connect_timeout=10,
+                read_timeout=60,
+            )
+            # S3-compatible servers (MinIO, SeaweedFS, Ceph) are usually reached by host:port,
+            # where virtual-hosted bucket names ("bucket.localhost") do not resolve.
+            if endpoint_url or os.environ.get('AWS_ENDPOINT_URL_S3') or os.environ.get('AWS_ENDPOINT_URL'):
+                config_kwargs['s3'] = {'addressing_style': 'path'}
+            # A private session: boto3's default session is not thread-safe to create clients from,
+            # and the background uploader uses this client from its own thread.
+            session = boto3.session.Session()
+            client = session.client('s3', endpoint_url=endpoint_url, region_name=region_name,
+                                    config=botocore.config.Config(**config_kwargs))
+        self.client = client
+        self.endpoint_url = client.meta.endpoint_url
+        self.transfer_config = TransferConfig(multipart_threshold=multipart_threshold,
+                                              multipart_chunksize=multipart_chunksize)
+
+    def __repr__(self):
+        return f'S3Storage({self.bucket_name!r}, {self.cloud_dir_prefix!r}, endpoint_url={self.endpoint_url!r})'
+
+    # -- keys -------------------------------------------------------------------------------------
+
+    def _full_key(self, key):
+        validate_key(key)
+        return join_key(self.cloud_dir_prefix, key)
+
+    def _relative_key(self, full_key):
+        if not self.cloud_dir_prefix:
+            return full_key
+        return full_key[len(self.cloud_dir_prefix) + 1:]
+
+    def uri(self, key):
+        return f's3://{self.bucket_name}/{self._full_key(key)}'
+
+    # -- errors -----------------------------------------------------------------------------------
+
+    def _translate(self, error, operation, key=None):
+        """Map a botocore/boto3 failure to our exceptions, or return the (unwrapped) error itself.
+
+        Network errors and 5xx stay botocore's own types so callers (the uploader) can retry them.
+        """
+        import botocore.exceptions
+        from boto3.exceptions import S3UploadFailedError
+        from boto3.exceptions import RetriesExceededError
+
+        # boto3's transfer layer hides the real error behind compatibility wrappers.
+        if isinstance(error, S3UploadFailedError) and error.__context__ is not None:
+            error = error.__context__
+        if isinstance(error, RetriesExceededError) and error.last_exception is not None:
+            error = error.last_exception
+
+        where = f"bucket '{self.bucket_name}' at endpoint {self.endpoint_url}"
+        if isinstance(error, (botocore.exceptions.NoCredentialsError,
+                              botocore.exceptions.PartialCredentialsError)):
+            return StorageAuthError(
+                f'S3 {operation} on {where} failed: no usable AWS credentials were found. Set '
+                f'AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) for this endpoint.'
+            )
+        if isinstance(error, botocore.exceptions.ClientError):
+            err = error.response.get('Error', {})
+            code = str(err.get('Code', ''))
+            if code in _AUTH_ERROR_CODES:
+                # Only the code and the server's generic message: some servers echo the access key
+                # id or the string-to-sign in other fields of the error response.
+                message = self._scrub(str(err.get('Message') or 'Forbidden'))
+                return StorageAuthError(
+                    f'S3 {operation} on {where} was rejected: {code} ({message}). Check that '
+                    f'AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) hold valid credentials '
+                    f'for this endpoint, and that they are allowed to access this bucket.'
+                )
+            if code in _NO_BUCKET_CODES:
+                return StorageError(
+                    f"S3 {operation} failed: bucket '{self.bucket_name}' does not exist at endpoint "
+                    f'{self.endpoint_url}. Create it first (S3Storage.ensure_bucket() does).'
+                )
+            if code in _NOT_FOUND_CODES and key is not None:
+                return FileNotFoundError(f'No such key in storage: {self.uri(key)}')
+        return error
+
+    def _scrub(self, text):
+        # Belt and braces: should a server ever quote our credentials back, blank them out.
+        try:
+            credentials = self.client._request_signer._credentials
+            frozen = credentials.get_frozen_credentials() if credentials is not None else None
+        except Exception:
+            frozen = None
+        if frozen is not None:
+            for secret in (frozen.access_key, frozen.secret_key, frozen.token):
+                if secret:
+                    text = text.replace(secret, '***')
+        return text
+
+    def _raise_translated(self, error, operation, key=None):
+        translated = self._translate(error, operation, key)
+        if translated is error:
+            raise error
+        if isinstance(translated, BaseException) and not isinstance(translated, (StorageError, FileNotFoundError)):
+            # An unwrapped botocore error: keep its type so callers can decide to retry.
+            raise translated
+        # from None: the chained botocore error would add nothing but noise (and, for auth
+        # failures, server responses that may echo the access key id).
+        raise translated from None
+
+    def _call(self, operation, key, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:
+            self._raise_translated(error, operation, key)
+
+    # -- operations -------------------------------------------------------------------------------
+
+    def ensure_bucket(self):
+        """Create the bucket if it does not exist yet."""
+        import botocore.exceptions
+        try:
+            self.client.head_bucket(Bucket=self.bucket_name)
+            return
+        except botocore.exceptions.ClientError as error:
+            code = str(error.response.get('Error', {}).get('Code', ''))
+            if code not in ('404', 'NoSuchBucket', 'NotFound'):
+                self._raise_translated(error, 'HeadBucket')
+        except Exception as error:
+            self._raise_translated(error, 'HeadBucket')
+
+        kwargs = {'Bucket': self.bucket_name}
+        region = self.client.meta.region_name
+        # us-east-1 is the one region that rejects an explicit LocationConstraint.
+        if region and region != 'us-east-1':
+            kwargs['CreateBucketConfiguration'] = {'LocationConstraint': region}
+        try:
+            self.client.create_bucket(**kwargs)
+            logger.info('Created bucket %s at %s', self.bucket_name, self.endpoint_url)
+        except botocore.exceptions.ClientError as error:
+            code = str(error.response.get('Error', {}).get('Code', ''))
+            if code not in ('BucketAlreadyOwnedByYou', 'BucketAlreadyExists'):
+                self._raise_translated(error, 'CreateBucket')
+        except Exception as error:
+            self._raise_translated(error, 'CreateBucket')
+
+    def save_file(self, local_path, key):
+        full_key = self._full_key(key)
+        # upload_file switches to a multipart upload above multipart_threshold; S3 only makes the
+        # object visible once every part is in, so readers never see a partial file.
+        self._call('upload', key, self.client.upload_file, os.fspath(local_path), self.bucket_name,
+                   full_key, Config=self.transfer_config)
+        logger.debug('Uploaded %s to %s', local_path, self.uri(key))
+
+    def load_file(self, key, local_path):
+        full_key = self._full_key(key)
+        local_path_str = os.fspath(local_path)
+        parent = os.path.dirname(os.path.abspath(local_path_str))
+        os.makedirs(parent, exist_ok=True)
+        # download_file writes to a temporary name and renames it when complete.
+        self._call('download', key, self.client.download_file, self.bucket_name, full_key,
+                   local_path_str, Config=self.transfer_config)
+        return local_path
+
+    def exists(self, key):
+        full_key = self._full_key(key)
+        try:
+            self._call('HeadObject', key, self.client.head_object, Bucket=self.bucket_name, Key=full_key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def list(self, prefix=''):
+        if self.cloud_dir_prefix:
+            full_prefix = self.cloud_dir_prefix + '/' + prefix
+        else:
+            full_prefix = prefix
+        paginator = self.client.get_paginator('list_objects_v2')
+        keys = []
+
+        def collect():
+            for page in paginator.paginate(Bucket=self.bucket_name, Prefix=full_prefix):
+                for item in page.get('Contents', ()):
+                    keys.append(self._relative_key(item['Key']))
+
+        self._call('ListObjectsV2', None, collect)
+        return sorted(keys)
+
+    def delete(self, key):
+        full_key = self._full_key(key)
+        self._call('DeleteObject', None, self.client.delete_object, Bucket=self.bucket_name, Key=full_key)
+
+    def write_text(self, key, text):
+        full_key = self._full_key(key)
+        self._call('PutObject', key, self.client.put_object, Bucket=self.bucket_name, Key=full_key,
+                   Body=text.encode('utf-8'), ContentType='text/plain; charset=utf-8')
+
+    def read_text(self, key):
+        full_key = self._full_key(key)
+
+        def read():
+            response = self.client.get_object(Bucket=self.bucket_name, Key=full_key)
+            with response['Body'] as body:
+                return body.read().decode('utf-8')
+
+        return self._call('GetObject', key, read)

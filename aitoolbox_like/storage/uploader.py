@@ -1,0 +1,243 @@
+"""Upload files in a background thread so training never waits for the network.
+
+One worker thread handles jobs in submission order. A job that fails for a transient reason (no
+connection, timeout, 5xx) is retried with exponential backoff; an authentication failure is not,
+because retrying cannot fix it. A "latest" pointer is written only after the object it names is
+fully uploaded, so a reader following the pointer always finds a complete file.
+"""
+import logging
+import os
+import queue
+import threading
+from dataclasses import dataclass
+
+from .base import StorageAuthError, StorageError
+
+logger = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+@dataclass
+class UploadJob:
+    local_path: str
+    key: str
+    latest_pointer_key: str = None
+    delete_local_after: bool = False
+
+
+@dataclass
+class UploadFailure:
+    """A job that did not complete. ``key`` is the object that failed (the target or its pointer)."""
+    key: str
+    local_path: str
+    error: str
+    attempts: int
+    latest_pointer_key: str = None
+
+
+def _retryable_types():
+    try:
+        import botocore.exceptions as bexc
+    except ImportError:
+        return ()
+    return (bexc.EndpointConnectionError, bexc.ConnectionClosedError, bexc.ReadTimeoutError,
+            bexc.ConnectTimeoutError, bexc.ConnectionError, bexc.HTTPClientError)
+
+
+_RETRYABLE_CLIENT_CODES = frozenset({'SlowDown', 'RequestTimeout', 'RequestTimeTooSkewed',
+                                     'InternalError', 'ServiceUnavailable', 'Throttling',
+                                     'ThrottlingException'})
+
+
+def is_retryable(error, local_path=None):
+    """Whether waiting and trying again might succeed."""
+    if isinstance(error, StorageAuthError):
+        return False
+    if isinstance(error, StorageError):
+        return False
+    if isinstance(error, FileNotFoundError) and local_path is not None and not os.path.exists(local_path):
+        # The file to upload is gone; waiting will not bring it back.
+        return False
+    if isinstance(error, (IsADirectoryError, NotADirectoryError)):
+        return False
+    retryable = _retryable_types()
+    if retryable and isinstance(error, retryable):
+        return True
+    response = getattr(error, 'response', None)
+    if isinstance(response, dict):
+        status = response.get('ResponseMetadata', {}).get('HTTPStatusCode')
+        code = str(response.get('Error', {}).get('Code', ''))
+        if (isinstance(status, int) and status >= 500) or code in _RETRYABLE_CLIENT_CODES:
+            return True
+        if code.isdigit() and int(code) >= 500:
+            return True
+        return False
+    # Covers ConnectionRefusedError and I/O errors on network filesystems for LocalStorage.
+    return isinstance(error, OSError)
+
+
+class BackgroundUploader:
+    """Queue of uploads to ``storage`` worked through by one daemon thread.
+
+    ``submit`` blocks while ``max_queue_size`` jobs are waiting, which bounds memory (and disk, for
+    callers that write a file per job) when the network is slower than training.
+    """
+
+    def __init__(self, storage, max_queue_size=32, max_retries=6, initial_backoff_s=0.5,
+                 max_backoff_s=30.0):
+        if max_queue_size < 1:
+            raise ValueError(f'max_queue_size must be >= 1, got {max_queue_size}')
+        self.storage = storage
+        self.max_retries = max_retries
+        self.initial_backoff_s = initial_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.failures = []
+        self.retries = 0  # retry attempts made so far, all jobs together
+        self._queue = queue.Queue(maxsize=max_queue_size)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._pending = 0
+        self._reported = 0
+        self._closed = False
+        self._abort = threading.Event()
+        self._thread = threading.Thread(target=self._run, name='aitoolbox-uploader', daemon=True)
+        self._thread.start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    @property
+    def pending_count(self):
+        """Jobs submitted and not yet finished (queued or in progress)."""
+        with self._lock:
+            return self._pending
+
+    def submit(self, local_path, key, latest_pointer_key=None, delete_local_after=False):
+        """Queue ``local_path`` for upload to ``key``; then point ``latest_pointer_key`` at ``key``.
+
+        Blocks while the queue is full.
+        """
+        job = UploadJob(os.fspath(local_path), key, latest_pointer_key, delete_local_after)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError('BackgroundUploader is closed; no more uploads can be submitted')
+            self._pending += 1
+        try:
+            self._queue.put(job)
+        except BaseException:
+            with self._lock:
+                self._pending -= 1
+                self._idle.notify_all()
+            raise
+        return job
+
+    def wait(self, timeout=None):
+        """Block until every submitted job has finished (or ``timeout`` seconds passed).
+
+        Returns the failures recorded since the previous ``wait``/``close`` call; ``failures`` keeps
+        all of them. Check ``pending_count`` to tell a timeout from completion.
+        """
+        with self._idle:
+            self._idle.wait_for(lambda: self._pending == 0, timeout=timeout)
+            new = self.failures[self._reported:]
+            self._reported = len(self.failures)
+        return list(new)
+
+    def close(self, timeout=None):
+        """Finish queued uploads (up to ``timeout`` seconds), then stop the worker.
+
+        Jobs still unfinished at the timeout are abandoned and recorded as failures. Returns the
+        failures not yet returned by ``wait``.
+        """
+        with self._lock:
+            already_closed = self._closed
+            self._closed = True
+        with self._idle:
+            finished = self._idle.wait_for(lambda: self._pending == 0, timeout=timeout)
+        if not finished:
+            logger.error('Uploader closing with %d upload(s) unfinished after %.1f s; abandoning them',
+                         self.pending_count, timeout)
+            # The worker records each remaining job as failed without trying it, so the queue
+            # empties quickly and the stop marker below fits.
+            self._abort.set()
+        if not already_closed:
+            try:
+                self._queue.put(_STOP, timeout=10.0)
+            except queue.Full:
+                logger.error('Uploader worker did not drain its queue; leaving the daemon thread behind')
+        self._thread.join(timeout=None if finished else 10.0)
+        return self.wait(timeout=0)
+
+    # -- worker -----------------------------------------------------------------------------------
+
+    def _run(self):
+        while True:
+            job = self._queue.get()
+            if job is _STOP:
+                return
+            try:
+                self._process(job)
+            except BaseException as error:  # never let the worker die and strand waiters
+                logger.exception('Uploader: unexpected error for %s', job.key)
+                self._record_failure(job, job.key, error, 1)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def _process(self, job):
+        ok = self._attempt(job, job.key, lambda: self.storage.save_file(job.local_path, job.key))
+        if not ok:
+            return
+        if job.latest_pointer_key is not None:
+            ok = self._attempt(job, job.latest_pointer_key,
+                               lambda: self.storage.write_text(job.latest_pointer_key, job.key))
+            if not ok:
+                return
+        if job.delete_local_after:
+            try:
+                os.remove(job.local_path)
+            except OSError as error:
+                logger.warning('Uploaded %s but could not delete the local copy: %s', job.key, error)
+
+    def _attempt(self, job, key, operation):
+        delay = self.initial_backoff_s
+        attempts = 0
+        while True:
+            if self._abort.is_set():
+                self._record_failure(job, key, 'uploader closed before the upload finished', attempts)
+                return False
+            attempts += 1
+            try:
+                operation()
+                if attempts > 1:
+                    logger.info('Uploaded %s after %d attempts', key, attempts)
+                return True
+            except Exception as error:
+                if attempts > self.max_retries or not is_retryable(error, job.local_path):
+                    self._record_failure(job, key, error, attempts)
+                    return False
+                logger.warning('Upload of %s failed (attempt %d of %d), retrying in %.1f s: %s',
+                               key, attempts, self.max_retries + 1, delay, _describe(error))
+                with self._lock:
+                    self.retries += 1
+                # Interruptible by close(timeout) giving up.
+                self._abort.wait(delay)
+                delay = min(delay * 2, self.max_backoff_s)
+
+    def _record_failure(self, job, key, error, attempts):
+        text = error if isinstance(error, str) else _describe(error)
+        failure = UploadFailure(key=key, local_path=job.local_path, error=text, attempts=attempts,
+                                latest_pointer_key=job.latest_pointer_key)
+        logger.error('Upload of %s to %s failed after %d attempt(s): %s', job.local_path, key,
+                     attempts, text)
+        with self._lock:
+            self.failures.append(failure)
+
+
+def _describe(error):
+    return f'{type(error).__name__}: {error}'
