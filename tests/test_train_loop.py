@@ -287,3 +287,20 @@ def test_print_callbacks_lists_registered_callbacks(capsys):
     TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss(), print_callbacks=True).fit(
         num_epochs=1, callbacks=[Named()])
     assert 'the named one' in capsys.readouterr().out
+
+
+def test_second_fit_with_num_iterations_continues_to_the_total():
+    model = MLP()
+    train, val, _ = loaders(shuffle=False)          # 7 batches per epoch
+    tl = TrainLoop(model, train, val, None, sgd(model), nn.CrossEntropyLoss())
+    tl.fit(num_iterations=10)
+    tl.fit(num_iterations=20)
+    assert tl.total_iteration_idx == 19
+
+
+def test_empty_loader_with_num_iterations_is_an_error_not_a_hang():
+    model = MLP()
+    empty = DataLoader(classification_data(0), batch_size=4)
+    tl = TrainLoop(model, empty, None, None, sgd(model), nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match='yielded no batches'):
+        tl.fit(num_iterations=5)
