@@ -112,20 +112,30 @@ class AbstractExperimentCallback(AbstractCallback):
 
     Missing details are taken from a tracking TrainLoop (TrainLoopCheckpoint and friends); with a plain
     TrainLoop and no arguments the callback writes under ``./experiments/<project>/<experiment>_<timestamp>``.
+
+    Args:
+        callback_name (str): a readable name.
+        project_name, experiment_name (str or None): names of the project and experiment folders.
+        local_model_result_folder_path (str or None): root folder under which the project folder lives.
+        cloud_save_mode, bucket_name, cloud_dir_prefix (str or None): where results are uploaded (None: local only).
+        execution_order, device_idx_execution: as for AbstractCallback.
     """
 
     DEFAULT_PROJECT_NAME = 'default_project'
     DEFAULT_EXPERIMENT_NAME = 'experiment'
     DEFAULT_LOCAL_FOLDER = 'experiments'
 
-    def __init__(self, callback_name, execution_order=0, device_idx_execution=None):
+    def __init__(self, callback_name, project_name=None, experiment_name=None, local_model_result_folder_path=None,
+                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None,
+                 execution_order=0, device_idx_execution=None):
+        # AIToolbox's argument order, so subclasses written for AIToolbox keep working unchanged.
         super().__init__(callback_name, execution_order, device_idx_execution)
-        self.project_name = None
-        self.experiment_name = None
-        self.local_model_result_folder_path = None
-        self.cloud_save_mode = None
-        self.bucket_name = None
-        self.cloud_dir_prefix = None
+        self.project_name = project_name
+        self.experiment_name = experiment_name
+        self.local_model_result_folder_path = local_model_result_folder_path
+        self.cloud_save_mode = cloud_save_mode
+        self.bucket_name = bucket_name
+        self.cloud_dir_prefix = cloud_dir_prefix
 
     def try_infer_experiment_details(self, infer_cloud_details=False):
         """Fill in the experiment details that were not given, from the TrainLoop when it tracks an

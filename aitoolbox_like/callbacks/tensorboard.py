@@ -1,0 +1,532 @@
+"""TensorBoard callbacks (``pip install aitoolbox_like[tensorboard]``).
+
+All of them run on rank 0 only (device_idx_execution=0) and never call a collective: they read the
+training history, the loop's per-batch losses, the optimizer and the (unwrapped) model, so a distributed
+run cannot hang on them. Batch losses are rank 0's own losses; history metrics are the global ones.
+
+Event files go to ``<experiment folder>/tensorboard/<project>_<experiment>`` (is_project=True, the default)
+or to ``log_dir`` itself (is_project=False). Open them with ``tensorboard --logdir <that folder>``.
+"""
+import logging
+import numbers
+import os
+import warnings
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from ..multi_loss_optim import MultiOptimizer
+from .abstract import AbstractExperimentCallback
+from .performance_eval import history_series, upload_experiment_files
+
+logger = logging.getLogger(__name__)
+
+
+def _summary_writer_class():
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise ImportError('The TensorBoard callbacks need the tensorboard package: '
+                          'pip install aitoolbox_like[tensorboard]') from exc
+    return SummaryWriter
+
+
+def unwrap_model(model):
+    """The module inside a DistributedDataParallel wrapper: running the wrapper on one rank would start
+    its buffer broadcast, a collective the other ranks never join."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def first_batch(data_loader):
+    """The first batch of a fresh pass over ``data_loader``, drawn without changing the training's random
+    state: the global RNGs are forked, and a generator given to the loader or its sampler is restored."""
+    generators = [g for g in (getattr(data_loader, 'generator', None),
+                              getattr(getattr(data_loader, 'sampler', None), 'generator', None))
+                  if isinstance(g, torch.Generator)]
+    states = [g.get_state() for g in generators]
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            return next(iter(data_loader))
+    finally:
+        for generator, state in zip(generators, states):
+            generator.set_state(state)
+
+
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+class TensorboardReporterBaseCB(AbstractExperimentCallback):
+    def __init__(self, callback_name, log_dir=None, is_project=True,
+                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
+                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, **kwargs):
+        """Base of the TensorBoard callbacks: sets up the log folder and a SummaryWriter (``self.tb_writer``).
+
+        Args:
+            callback_name (str): a readable name.
+            log_dir (str or None): folder name inside the experiment folder (is_project=True, default
+                'tensorboard'), or the full path of the log folder (is_project=False).
+            is_project (bool): write into the experiment folder (details inferred from a tracking TrainLoop,
+                else ./experiments/default_project/experiment_<timestamp>).
+            project_name, experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
+                cloud_dir_prefix: the experiment folder (see AbstractExperimentCallback). With a cloud mode the
+                event files are handed to the loop's ``experiment_uploader`` after each epoch and at the end.
+            **kwargs: arguments of ``torch.utils.tensorboard.SummaryWriter`` (e.g. flush_secs).
+        """
+        super().__init__(callback_name, project_name, experiment_name, local_model_result_folder_path,
+                         cloud_save_mode, bucket_name, cloud_dir_prefix, execution_order=97, device_idx_execution=0)
+        self._summary_writer = _summary_writer_class()     # a missing extra fails at construction
+        self.log_dir = 'tensorboard' if log_dir is None else os.path.expanduser(log_dir)
+        self.is_project = is_project
+        self.tb_writer_kwargs = kwargs
+        self.tb_writer = None
+        self.cloud_results_saver = None
+        self.last_written_files = []
+        self._loss_list = None
+        self._loss_flushed = 0
+        self._loss_sums = {}
+        self._loss_count = 0
+
+    # ---- set-up ---------------------------------------------------------------------------------
+
+    def on_train_loop_registration(self):
+        if self.is_project:
+            self.try_infer_experiment_details(infer_cloud_details=True)
+            self.prepare_results_saver()
+        self.log_dir = self.create_log_dir()
+        if not self.is_project and 'filename_suffix' not in self.tb_writer_kwargs:
+            self.tb_writer_kwargs['filename_suffix'] = f'_{self.train_loop_obj.experiment_timestamp}'
+        self.tb_writer = self._summary_writer(log_dir=self.log_dir, **self.tb_writer_kwargs)
+
+    def create_log_dir(self):
+        """Create and return the log folder."""
+        path = self.log_dir
+        if self.is_project:
+            path = os.path.join(self.experiment_dir_path, self.log_dir, f'{self.project_name}_{self.experiment_name}')
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def prepare_results_saver(self):
+        """Kept for AIToolbox compatibility: uploads go through the loop's experiment_uploader."""
+        self.cloud_results_saver = None
+
+    def on_train_end(self):
+        self.tb_writer.close()       # writing again later (a second fit) reopens a new event file
+        self.upload_to_cloud()
+
+    def on_exception(self, exception):
+        if self.tb_writer is not None:
+            self.tb_writer.close()
+
+    def upload_to_cloud(self):
+        """Hand the event files to the loop's experiment uploader (only with a cloud_save_mode)."""
+        if not self.cloud_save_mode or self.cloud_save_mode == 'local':
+            return
+        self.tb_writer.flush()
+        paths = [os.path.join(root, name) for root, _, names in os.walk(self.log_dir) for name in names]
+        upload_experiment_files(self, paths)
+
+    # ---- batch losses ---------------------------------------------------------------------------
+
+    def log_mid_train_loss(self):
+        """Write the per-batch training losses not written yet (``train_loss/last_batch_<name>`` and the
+        epoch's running mean ``train_loss/accumulated_batch_<name>``, name 'loss' for a single loss) for the
+        steps that are multiples of ``batch_log_frequency``.
+
+        All pending losses are copied to the host in one transfer, so the cost is one host-device sync per
+        call, however many steps it covers. Steps are the loop's total_iteration_idx (global batch index).
+        """
+        loop = self.train_loop_obj
+        accum = loop.loss_batch_accum
+        if accum is not self._loss_list:        # the loop starts a new list every epoch
+            self._loss_list, self._loss_flushed, self._loss_sums, self._loss_count = accum, 0, {}, 0
+        pending = accum[self._loss_flushed:]
+        if not pending:
+            return
+        first_step = loop.total_iteration_idx - len(accum) + 1 + self._loss_flushed
+        if hasattr(pending[0], 'keys'):         # MultiLoss: one curve per loss
+            names = list(pending[0].keys())
+            rows = torch.stack([torch.stack([loss[n].detach().reshape(()).double() for n in names])
+                                for loss in pending]).tolist()
+        else:
+            names = ['loss']
+            rows = torch.stack([loss.detach().reshape(()).double() for loss in pending]).unsqueeze(1).tolist()
+        frequency = getattr(self, 'batch_log_frequency', 1) or 1
+        for offset, row in enumerate(rows):
+            self._loss_count += 1
+            step = first_step + offset
+            for name, value in zip(names, row):
+                self._loss_sums[name] = self._loss_sums.get(name, 0.0) + value
+                if step % frequency == 0:
+                    self.tb_writer.add_scalar(f'train_loss/last_batch_{name}', value, step)
+                    self.tb_writer.add_scalar(f'train_loss/accumulated_batch_{name}',
+                                              self._loss_sums[name] / self._loss_count, step)
+        self._loss_flushed = len(accum)
+
+    def _maybe_log_mid_train_loss(self):
+        if (self.train_loop_obj.total_iteration_idx + 1) % self.batch_sync_frequency == 0:
+            self.log_mid_train_loss()
+
+    # ---- history metrics ------------------------------------------------------------------------
+
+    def log_train_history_metrics(self, metric_names, only_epoch=None):
+        """Write the latest value of each named history metric (tag ``loss/<m>`` for losses, else
+        ``metrics/<m>``; dict-valued metrics per key), at step = epoch of the value.
+
+        Args:
+            metric_names (iterable of str): history names; missing ones are skipped.
+            only_epoch (int or None): write only values recorded in this epoch, so metrics computed every
+                k epochs are not written again with a later epoch's step (AIToolbox repeated them).
+        """
+        for name, (epochs, values) in history_series(self.train_loop_obj.train_history, list(metric_names)).items():
+            if not values or not _is_number(values[-1]):
+                continue
+            if only_epoch is not None and epochs[-1] != only_epoch:
+                continue
+            prefix = 'loss' if 'loss' in name else 'metrics'
+            self.tb_writer.add_scalar(f'{prefix}/{name}', values[-1], epochs[-1])
+
+    def _history_names(self):
+        history = self.train_loop_obj.train_history
+        return list(history.keys()) if self.metric_names is None else list(self.metric_names)
+
+    def _log_epoch_history(self):
+        names = [n for n in self._history_names() if not n.startswith('train_end_')]
+        self.log_train_history_metrics(names, only_epoch=self.train_loop_obj.epoch)
+
+    def _log_train_end_history(self):
+        history = self.train_loop_obj.train_history
+        wanted = self._history_names()
+        names = [n for n in history.keys() if n.startswith('train_end_')
+                 and (self.metric_names is None or n in wanted or n[len('train_end_'):] in wanted)]
+        self.log_train_history_metrics(names)
+
+    # ---- learning rates, histograms, graph, hyperparameters ---------------------------------------
+
+    def log_learning_rates(self, step):
+        """``learning_rate/group_<i>`` of each param group (``learning_rate/optimizer_<k>_group_<i>`` for a
+        MultiOptimizer)."""
+        optimizer = self.train_loop_obj.optimizer
+        optimizers = list(optimizer) if isinstance(optimizer, MultiOptimizer) else [optimizer]
+        for k, opt in enumerate(optimizers):
+            for i, group in enumerate(getattr(opt, 'param_groups', [])):
+                if 'lr' not in group:
+                    continue
+                lr = group['lr']
+                tag = f'learning_rate/optimizer_{k}_group_{i}' if len(optimizers) > 1 else f'learning_rate/group_{i}'
+                self.tb_writer.add_scalar(tag, float(lr), step)
+
+    def log_parameter_histograms(self, step):
+        for name, param in unwrap_model(self.train_loop_obj.model).named_parameters():
+            self.tb_writer.add_histogram(f'parameters/{name}', param.detach(), step)
+
+    def log_gradient_histograms(self, step):
+        for name, param in unwrap_model(self.train_loop_obj.model).named_parameters():
+            if param.grad is not None:
+                self.tb_writer.add_histogram(f'gradients/{name}', param.grad.detach(), step)
+
+    def log_model_graph(self, input_to_model=None):
+        """Trace the model once and write its graph. Without ``input_to_model`` the inputs are the first
+        train batch minus its last element (the TTBasicModel convention: ``(*inputs, target)``). A model
+        that cannot be traced only gets a warning; training goes on."""
+        loop = self.train_loop_obj
+        model = unwrap_model(loop.model)
+        try:
+            if input_to_model is None:
+                batch = first_batch(loop.train_loader)
+                if not isinstance(batch, (list, tuple)) or len(batch) < 2:
+                    raise ValueError('the first train batch is not (*inputs, target); pass input_to_model')
+                input_to_model = tuple(batch[:-1])
+            input_to_model = _to_device(input_to_model, loop.device)
+            if isinstance(input_to_model, (list, tuple)) and len(input_to_model) == 1:
+                input_to_model = input_to_model[0]
+            was_training = model.training
+            model.eval()
+            try:
+                with warnings.catch_warnings():
+                    # add_graph traces with torch.jit.trace, which warns about its own deprecation
+                    warnings.simplefilter('ignore', DeprecationWarning)
+                    self.tb_writer.add_graph(model, input_to_model)
+            finally:
+                model.train(was_training)
+        except Exception as exc:       # the graph is a nice-to-have; never stop training for it
+            logger.warning('%s: could not write the model graph (%s: %s)', self.callback_name,
+                           type(exc).__name__, exc)
+            return False
+        return True
+
+    def log_hparams(self, hparams, metric_names=None):
+        """Write hyperparameters with the final value of metrics for TensorBoard's HPARAMS tab.
+
+        Values that are not bool / int / float / str / None are written as their ``str()``. The metrics are
+        written as scalars ``hparam/<metric>`` (the last numeric value of each history metric, or of those
+        named), at step = last epoch.
+        """
+        from torch.utils.tensorboard.summary import hparams as hparams_summary
+        hparam_dict = {str(k): v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+                       for k, v in hparams.items()}
+        history = self.train_loop_obj.train_history
+        names = history.keys() if metric_names is None else [m for m in metric_names if m in history]
+        final = {}
+        for name, (_, values) in history_series(history, list(names)).items():
+            if values and _is_number(values[-1]):
+                final[f'hparam/{name}'] = float(values[-1])
+        # Written into this run (SummaryWriter.add_hparams would start a separate run folder for them).
+        file_writer = self.tb_writer.file_writer or self.tb_writer._get_file_writer()   # reopened after close()
+        for summary in hparams_summary(hparam_dict, final):
+            file_writer.add_summary(summary)
+        for tag, value in final.items():
+            self.tb_writer.add_scalar(tag, value, self.train_loop_obj.epoch)
+        return final
+
+
+def _to_device(data, device):
+    if isinstance(data, torch.Tensor):
+        return data.to(device)
+    if isinstance(data, (list, tuple)):
+        return type(data)(_to_device(d, device) for d in data)
+    return data
+
+
+def _check_frequency(name, value, allow_none=False):
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{name} must be an int >= 1{" or None" if allow_none else ""}, got {value!r}')
+
+
+class TensorboardTrainBatchLoss(TensorboardReporterBaseCB):
+    def __init__(self, batch_log_frequency=1, log_dir=None, is_project=True,
+                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
+                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, batch_sync_frequency=100, **kwargs):
+        """Training loss of every ``batch_log_frequency``-th batch (step = global batch index).
+
+        The losses stay on the device during training and are copied to the host in one transfer every
+        ``batch_sync_frequency`` steps and at the end of each epoch, so even the default
+        ``batch_log_frequency=1`` (AIToolbox's) costs one host-device sync per 100 steps rather than one per
+        step. Lower ``batch_sync_frequency`` to see the curve update sooner during long epochs.
+
+        Args:
+            batch_log_frequency (int): write every k-th batch's loss.
+            batch_sync_frequency (int): copy pending losses to the host every n steps (one sync each time).
+            log_dir, is_project, project_name, experiment_name, local_model_result_folder_path, cloud_save_mode,
+                bucket_name, cloud_dir_prefix, **kwargs: see TensorboardReporterBaseCB.
+        """
+        super().__init__('Tensorboard end of batch report of batch loss', log_dir, is_project, project_name,
+                         experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
+                         cloud_dir_prefix, **kwargs)
+        _check_frequency('batch_log_frequency', batch_log_frequency)
+        _check_frequency('batch_sync_frequency', batch_sync_frequency)
+        self.batch_log_frequency = batch_log_frequency
+        self.batch_sync_frequency = batch_sync_frequency
+
+    def on_batch_end(self):
+        self._maybe_log_mid_train_loss()
+
+    def on_epoch_end(self):
+        self.log_mid_train_loss()
+        self.tb_writer.flush()
+        self.upload_to_cloud()
+
+    def on_train_end(self):
+        self.log_mid_train_loss()      # a StopTraining mid-epoch skips on_epoch_end
+        super().on_train_end()
+
+
+class TensorboardTrainHistoryMetric(TensorboardReporterBaseCB):
+    def __init__(self, metric_names=None, log_dir=None, is_project=True,
+                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
+                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, **kwargs):
+        """History metrics after each epoch (step = epoch) and the ``train_end_*`` metrics at the end.
+
+        Args:
+            metric_names (list or None): history names to write (None: all numeric ones).
+            log_dir, is_project, project_name, experiment_name, local_model_result_folder_path, cloud_save_mode,
+                bucket_name, cloud_dir_prefix, **kwargs: see TensorboardReporterBaseCB.
+        """
+        super().__init__('Tensorboard end of epoch report of train history metrics', log_dir, is_project,
+                         project_name, experiment_name, local_model_result_folder_path, cloud_save_mode,
+                         bucket_name, cloud_dir_prefix, **kwargs)
+        self.metric_names = metric_names
+
+    def on_epoch_end(self):
+        self._log_epoch_history()
+        self.tb_writer.flush()
+        self.upload_to_cloud()
+
+    def on_train_end(self):
+        self._log_train_end_history()
+        super().on_train_end()
+
+
+class TensorboardLearningRate(TensorboardReporterBaseCB):
+    def __init__(self, batch_log_frequency=None, log_dir=None, is_project=True,
+                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
+                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, **kwargs):
+        """Learning rate of each param group: after each epoch (step = epoch), or with
+        ``batch_log_frequency=k`` every k-th batch (step = global batch index; for warmup schedules).
+        Reading a learning rate is a Python float, no device sync."""
+        super().__init__('Tensorboard learning rate report', log_dir, is_project, project_name, experiment_name,
+                         local_model_result_folder_path, cloud_save_mode, bucket_name, cloud_dir_prefix, **kwargs)
+        _check_frequency('batch_log_frequency', batch_log_frequency, allow_none=True)
+        self.batch_log_frequency = batch_log_frequency
+
+    def on_batch_end(self):
+        step = self.train_loop_obj.total_iteration_idx
+        if self.batch_log_frequency is not None and step % self.batch_log_frequency == 0:
+            self.log_learning_rates(step)
+
+    def on_epoch_end(self):
+        if self.batch_log_frequency is None:
+            self.log_learning_rates(self.train_loop_obj.epoch)
+        self.tb_writer.flush()
+        self.upload_to_cloud()
+
+
+class TensorboardParameterHistograms(TensorboardReporterBaseCB):
+    def __init__(self, histogram_frequency=1, log_gradients=True, log_dir=None, is_project=True,
+                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
+                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, **kwargs):
+        """Histograms of the parameters (``parameters/<name>``, after the epoch) and of their gradients
+        (``gradients/<name>``, at the epoch's first optimizer update, after unscaling) every
+        ``histogram_frequency`` epochs (epochs 0, k, 2k, ...; step = epoch). Each histogram copies the
+        tensor to the host, so keep k large for big models."""
+        super().__init__('Tensorboard parameter and gradient histograms', log_dir, is_project, project_name,
+                         experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
+                         cloud_dir_prefix, **kwargs)
+        _check_frequency('histogram_frequency', histogram_frequency)
+        self.histogram_frequency = histogram_frequency
+        self.log_gradients = log_gradients
+        self._grads_logged_epoch = None
+
+    def _due(self):
+        return self.train_loop_obj.epoch % self.histogram_frequency == 0
+
+    def on_after_optimizer_step(self):
+        epoch = self.train_loop_obj.epoch
+        if self.log_gradients and self._grads_logged_epoch != epoch and self._due():
+            self._grads_logged_epoch = epoch
+            self.log_gradient_histograms(epoch)
+
+    def on_epoch_end(self):
+        if self._due():
+            self.log_parameter_histograms(self.train_loop_obj.epoch)
+        self.tb_writer.flush()
+        self.upload_to_cloud()
+
+
+class TensorboardModelGraph(TensorboardReporterBaseCB):
+    def __init__(self, input_to_model=None, log_dir=None, is_project=True,
+                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
+                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, **kwargs):
+        """The model graph, written once at the start of the first fit (see
+        TensorboardReporterBaseCB.log_model_graph for how the example input is found)."""
+        super().__init__('Tensorboard model graph', log_dir, is_project, project_name, experiment_name,
+                         local_model_result_folder_path, cloud_save_mode, bucket_name, cloud_dir_prefix, **kwargs)
+        self.input_to_model = input_to_model
+        self._graph_written = False
+
+    def on_train_begin(self):
+        if not self._graph_written:
+            self._graph_written = True
+            self.log_model_graph(self.input_to_model)
+            self.tb_writer.flush()
+
+
+class TensorboardHyperparameters(TensorboardReporterBaseCB):
+    def __init__(self, hparams=None, metric_names=None, log_dir=None, is_project=True,
+                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
+                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, **kwargs):
+        """Hyperparameters and final metrics for TensorBoard's HPARAMS tab, written at the end of training.
+
+        Args:
+            hparams (dict or None): the hyperparameters; None uses the tracking TrainLoop's ``hyperparams``.
+            metric_names (list or None): history metrics whose final value is reported (None: all numeric).
+        """
+        super().__init__('Tensorboard hyperparameters', log_dir, is_project, project_name, experiment_name,
+                         local_model_result_folder_path, cloud_save_mode, bucket_name, cloud_dir_prefix, **kwargs)
+        if hparams is not None and not isinstance(hparams, dict):
+            raise TypeError(f'hparams must be a dict of name -> value, got {type(hparams).__qualname__}')
+        self.hparams = hparams
+        self.metric_names = metric_names
+
+    def on_train_end(self):
+        hparams = self.hparams if self.hparams is not None else getattr(self.train_loop_obj, 'hyperparams', None)
+        if hparams:
+            self.log_hparams(hparams, self.metric_names)
+        else:
+            logger.warning('%s: no hyperparameters to write; pass hparams={...}', self.callback_name)
+        super().on_train_end()
+
+
+class TensorboardFullTracking(TensorboardReporterBaseCB):
+    def __init__(self, metric_names=None, batch_log_frequency=1, log_dir=None, is_project=True,
+                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
+                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, batch_sync_frequency=100,
+                 log_learning_rate=True, histogram_frequency=None, log_graph=False, hparams=None, **kwargs):
+        """Batch losses, history metrics and learning rates in one callback (one event file), plus optional
+        histograms, model graph and hyperparameters.
+
+        Args:
+            metric_names (list or None): history metrics to write after each epoch (None: all numeric).
+            batch_log_frequency (int): write every k-th batch loss (see TensorboardTrainBatchLoss for the cost).
+            batch_sync_frequency (int): copy pending batch losses to the host every n steps.
+            log_learning_rate (bool): learning rates after each epoch.
+            histogram_frequency (int or None): parameter and gradient histograms every k epochs (None: off).
+            log_graph (bool): write the model graph at the start of training (first batch as input).
+            hparams (dict or None): write these hyperparameters with the final metrics at the end (None:
+                the tracking TrainLoop's ``hyperparams`` if it has them, else nothing).
+            log_dir, is_project, project_name, experiment_name, local_model_result_folder_path, cloud_save_mode,
+                bucket_name, cloud_dir_prefix, **kwargs: see TensorboardReporterBaseCB.
+        """
+        super().__init__('Tensorboard full tracking', log_dir, is_project, project_name, experiment_name,
+                         local_model_result_folder_path, cloud_save_mode, bucket_name, cloud_dir_prefix, **kwargs)
+        _check_frequency('batch_log_frequency', batch_log_frequency)
+        _check_frequency('batch_sync_frequency', batch_sync_frequency)
+        _check_frequency('histogram_frequency', histogram_frequency, allow_none=True)
+        self.metric_names = metric_names
+        self.batch_log_frequency = batch_log_frequency
+        self.batch_sync_frequency = batch_sync_frequency
+        self.log_learning_rate = log_learning_rate
+        self.histogram_frequency = histogram_frequency
+        self.log_graph = log_graph
+        self.hparams = hparams
+        self._graph_written = False
+        self._grads_logged_epoch = None
+
+    def _histograms_due(self):
+        return self.histogram_frequency is not None and self.train_loop_obj.epoch % self.histogram_frequency == 0
+
+    def on_train_begin(self):
+        if self.log_graph and not self._graph_written:
+            self._graph_written = True
+            self.log_model_graph()
+
+    def on_batch_end(self):
+        self._maybe_log_mid_train_loss()
+
+    def on_after_optimizer_step(self):
+        epoch = self.train_loop_obj.epoch
+        if self._grads_logged_epoch != epoch and self._histograms_due():
+            self._grads_logged_epoch = epoch
+            self.log_gradient_histograms(epoch)
+
+    def on_epoch_end(self):
+        epoch = self.train_loop_obj.epoch
+        self.log_mid_train_loss()
+        self._log_epoch_history()
+        if self.log_learning_rate:
+            self.log_learning_rates(epoch)
+        if self._histograms_due():
+            self.log_parameter_histograms(epoch)
+        self.tb_writer.flush()
+        self.upload_to_cloud()
+
+    def on_train_end(self):
+        self.log_mid_train_loss()
+        self._log_train_end_history()
+        hparams = self.hparams if self.hparams is not None else getattr(self.train_loop_obj, 'hyperparams', None)
+        if hparams:
+            self.log_hparams(hparams, self.metric_names)
+        super().on_train_end()
