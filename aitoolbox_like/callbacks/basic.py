@@ -1,9 +1,488 @@
-"""General-purpose callbacks."""
+"""General-purpose callbacks: stopping rules, data subsets, timing, progress, function hooks."""
+import itertools
 import logging
+import math
+import time
 
-from .abstract import AbstractCallback
+import torch
+
+from ..multi_loss_optim import MultiLoss
+from .abstract import AbstractCallback, StopTraining
 
 logger = logging.getLogger(__name__)
+
+
+def _new_history_value(loop, metric_name):
+    """The value of ``metric_name`` written in the current epoch, or None when it was not computed in this epoch
+    (evaluation every k epochs): a stopping rule must not count an old value again."""
+    history = loop.train_history
+    values = history.get(metric_name)
+    if not values:
+        return None
+    epochs = history.get_epochs(metric_name)
+    if epochs and epochs[-1] != loop.epoch:
+        return None
+    return values[-1]
+
+
+def _minimizes(metric_name):
+    name = metric_name.lower()
+    return 'loss' in name or 'error' in name
+
+
+def _check_monitor_is_computed(loop, monitor, who):
+    if monitor == 'val_loss' and loop.validation_loader is None:
+        raise ValueError(f"{who} monitors 'val_loss' but the TrainLoop has no validation_loader; pass one or "
+                         f"monitor another history metric")
+    if monitor in ('loss', 'val_loss') and not loop.end_auto_eval:
+        raise ValueError(f'{who} monitors {monitor!r}, which the TrainLoop computes only with end_auto_eval=True '
+                         f'(or an epoch interval); it is False')
+
+
+class ListRegisteredCallbacks(AbstractCallback):
+    """Print the registered callbacks (in execution order) when training starts."""
+
+    def __init__(self):
+        super().__init__('Print the list of registered callbacks')
+
+    def on_train_begin(self):
+        self.train_loop_obj.callbacks_handler.print_registered_callback_names()
+
+
+class EarlyStopping(AbstractCallback):
+    """Stop training when a history metric stops improving.
+
+    Args:
+        monitor (str): history key to follow.
+        min_delta (float): an improvement must beat the best value by more than this.
+        patience (int): evaluations without improvement tolerated before stopping (0 stops at the first one).
+        mode (str): 'min', 'max' or 'auto' ('auto' minimises names containing 'loss' or 'error').
+        restore_best_weights (bool): load the weights of the best evaluation back into the model when training
+            ends (a CPU copy is kept).
+
+    Epochs in which the metric got no new value (evaluation every k epochs) are ignored, so patience counts
+    evaluations. The loop OR-reduces ``early_stop`` across ranks, so one rank's decision stops all of them.
+    """
+
+    def __init__(self, monitor='val_loss', min_delta=0., patience=0, mode='auto', restore_best_weights=False):
+        super().__init__('EarlyStopping', execution_order=99)
+        if mode not in ('auto', 'min', 'max'):
+            raise ValueError(f"EarlyStopping: mode must be 'auto', 'min' or 'max', got {mode!r}")
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+            raise ValueError(f'EarlyStopping: patience must be an int >= 0, got {patience!r}')
+        if min_delta < 0:
+            raise ValueError(f'EarlyStopping: min_delta must be >= 0, got {min_delta!r}')
+        self.monitor = monitor
+        self.min_delta = min_delta
+        self.patience = patience
+        self.mode = mode
+        self.restore_best_weights = restore_best_weights
+        self.minimize = _minimizes(monitor) if mode == 'auto' else mode == 'min'
+        self.patience_count = patience
+        self.best_performance = None
+        self.best_epoch = 0
+        self.best_weights = None
+        self._weights_are_best = True
+        self._warned_missing = False
+
+    @property
+    def state_key(self):
+        return f'EarlyStopping_{self.monitor}'
+
+    def on_train_begin(self):
+        _check_monitor_is_computed(self.train_loop_obj, self.monitor, 'EarlyStopping')
+
+    def _improved(self, value):
+        best = self.best_performance
+        if best is None or (math.isnan(best) and not math.isnan(value)):
+            return True
+        if self.minimize:
+            return value < best - self.min_delta
+        return value > best + self.min_delta
+
+    def on_epoch_end(self):
+        loop = self.train_loop_obj
+        value = _new_history_value(loop, self.monitor)
+        if value is None:
+            if not loop.train_history.get(self.monitor) and not self._warned_missing:
+                self._warned_missing = True
+                logger.warning('EarlyStopping monitors %r, which has no value in the train history yet (found %s)',
+                               self.monitor, sorted(loop.train_history.keys()))
+            return
+        value = float(value)
+        if self._improved(value):
+            self.best_performance, self.best_epoch = value, loop.epoch
+            self.patience_count = self.patience
+            if self.restore_best_weights:
+                self.best_weights = {k: v.detach().to('cpu', copy=True) for k, v in loop.model.state_dict().items()}
+            self._weights_are_best = True
+            return
+        self._weights_are_best = False
+        self.patience_count -= 1
+        if self.patience_count < 0:
+            loop.early_stop = True
+            logger.info('Early stopping at epoch %d: %s did not improve for %d evaluation(s); best %.6g at epoch %d',
+                        loop.epoch, self.monitor, self.patience + 1, self.best_performance, self.best_epoch)
+            # Restore now so the end-of-training test loss is computed with the best weights.
+            self._restore()
+        elif self.restore_best_weights and loop.num_epochs is not None and loop.epoch + 1 >= loop.num_epochs:
+            self._restore()
+
+    def on_train_end(self):
+        self._restore()
+
+    def _restore(self):
+        if not self.restore_best_weights or self.best_weights is None or self._weights_are_best:
+            return
+        loop = self.train_loop_obj
+        loop.model.load_state_dict(self.best_weights)
+        loop.purge_prediction_cache()
+        self._weights_are_best = True
+        logger.info('EarlyStopping restored the weights of epoch %d (%s=%.6g)', self.best_epoch, self.monitor,
+                    self.best_performance)
+
+    def state_dict(self):
+        state = {'best_performance': self.best_performance, 'best_epoch': self.best_epoch,
+                 'patience_count': self.patience_count, 'weights_are_best': self._weights_are_best}
+        if self.best_weights is not None:
+            state['best_weights'] = self.best_weights
+        return state
+
+    def load_state_dict(self, state_dict):
+        self.best_performance = state_dict['best_performance']
+        self.best_epoch = state_dict['best_epoch']
+        self.patience_count = state_dict['patience_count']
+        self._weights_are_best = state_dict.get('weights_are_best', True)
+        self.best_weights = state_dict.get('best_weights')
+
+
+class ThresholdEarlyStopping(AbstractCallback):
+    """Stop training when a metric is on the wrong side of ``threshold`` for more than ``patience`` evaluations
+    in a row (above it for names containing 'loss' or 'error', below it otherwise). Epochs without a new value
+    are ignored."""
+
+    def __init__(self, monitor, threshold, patience=0):
+        super().__init__('Threshold early stopping', execution_order=99)
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+            raise ValueError(f'ThresholdEarlyStopping: patience must be an int >= 0, got {patience!r}')
+        self.monitor = monitor
+        self.threshold = threshold
+        self.patience = patience
+        self.patience_count = patience
+        self.minimize = _minimizes(monitor)
+
+    @property
+    def state_key(self):
+        return f'ThresholdEarlyStopping_{self.monitor}'
+
+    def on_train_begin(self):
+        _check_monitor_is_computed(self.train_loop_obj, self.monitor, 'ThresholdEarlyStopping')
+
+    def on_epoch_end(self):
+        loop = self.train_loop_obj
+        value = _new_history_value(loop, self.monitor)
+        if value is None:
+            return
+        value = float(value)
+        missed = value > self.threshold if self.minimize else value < self.threshold
+        if math.isnan(value):
+            missed = True
+        if not missed:
+            self.patience_count = self.patience
+            return
+        self.patience_count -= 1
+        if self.patience_count < 0:
+            loop.early_stop = True
+            logger.info('Threshold %s=%s not reached; early stopping at epoch %d', self.monitor, self.threshold,
+                        loop.epoch)
+
+    def state_dict(self):
+        return {'patience_count': self.patience_count}
+
+    def load_state_dict(self, state_dict):
+        self.patience_count = state_dict['patience_count']
+
+
+def _loss_tensors(loss):
+    return list(loss.values()) if isinstance(loss, MultiLoss) else [loss]
+
+
+class TerminateOnNaN(AbstractCallback):
+    """Stop training when the loss becomes NaN or infinite.
+
+    Args:
+        monitor (str): history metric checked at the end of every epoch in which it got a value.
+        check_every_batch (bool): also check every training batch's loss (every value of a MultiLoss). The
+            check accumulates a flag on the device and reads it (one host sync) only every
+            ``check_every_n_steps`` batches and at the end of the epoch; training stops within the epoch.
+        check_every_n_steps (int): how often the device flag is read when check_every_batch is on.
+    """
+
+    def __init__(self, monitor='loss', check_every_batch=False, check_every_n_steps=50):
+        super().__init__('TerminateOnNaN', execution_order=98)
+        if isinstance(check_every_n_steps, bool) or not isinstance(check_every_n_steps, int) \
+                or check_every_n_steps < 1:
+            raise ValueError(f'TerminateOnNaN: check_every_n_steps must be an int >= 1, got {check_every_n_steps!r}')
+        self.monitor = monitor
+        self.check_every_batch = check_every_batch
+        self.check_every_n_steps = check_every_n_steps
+        self._all_finite = None
+        self._unchecked_steps = 0
+
+    def on_epoch_begin(self):
+        self._all_finite = None
+        self._unchecked_steps = 0
+
+    def on_batch_end(self):
+        if not self.check_every_batch:
+            return
+        loss_accum = self.train_loop_obj.loss_batch_accum
+        if not loss_accum:
+            return
+        for loss in _loss_tensors(loss_accum[-1]):
+            finite = torch.isfinite(loss).all()
+            self._all_finite = finite if self._all_finite is None else torch.logical_and(self._all_finite, finite)
+        self._unchecked_steps += 1
+        if self._unchecked_steps >= self.check_every_n_steps:
+            self._check_batches()
+
+    def _check_batches(self):
+        self._unchecked_steps = 0
+        if self._all_finite is None or bool(self._all_finite):
+            return
+        loop = self.train_loop_obj
+        loop.early_stop = True
+        logger.warning('Terminating: a training batch loss is NaN or infinite (epoch %d, batch %d)',
+                       loop.epoch, loop.iteration)
+        raise StopTraining(f'non-finite training loss in epoch {loop.epoch}')
+
+    def on_epoch_end(self):
+        if self.check_every_batch:
+            self._check_batches()
+        loop = self.train_loop_obj
+        value = _new_history_value(loop, self.monitor)
+        if value is None:
+            return
+        values = value.values() if isinstance(value, dict) else [value]
+        if any(not math.isfinite(float(v)) for v in values):
+            loop.early_stop = True
+            logger.warning('Terminating on %s = %s at epoch %d', self.monitor, value, loop.epoch)
+
+
+class AllPredictionsSame(AbstractCallback):
+    """At the end of every epoch, warn (and optionally stop) when every validation prediction equals ``value``:
+    the sign of a collapsed model."""
+
+    def __init__(self, value=0., stop_training=False, verbose=True):
+        super().__init__('All predictions have the same value')
+        self.value = value
+        self.stop_training = stop_training
+        self.verbose = verbose
+
+    def on_train_loop_registration(self):
+        if self.train_loop_obj.validation_loader is None:
+            raise ValueError('AllPredictionsSame checks the validation predictions, but the TrainLoop has no '
+                             'validation_loader')
+
+    def on_epoch_end(self):
+        loop = self.train_loop_obj
+        y_pred, _, _ = loop.predict_on_validation_set()
+        if not bool((torch.as_tensor(y_pred) == self.value).all()):
+            return
+        if self.verbose:
+            logger.warning('All validation predictions equal %s at epoch %d', self.value, loop.epoch)
+        if self.stop_training:
+            loop.early_stop = True
+
+
+class _FirstBatches:
+    """An iterable over the first ``num_batches`` batches of a loader; ``len()`` is the subset's length and
+    other attributes (dataset, batch_size, sampler) come from the wrapped loader."""
+
+    def __init__(self, loader, num_batches):
+        self.loader = loader
+        self.num_batches = num_batches
+
+    def __iter__(self):
+        return itertools.islice(iter(self.loader), self.num_batches)
+
+    def __len__(self):
+        return min(len(self.loader), self.num_batches)
+
+    def __getattr__(self, name):
+        if name == 'loader':
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+
+class DataSubsetTestRun(AbstractCallback):
+    """Train and evaluate on the first few batches only: a quick end-to-end check of a training script.
+
+    Args:
+        num_train_batches (int): training batches per epoch.
+        num_val_batches (int): validation batches (0 keeps the whole validation set).
+        num_test_batches (int): test batches (0 keeps the whole test set).
+    """
+
+    def __init__(self, num_train_batches=1, num_val_batches=0, num_test_batches=0):
+        super().__init__('Run model on a small subset of the training dataset', execution_order=-100)
+        for name, value in (('num_train_batches', num_train_batches), ('num_val_batches', num_val_batches),
+                            ('num_test_batches', num_test_batches)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f'DataSubsetTestRun: {name} must be an int >= 0, got {value!r}')
+        if num_train_batches < 1:
+            raise ValueError('DataSubsetTestRun: num_train_batches must be >= 1')
+        self.num_train_batches = num_train_batches
+        self.num_val_batches = num_val_batches
+        self.num_test_batches = num_test_batches
+
+    def on_train_loop_registration(self):
+        loop = self.train_loop_obj
+        for num, attr in ((self.num_val_batches, 'validation_loader'), (self.num_test_batches, 'test_loader')):
+            if num > 0 and getattr(loop, attr) is None:
+                raise ValueError(f'DataSubsetTestRun: {attr.replace("_", " ")} subset of {num} batches asked for, '
+                                 f'but the TrainLoop has no {attr}')
+        self._subset_loaders()
+
+    def on_train_begin(self):
+        # Loaders may have been replaced since registration (e.g. built inside each DDP process).
+        self._subset_loaders()
+
+    def _subset_loaders(self):
+        loop = self.train_loop_obj
+        for num, attr in ((self.num_train_batches, 'train_loader'), (self.num_val_batches, 'validation_loader'),
+                          (self.num_test_batches, 'test_loader')):
+            loader = getattr(loop, attr)
+            if num > 0 and loader is not None:
+                setattr(loop, attr, self.subset_data_loader(loader, num))
+
+    @staticmethod
+    def subset_data_loader(data_loader, num_batches):
+        if isinstance(data_loader, _FirstBatches):
+            data_loader = data_loader.loader
+        return _FirstBatches(data_loader, num_batches)
+
+
+_FUNCTION_HOOK_FLAGS = (
+    ('epoch_begin', 'on_epoch_begin'), ('epoch_end', 'on_epoch_end'), ('train_begin', 'on_train_begin'),
+    ('train_end', 'on_train_end'), ('batch_begin', 'on_batch_begin'), ('batch_end', 'on_batch_end'),
+    ('after_gradient_update', 'on_after_gradient_update'), ('after_optimizer_step', 'on_after_optimizer_step'),
+)
+_function_callback_classes = {}
+
+
+def _function_callback_class(enabled_hooks):
+    """A subclass of FunctionOnTrainLoop that overrides exactly the enabled hooks: the handler dispatches a hook
+    only to classes that override it, so the disabled ones cost nothing per step."""
+    enabled_hooks = tuple(enabled_hooks)
+    cls = _function_callback_classes.get(enabled_hooks)
+    if cls is None:
+        def run(self, *args):
+            self.execute_callback()
+        cls = type('FunctionOnTrainLoop', (FunctionOnTrainLoop,), {hook: run for hook in enabled_hooks})
+        cls.__qualname__ = FunctionOnTrainLoop.__qualname__
+        _function_callback_classes[enabled_hooks] = cls
+    return cls
+
+
+def _rebuild_function_callback(enabled_hooks, state):
+    callback = object.__new__(_function_callback_class(enabled_hooks))
+    callback.__dict__.update(state)
+    return callback
+
+
+class FunctionOnTrainLoop(AbstractCallback):
+    """Call ``fn_to_execute(train_loop)`` on the hooks switched on by the flags (and once at registration with
+    tl_registration=True). Only the switched-on hooks are dispatched."""
+
+    def __init__(self, fn_to_execute, tl_registration=False, epoch_begin=False, epoch_end=False, train_begin=False,
+                 train_end=False, batch_begin=False, batch_end=False, after_gradient_update=False,
+                 after_optimizer_step=False, execution_order=0, device_idx_execution=None):
+        super().__init__('Execute given function as a callback', execution_order, device_idx_execution)
+        if not callable(fn_to_execute):
+            raise TypeError(f'FunctionOnTrainLoop: fn_to_execute must be a function of the train loop, got '
+                            f'{type(fn_to_execute).__qualname__}')
+        flags = dict(epoch_begin=epoch_begin, epoch_end=epoch_end, train_begin=train_begin, train_end=train_end,
+                     batch_begin=batch_begin, batch_end=batch_end, after_gradient_update=after_gradient_update,
+                     after_optimizer_step=after_optimizer_step)
+        self.fn_to_execute = fn_to_execute
+        self.tl_registration = tl_registration
+        for flag, value in flags.items():
+            setattr(self, flag, value)
+        self._enabled_hooks = tuple(hook for flag, hook in _FUNCTION_HOOK_FLAGS if flags[flag])
+        if type(self) is FunctionOnTrainLoop:
+            self.__class__ = _function_callback_class(self._enabled_hooks)
+
+    def __reduce__(self):
+        # The per-flags subclass is created at run time; rebuild it by its flags when unpickled (DDP spawn).
+        return _rebuild_function_callback, (self._enabled_hooks, self.__dict__)
+
+    def on_train_loop_registration(self):
+        if self.after_gradient_update or self.after_optimizer_step:
+            self.train_loop_obj.grad_cb_used = True
+        if self.tl_registration:
+            self.execute_callback()
+
+    def execute_callback(self):
+        self.fn_to_execute(self.train_loop_obj)
+
+
+class Timer(AbstractCallback):
+    """Wall time and training throughput per epoch, into the train history.
+
+    History keys: ``'epoch_time'`` (seconds from on_epoch_begin to this callback's on_epoch_end, including the
+    end-of-epoch evaluation), ``'train_time'`` (seconds from the first batch to the end of the last one),
+    ``'batches_per_sec'`` and, when the loader has a batch_size, ``'samples_per_sec'`` (training samples of this
+    process per train_time second). Times are host clock readings and never sync the device, so on a GPU the
+    last few queued steps may be counted in the evaluation instead of train_time.
+    """
+
+    def __init__(self):
+        super().__init__('Epoch timer')
+        self._epoch_start = None
+        self._train_start = None
+        self._train_end = None
+
+    def on_epoch_begin(self):
+        self._epoch_start = time.perf_counter()
+        self._train_start = None
+
+    def on_batch_begin(self):
+        if self._train_start is None:
+            self._train_start = time.perf_counter()
+
+    def on_batch_end(self):
+        self._train_end = time.perf_counter()
+
+    def on_epoch_end(self):
+        loop = self.train_loop_obj
+        now = time.perf_counter()
+        loop.insert_metric_result_into_history('epoch_time', now - self._epoch_start)
+        num_batches = len(loop.loss_batch_accum)
+        if self._train_start is None or num_batches == 0:
+            return
+        train_time = max(self._train_end - self._train_start, 1e-9)
+        loop.insert_metric_result_into_history('train_time', train_time)
+        loop.insert_metric_result_into_history('batches_per_sec', num_batches / train_time)
+        samples = self._num_samples(loop.train_loader, num_batches)
+        if samples is not None:
+            loop.insert_metric_result_into_history('samples_per_sec', samples / train_time)
+
+    @staticmethod
+    def _num_samples(loader, num_batches):
+        batch_size = getattr(loader, 'batch_size', None)
+        if not isinstance(batch_size, int):
+            return None
+        samples = num_batches * batch_size
+        try:
+            full_epoch = num_batches == len(loader)
+            sampler_len = len(loader.sampler)
+        except (TypeError, AttributeError):
+            return samples
+        # A full epoch without drop_last ends with a smaller batch: the sampler knows the exact count.
+        if full_epoch and not getattr(loader, 'drop_last', False) and samples - batch_size < sampler_len <= samples:
+            return sampler_len
+        return samples
 
 
 class ProgressBar(AbstractCallback):
@@ -32,6 +511,8 @@ class ProgressBar(AbstractCallback):
                          dynamic_ncols=True)
 
     def on_batch_end(self):
+        if self._bar is None:
+            return
         self._bar.update(1)
         n = self.loss_refresh_steps
         if n and self._bar.n % n == 0 and self.train_loop_obj.loss_batch_accum:
@@ -40,11 +521,17 @@ class ProgressBar(AbstractCallback):
                                   refresh=False)
 
     def on_epoch_end(self):
+        if self._bar is None:
+            return
         history = self.train_loop_obj.train_history
         epoch = self.train_loop_obj.epoch
         postfix = {name: f'{values[-1]:.4g}' for name, values in history.items()
                    if values and isinstance(values[-1], float) and history.get_epochs(name)[-1] == epoch}
         self._bar.set_postfix(postfix)
+        self._close()
+
+    def on_train_end(self):
+        # A StopTraining inside an epoch skips on_epoch_end; do not leave the bar open.
         self._close()
 
     def on_exception(self, exception):

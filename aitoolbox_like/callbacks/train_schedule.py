@@ -1,14 +1,589 @@
-"""Learning-rate schedule callbacks."""
+"""Learning-rate schedule callbacks.
+
+Every scheduler callback wraps one ``torch.optim.lr_scheduler`` object (``self.scheduler``) bound to one
+optimizer of the loop, and steps it either at the end of every epoch or after every optimizer update.
+Update-level ("step") schedules advance only when the optimizer really stepped: not on gradient-accumulation
+micro-batches and not when the fp16 GradScaler skipped the update because of inf/NaN gradients.
+
+Registering any scheduler also registers one :class:`LRMonitor`, which writes the learning rate of every
+parameter group into the train history once per epoch.
+"""
+import logging
+import math
+
+import torch
+from torch.optim import lr_scheduler as torch_lr_scheduler
+
+from ..multi_loss_optim import MultiLoss, MultiOptimizer
+from .abstract import AbstractCallback
+
+logger = logging.getLogger(__name__)
+
+INTERVALS = ('epoch', 'step')
+
+
+def _optimizer_list(optimizer):
+    return list(optimizer) if isinstance(optimizer, MultiOptimizer) else [optimizer]
+
+
+def _check_interval(interval, who):
+    if interval not in INTERVALS:
+        raise ValueError(f"{who}: interval must be 'epoch' (step the schedule after every epoch) or 'step' "
+                         f"(after every optimizer update), got {interval!r}")
+    return interval
+
+
+def _new_history_value(loop, metric_name):
+    """The value of ``metric_name`` written in the current epoch, or None when the metric was not computed this
+    epoch (e.g. evaluation runs every k epochs): re-reading an older value would count it twice."""
+    history = loop.train_history
+    values = history.get(metric_name)
+    if not values:
+        return None
+    epochs = history.get_epochs(metric_name)
+    if epochs and epochs[-1] != loop.epoch:
+        return None
+    return values[-1]
 
 
 class AbstractScheduler:
-    """Mixin of every scheduler callback; ``self.scheduler`` is the wrapped torch scheduler."""
+    """Marks a callback as a learning-rate scheduler (``TrainLoop.get_schedulers()`` finds it by this class) and
+    saves / restores the wrapped ``self.scheduler`` with checkpoints."""
 
     def __init__(self):
         self.scheduler = None
+        self._pending_state = None
 
     def state_dict(self):
         return self.scheduler.state_dict() if self.scheduler is not None else None
 
     def load_state_dict(self, state_dict):
+        if state_dict is None:
+            return
+        if self.scheduler is None:
+            # The scheduler is created when the callback is registered; keep the state until then.
+            self._pending_state = state_dict
+        else:
+            self._load_scheduler_state(state_dict)
+
+    def _load_scheduler_state(self, state_dict):
         self.scheduler.load_state_dict(state_dict)
+        # torch restores only the scheduler's counters; put its last learning rates back into the optimizer too,
+        # so a resume that does not also load the optimizer state still continues the same curve.
+        last_lr = getattr(self.scheduler, '_last_lr', None)
+        optimizer = getattr(self.scheduler, 'optimizer', None)
+        if last_lr is not None and optimizer is not None and len(last_lr) == len(optimizer.param_groups):
+            for group, lr in zip(optimizer.param_groups, last_lr):
+                group['lr'] = lr
+
+
+class GeneralLRSchedulerCallback(AbstractScheduler, AbstractCallback):
+    """Wrap any ``torch.optim.lr_scheduler`` class; it is stepped at the end of every epoch.
+
+    Args:
+        scheduler_class: a torch scheduler class, built as ``scheduler_class(optimizer, **kwargs)`` when the
+            callback is registered on a TrainLoop.
+        optimizer_idx (int, optimizer or None): which optimizer of a MultiOptimizer the schedule drives (an
+            index or the optimizer object); None for a single optimizer.
+        **kwargs: arguments of the scheduler class.
+    """
+
+    interval = 'epoch'
+
+    def __init__(self, scheduler_class, optimizer_idx=None, **kwargs):
+        AbstractScheduler.__init__(self)
+        AbstractCallback.__init__(self, 'General learn rate scheduler')
+        self.scheduler_class = scheduler_class
+        self.scheduler_args = kwargs
+        self.optimizer_idx = optimizer_idx
+        self.optimizer = None
+        self._loop_optimizer_idx = 0
+        self._built_for = None
+        self._step_count_box = None     # [number of real optimizer.step() calls], from a post-step hook
+        self._steps_seen = 0
+        self._last_amp_scale = None
+
+    @property
+    def state_key(self):
+        idx = self.optimizer_idx if isinstance(self.optimizer_idx, int) else None
+        return type(self).__name__ if idx is None else f'{type(self).__name__}_optimizer{idx}'
+
+    # ---- construction -------------------------------------------------------------------------
+
+    def register_train_loop_object(self, train_loop_obj):
+        self.train_loop_obj = train_loop_obj
+        optimizer, loop_idx = self._resolve_optimizer()
+        if self.scheduler is None or self._built_for is not optimizer:
+            self.optimizer, self._loop_optimizer_idx, self._built_for = optimizer, loop_idx, optimizer
+            self.scheduler = self.build_scheduler(optimizer)
+            self._watch_optimizer_steps(optimizer)
+            if self._pending_state is not None:
+                self._load_scheduler_state(self._pending_state)
+                self._pending_state = None
+        LRMonitor.ensure_registered(train_loop_obj)
+        self.on_train_loop_registration()
+        return self
+
+    def build_scheduler(self, optimizer):
+        """Create the torch scheduler for ``optimizer``; subclasses with computed arguments override it."""
+        return self.scheduler_class(optimizer, **self.scheduler_args)
+
+    def _resolve_optimizer(self):
+        loop = self.train_loop_obj
+        optimizers = _optimizer_list(loop.optimizer)
+        idx = self.optimizer_idx
+        who = f'{type(self).__name__}'
+        if idx is None:
+            if len(optimizers) > 1:
+                raise ValueError(f'{who}: the TrainLoop has a MultiOptimizer of {len(optimizers)} optimizers; pass '
+                                 f'optimizer_idx=<index> to say which one this schedule drives (one scheduler '
+                                 f'callback per optimizer)')
+            return optimizers[0], 0
+        if isinstance(idx, int) and not isinstance(idx, bool):
+            if not 0 <= idx < len(optimizers):
+                raise ValueError(f'{who}: optimizer_idx={idx} but the TrainLoop has {len(optimizers)} optimizer(s)')
+            return optimizers[idx], idx
+        for i, optimizer in enumerate(optimizers):
+            if optimizer is idx:
+                return optimizer, i
+        raise ValueError(f'{who}: optimizer_idx must be an index or one of the TrainLoop\'s optimizers, got '
+                         f'{type(idx).__qualname__}')
+
+    def _watch_optimizer_steps(self, optimizer):
+        # A post-step hook runs only when optimizer.step() really runs. GradScaler.step() does not call it when
+        # it found inf/NaN gradients, so counting calls tells skipped fp16 updates apart without a host sync.
+        self._step_count_box = None
+        register = getattr(optimizer, 'register_step_post_hook', None)
+        if register is None:
+            return
+        box = [0]
+
+        def count_step(opt, args, kwargs):
+            box[0] += 1
+        register(count_step)
+        self._step_count_box = box
+        self._steps_seen = 0
+
+    # ---- stepping -----------------------------------------------------------------------------
+
+    def on_train_begin(self):
+        loop = self.train_loop_obj
+        if self._step_count_box is not None:
+            self._steps_seen = self._step_count_box[0]
+        scaler = getattr(loop, 'amp_scaler', None)
+        self._last_amp_scale = scaler.get_scale() if scaler is not None and scaler.is_enabled() else None
+
+    def optimizer_stepped(self):
+        """True at on_batch_end when this schedule's optimizer applied an update in this batch."""
+        loop = self.train_loop_obj
+        if not loop.should_execute_optimizer_update():
+            return False
+        scaler = loop.amp_scaler
+        fp16 = scaler.is_enabled()
+        if fp16 and getattr(self.optimizer, '_step_supports_amp_scaling', False):
+            # Fused optimizers receive the inf flag inside step(), which is then always called. A skipped update
+            # shows as a lower loss scale after scaler.update(): one host sync per update, only in this case.
+            scale = scaler.get_scale()
+            skipped = self._last_amp_scale is not None and scale < self._last_amp_scale
+            self._last_amp_scale = scale
+            if self._step_count_box is not None:
+                self._steps_seen = self._step_count_box[0]
+            return not skipped
+        if self._step_count_box is not None:
+            stepped = self._step_count_box[0] != self._steps_seen
+            self._steps_seen = self._step_count_box[0]
+            return stepped
+        return True
+
+    def step(self):
+        self.scheduler.step()
+
+    def on_epoch_end(self):
+        self.step()
+
+    def __repr__(self):
+        return f'{type(self).__name__}(optimizer_idx={self.optimizer_idx!r})'
+
+
+class LRSchedulerCallback(GeneralLRSchedulerCallback):
+    """Drive any torch scheduler per epoch or per optimizer update, optionally from a monitored metric.
+
+    Args:
+        scheduler: a torch scheduler class (built with ``**kwargs`` at registration), a function
+            ``optimizer -> scheduler``, or a scheduler already built on the loop's optimizer.
+        interval (str): 'epoch' steps after every epoch; 'step' after every real optimizer update.
+        monitor (str or None): history metric passed to ``scheduler.step(value)`` (ReduceLROnPlateau); the
+            schedule steps only in epochs where the metric got a new value. Needs interval='epoch'.
+        optimizer_idx: see GeneralLRSchedulerCallback.
+        **kwargs: arguments of the scheduler class.
+    """
+
+    def __init__(self, scheduler, interval='epoch', monitor=None, optimizer_idx=None, **kwargs):
+        super().__init__(scheduler, optimizer_idx=optimizer_idx, **kwargs)
+        self.callback_name = 'Learning rate scheduler'
+        self.interval = _check_interval(interval, 'LRSchedulerCallback')
+        self.monitor = monitor
+        if monitor is not None:
+            if interval != 'epoch':
+                raise ValueError("LRSchedulerCallback: monitor= needs interval='epoch' (metrics are computed per "
+                                 "epoch)")
+            # Runs after the metric callbacks of the same band, which write the monitored value.
+            self.execution_order = 1
+        is_instance = isinstance(scheduler, (torch_lr_scheduler.LRScheduler, torch_lr_scheduler.ReduceLROnPlateau))
+        if is_instance and kwargs:
+            raise ValueError(f'LRSchedulerCallback: got a built scheduler and extra arguments {sorted(kwargs)}; '
+                             f'pass either the scheduler class with its arguments or a built scheduler')
+        if not is_instance and not callable(scheduler):
+            raise TypeError(f'LRSchedulerCallback: scheduler must be a torch scheduler class, a function '
+                            f'optimizer -> scheduler, or a scheduler object; got {type(scheduler).__qualname__}')
+
+    def build_scheduler(self, optimizer):
+        scheduler = self.scheduler_class
+        if isinstance(scheduler, (torch_lr_scheduler.LRScheduler, torch_lr_scheduler.ReduceLROnPlateau)):
+            if scheduler.optimizer is not optimizer:
+                raise ValueError('LRSchedulerCallback: the given scheduler was built on an optimizer that is not '
+                                 'the TrainLoop\'s (or not the one optimizer_idx selects)')
+            return scheduler
+        if isinstance(scheduler, type):
+            return scheduler(optimizer, **self.scheduler_args)
+        return scheduler(optimizer)
+
+    def on_epoch_end(self):
+        if self.interval != 'epoch':
+            return
+        if self.monitor is None:
+            self.scheduler.step()
+            return
+        value = _new_history_value(self.train_loop_obj, self.monitor)
+        if value is None:
+            if not self.train_loop_obj.train_history.get(self.monitor):
+                raise ValueError(f'LRSchedulerCallback: monitor {self.monitor!r} has no value in the train history; '
+                                 f'found {sorted(self.train_loop_obj.train_history.keys())}')
+            return
+        self.scheduler.step(value)
+
+    def on_batch_end(self):
+        if self.interval == 'step' and self.optimizer_stepped():
+            self.scheduler.step()
+
+
+class ReduceLROnPlateauScheduler(GeneralLRSchedulerCallback):
+    """``ReduceLROnPlateau`` stepped with the validation loss after every epoch.
+
+    Args:
+        main_multi_loss (str or None): with a MultiLoss, the loss to follow; None follows the mean of all losses.
+        **kwargs: ReduceLROnPlateau arguments (mode, factor, patience, threshold, cooldown, min_lr, eps).
+    """
+
+    def __init__(self, main_multi_loss=None, **kwargs):
+        super().__init__(torch_lr_scheduler.ReduceLROnPlateau, **kwargs)
+        self.callback_name = 'Reduce learn rate if the model hits the plateau'
+        self.main_multi_loss = main_multi_loss
+
+    def on_train_loop_registration(self):
+        if self.train_loop_obj.validation_loader is None:
+            raise ValueError('ReduceLROnPlateauScheduler follows the validation loss, but the TrainLoop has no '
+                             'validation_loader; pass one, or use ReduceLROnPlateauMetricScheduler(metric_name)')
+
+    def on_epoch_end(self):
+        val_loss = self.train_loop_obj.evaluate_loss_on_validation_set()
+        if isinstance(val_loss, MultiLoss):
+            if self.main_multi_loss is None:
+                val_loss = torch.stack([v.reshape(()) for v in val_loss.values()]).mean()
+            else:
+                val_loss = val_loss[self.main_multi_loss]
+        self.scheduler.step(float(val_loss))
+
+
+class ReduceLROnPlateauMetricScheduler(GeneralLRSchedulerCallback):
+    """``ReduceLROnPlateau`` stepped with a metric from the train history (e.g. written by
+    ModelPerformanceEvaluation). It steps only in epochs where the metric got a new value, so a metric computed
+    every k epochs is not counted k times.
+
+    Args:
+        metric_name (str): the history key to follow.
+        **kwargs: ReduceLROnPlateau arguments; use mode='max' for accuracy-like metrics.
+    """
+
+    def __init__(self, metric_name, **kwargs):
+        super().__init__(torch_lr_scheduler.ReduceLROnPlateau, **kwargs)
+        self.metric_name = metric_name
+        self.callback_name = 'Reduce learn rate if the model hits the plateau based on metric in TrainLoop history'
+        self.execution_order = 1     # after the metric callbacks (order 0) that write the metric
+
+    @property
+    def state_key(self):
+        return f'{super().state_key}_{self.metric_name}'
+
+    def on_epoch_end(self):
+        history = self.train_loop_obj.train_history
+        value = _new_history_value(self.train_loop_obj, self.metric_name)
+        if value is None:
+            if not history.get(self.metric_name):
+                raise ValueError(f'ReduceLROnPlateauMetricScheduler: metric {self.metric_name!r} is missing from the '
+                                 f'train history (found {sorted(history.keys())}); add the callback that computes it, '
+                                 f'e.g. ModelPerformanceEvaluation')
+            return
+        self.scheduler.step(value)
+
+
+class LambdaLRScheduler(GeneralLRSchedulerCallback):
+    """``LambdaLR``: the learning rate is the initial one times ``lr_lambda(step)``.
+
+    Args:
+        lr_lambda (callable or list): factor as a function of the step count (one function per param group
+            allowed).
+        execute_epoch_end (bool): step after every epoch.
+        execute_batch_end (bool): step after every real optimizer update.
+        **kwargs: LambdaLR arguments (last_epoch).
+    """
+
+    def __init__(self, lr_lambda, execute_epoch_end=True, execute_batch_end=False, **kwargs):
+        super().__init__(torch_lr_scheduler.LambdaLR, **dict(kwargs, lr_lambda=lr_lambda))
+        self.callback_name = 'Lambda learning rate scheduler'
+        self.execute_epoch_end = execute_epoch_end
+        self.execute_batch_end = execute_batch_end
+
+    def on_epoch_end(self):
+        if self.execute_epoch_end:
+            self.scheduler.step()
+
+    def on_batch_end(self):
+        if self.execute_batch_end and self.optimizer_stepped():
+            self.scheduler.step()
+
+
+class StepLRScheduler(GeneralLRSchedulerCallback):
+    """``StepLR`` stepped per epoch: multiply the learning rate by ``gamma`` every ``step_size`` epochs."""
+
+    def __init__(self, step_size, **kwargs):
+        super().__init__(torch_lr_scheduler.StepLR, **dict(kwargs, step_size=step_size))
+        self.callback_name = 'Step learning rate scheduler'
+
+
+class MultiStepLRScheduler(GeneralLRSchedulerCallback):
+    """``MultiStepLR`` stepped per epoch: multiply the learning rate by ``gamma`` at each epoch of
+    ``milestones_list``."""
+
+    def __init__(self, milestones_list, **kwargs):
+        super().__init__(torch_lr_scheduler.MultiStepLR, **dict(kwargs, milestones=milestones_list))
+        self.callback_name = 'Multi-step learning rate scheduler'
+
+
+# ---- warm-up schedules of AIToolbox (per optimizer update, HuggingFace formulas) ---------------------------
+
+def _warmup_factor(step, num_warmup_steps, start_factor=0.):
+    return start_factor + (1. - start_factor) * step / max(1, num_warmup_steps)
+
+
+class ConstantWithWarmupScheduler(LambdaLRScheduler):
+    """Linear warm-up from 0 to the optimizer's learning rate over ``num_warmup_steps`` updates, then constant."""
+
+    def __init__(self, num_warmup_steps, last_epoch=-1, **kwargs):
+        def lr_lambda(step):
+            return _warmup_factor(step, num_warmup_steps) if step < num_warmup_steps else 1.
+        super().__init__(lr_lambda, execute_epoch_end=False, execute_batch_end=True, last_epoch=last_epoch, **kwargs)
+        self.callback_name = 'Warmed up constant learning rate scheduler'
+
+
+class CosineWithWarmupScheduler(LambdaLRScheduler):
+    """Linear warm-up over ``num_warmup_steps`` updates, then cosine decay to 0 at ``num_training_steps``
+    (``num_cycles=0.5``: half a cosine wave)."""
+
+    def __init__(self, num_warmup_steps, num_training_steps, num_cycles=0.5, last_epoch=-1, **kwargs):
+        def lr_lambda(step):
+            if step < num_warmup_steps:
+                return _warmup_factor(step, num_warmup_steps)
+            progress = (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
+            return max(0., 0.5 * (1. + math.cos(math.pi * float(num_cycles) * 2. * progress)))
+        super().__init__(lr_lambda, execute_epoch_end=False, execute_batch_end=True, last_epoch=last_epoch, **kwargs)
+        self.callback_name = 'Warmed up cosine decreasing learning rate scheduler'
+
+
+class HardRestartsCosineWithWarmupScheduler(LambdaLRScheduler):
+    """Linear warm-up, then ``num_cycles`` cosine decays to 0, each restarting at the full learning rate."""
+
+    def __init__(self, num_warmup_steps, num_training_steps, num_cycles=0.5, last_epoch=-1, **kwargs):
+        def lr_lambda(step):
+            if step < num_warmup_steps:
+                return _warmup_factor(step, num_warmup_steps)
+            progress = (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
+            if progress >= 1.:
+                return 0.
+            return max(0., 0.5 * (1. + math.cos(math.pi * ((float(num_cycles) * progress) % 1.))))
+        super().__init__(lr_lambda, execute_epoch_end=False, execute_batch_end=True, last_epoch=last_epoch, **kwargs)
+        self.callback_name = 'Warmed up hard restarts cosine learning rate scheduler'
+
+
+class LinearWithWarmupScheduler(LambdaLRScheduler):
+    """Linear warm-up over ``num_warmup_steps`` updates, then linear decay to 0 at ``num_training_steps``."""
+
+    def __init__(self, num_warmup_steps, num_training_steps, last_epoch=-1, **kwargs):
+        def lr_lambda(step):
+            if step < num_warmup_steps:
+                return _warmup_factor(step, num_warmup_steps)
+            return max(0., (num_training_steps - step) / max(1, num_training_steps - num_warmup_steps))
+        super().__init__(lr_lambda, execute_epoch_end=False, execute_batch_end=True, last_epoch=last_epoch, **kwargs)
+        self.callback_name = 'Warmed up linearly decreasing learning rate scheduler'
+
+
+# ---- warm-up + decay schedules, per epoch or per update ---------------------------------------------------
+
+class _WarmupDecayScheduler(LambdaLRScheduler):
+    """factor(t) = linear warm-up from ``warmup_start_factor`` to 1 for t < W, then ``decay(t - W)``."""
+
+    def __init__(self, callback_name, interval, num_warmup_steps, warmup_start_factor, optimizer_idx):
+        interval = _check_interval(interval, type(self).__name__)
+        if isinstance(num_warmup_steps, bool) or not isinstance(num_warmup_steps, int) or num_warmup_steps < 0:
+            raise ValueError(f'{type(self).__name__}: num_warmup_steps must be an int >= 0, got {num_warmup_steps!r}')
+        if not 0. <= warmup_start_factor <= 1.:
+            raise ValueError(f'{type(self).__name__}: warmup_start_factor must be in [0, 1], got {warmup_start_factor}')
+        super().__init__(None, execute_epoch_end=interval == 'epoch', execute_batch_end=interval == 'step',
+                         optimizer_idx=optimizer_idx)
+        self.callback_name = callback_name
+        self.interval = interval
+        self.num_warmup_steps = num_warmup_steps
+        self.warmup_start_factor = warmup_start_factor
+
+    def decay(self, t):
+        return 1.
+
+    def prepare(self):
+        """Resolve arguments that need the running fit (e.g. the number of training steps)."""
+
+    def _total_steps(self, given):
+        if given is not None:
+            return given
+        loop = self.train_loop_obj
+        if self.interval == 'step':
+            return loop.get_num_training_steps()
+        if loop.num_epochs is None:
+            raise ValueError(f'{type(self).__name__}: the number of epochs is unknown (a train loader without len()); '
+                             f'pass num_training_steps')
+        return loop.num_epochs
+
+    def lr_factor(self, t):
+        w = self.num_warmup_steps
+        if t < w:
+            return _warmup_factor(t, w, self.warmup_start_factor)
+        return self.decay(t - w)
+
+    def build_scheduler(self, optimizer):
+        self.prepare()
+        # A plain function, not a bound method: LambdaLR.state_dict() would try to save a method's attributes.
+        return torch_lr_scheduler.LambdaLR(optimizer, lambda t: self.lr_factor(t))
+
+
+class LinearWarmupScheduler(_WarmupDecayScheduler):
+    """Linear warm-up from ``start_factor`` x lr to lr over ``num_warmup_steps`` epochs (interval='epoch') or
+    optimizer updates (interval='step'), then constant."""
+
+    def __init__(self, num_warmup_steps, interval='step', start_factor=0., optimizer_idx=None):
+        super().__init__('Linear warm-up learning rate scheduler', interval, num_warmup_steps, start_factor,
+                         optimizer_idx)
+
+
+class ExponentialScheduler(_WarmupDecayScheduler):
+    """lr x ``gamma ** t`` after an optional linear warm-up."""
+
+    def __init__(self, gamma, interval='epoch', num_warmup_steps=0, warmup_start_factor=0., optimizer_idx=None):
+        super().__init__('Exponential learning rate scheduler', interval, num_warmup_steps, warmup_start_factor,
+                         optimizer_idx)
+        self.gamma = gamma
+
+    def decay(self, t):
+        return self.gamma ** t
+
+
+class PolynomialScheduler(_WarmupDecayScheduler):
+    """Polynomial decay ``(1 - t / T) ** power`` from lr to ``min_lr_factor`` x lr over the steps after an optional
+    warm-up; ``num_training_steps`` None means the whole fit (updates or epochs, per interval)."""
+
+    def __init__(self, num_training_steps=None, power=1., min_lr_factor=0., interval='step', num_warmup_steps=0,
+                 warmup_start_factor=0., optimizer_idx=None):
+        super().__init__('Polynomial learning rate scheduler', interval, num_warmup_steps, warmup_start_factor,
+                         optimizer_idx)
+        self.num_training_steps = num_training_steps
+        self.power = power
+        self.min_lr_factor = min_lr_factor
+        self._decay_steps = None
+
+    def prepare(self):
+        self._decay_steps = max(1, self._total_steps(self.num_training_steps) - self.num_warmup_steps)
+
+    def decay(self, t):
+        remaining = 1. - min(t, self._decay_steps) / self._decay_steps
+        return self.min_lr_factor + (1. - self.min_lr_factor) * remaining ** self.power
+
+
+class CosineScheduler(_WarmupDecayScheduler):
+    """Cosine decay from lr to ``min_lr_factor`` x lr over the steps after an optional warm-up (then constant);
+    ``num_training_steps`` None means the whole fit (updates or epochs, per interval)."""
+
+    def __init__(self, num_training_steps=None, min_lr_factor=0., interval='step', num_warmup_steps=0,
+                 warmup_start_factor=0., optimizer_idx=None):
+        super().__init__('Cosine learning rate scheduler', interval, num_warmup_steps, warmup_start_factor,
+                         optimizer_idx)
+        self.num_training_steps = num_training_steps
+        self.min_lr_factor = min_lr_factor
+        self._decay_steps = None
+
+    def prepare(self):
+        self._decay_steps = max(1, self._total_steps(self.num_training_steps) - self.num_warmup_steps)
+
+    def decay(self, t):
+        cosine = 0.5 * (1. + math.cos(math.pi * min(t, self._decay_steps) / self._decay_steps))
+        return self.min_lr_factor + (1. - self.min_lr_factor) * cosine
+
+
+class FunctionScheduler(_WarmupDecayScheduler):
+    """The learning rate is ``lr_fn(t, initial_lr)`` at step t (an epoch or an optimizer update, per interval)."""
+
+    def __init__(self, lr_fn, interval='epoch', optimizer_idx=None):
+        if not callable(lr_fn):
+            raise TypeError(f'FunctionScheduler: lr_fn must be a function (step, initial_lr) -> lr, got '
+                            f'{type(lr_fn).__qualname__}')
+        super().__init__('Function learning rate scheduler', interval, 0, 0., optimizer_idx)
+        self.lr_fn = lr_fn
+
+    def build_scheduler(self, optimizer):
+        base_lrs = [group.get('initial_lr', group['lr']) for group in optimizer.param_groups]
+        if any(lr == 0 for lr in base_lrs):
+            raise ValueError('FunctionScheduler: a param group has lr=0; lr_fn gets the initial lr, so set a '
+                             'non-zero lr on the optimizer')
+        return torch_lr_scheduler.LambdaLR(
+            optimizer, [lambda t, base=base: self.lr_fn(t, base) / base for base in base_lrs])
+
+
+# ---- learning rate into the history ----------------------------------------------------------------------
+
+class LRMonitor(AbstractCallback):
+    """Writes the learning rate of every param group into the train history at the start of every epoch (the
+    rate the epoch's first update uses). Key ``'lr'`` when the loop has one param group in total, else
+    ``'lr_<optimizer_idx>_<group_idx>'``. Registered automatically by every scheduler callback; only one
+    LRMonitor per loop writes."""
+
+    def __init__(self):
+        super().__init__('Learning rate monitor', execution_order=0)
+        self._active = True
+
+    @staticmethod
+    def ensure_registered(loop):
+        if not any(isinstance(cb, LRMonitor) for cb in loop.callbacks):
+            loop.callbacks_handler.register_callbacks([LRMonitor()])
+
+    def on_train_begin(self):
+        first = next(cb for cb in self.train_loop_obj.callbacks if isinstance(cb, LRMonitor))
+        self._active = first is self
+
+    def on_epoch_begin(self):
+        if not self._active:
+            return
+        loop = self.train_loop_obj
+        groups = [(o, g, group['lr']) for o, optimizer in enumerate(_optimizer_list(loop.optimizer))
+                  for g, group in enumerate(getattr(optimizer, 'param_groups', ()))]
+        if len(groups) == 1:
+            loop.insert_metric_result_into_history('lr', float(groups[0][2]))
+            return
+        for o, g, lr in groups:
+            loop.insert_metric_result_into_history(f'lr_{o}_{g}', float(lr))

@@ -1,0 +1,362 @@
+"""Gradient callbacks: clipping, statistics, distribution plots and norm logging.
+
+They run in ``on_after_gradient_update(optimizer_idx)``, which the loop calls only on real optimizer updates
+(after gradient accumulation), once per optimizer, with gradients already unscaled under fp16 and before
+``zero_grad``. The loop unscales once for all callbacks, so several clipping callbacks work together with fp16
+(AIToolbox unscaled again in every callback, which raises in torch).
+"""
+import logging
+import os
+
+import torch
+
+from ..multi_loss_optim import MultiOptimizer
+from .abstract import AbstractCallback, AbstractExperimentCallback
+
+logger = logging.getLogger(__name__)
+
+S3_SAVE_MODES = ('s3', 'aws_s3', 'aws')
+
+
+def _optimizer_params(loop, optimizer_idx):
+    """Parameters that the optimizer being stepped updates (all model parameters for a duck-typed optimizer
+    without param_groups)."""
+    optimizer = loop.optimizer
+    if isinstance(optimizer, MultiOptimizer):
+        optimizer = optimizer[optimizer_idx]
+    groups = getattr(optimizer, 'param_groups', None)
+    if groups is None:
+        return list(loop.model.parameters())
+    return [p for group in groups for p in group['params']]
+
+
+def _is_last_update_of_epoch(loop):
+    # The core knows whether this batch ends the epoch (or the fit); without that flag, every update counts as
+    # possibly the last one, which is correct but captures more often.
+    return getattr(loop, '_is_last_batch', True)
+
+
+def _layer_gradient(layer):
+    """The gradient to inspect for one entry of ``model_layers_extract_def(model)``: a parameter's own gradient,
+    a module's ``weight`` gradient (as AIToolbox), or all of a weight-less module's gradients flattened."""
+    if isinstance(layer, torch.Tensor):
+        return None if layer.grad is None else layer.grad.detach().reshape(-1)
+    weight = getattr(layer, 'weight', None)
+    if isinstance(weight, torch.Tensor):
+        return None if weight.grad is None else weight.grad.detach().reshape(-1)
+    grads = [p.grad.detach().reshape(-1) for p in layer.parameters() if p.grad is not None]
+    return torch.cat(grads) if grads else None
+
+
+class GradientCallbackBase(AbstractCallback):
+    """Base of the gradient callbacks; marks the loop as using gradient callbacks (``grad_cb_used``) for code
+    that reads that AIToolbox flag."""
+
+    def __init__(self, callback_name, execution_order=0, device_idx_execution=None):
+        super().__init__(callback_name, execution_order, device_idx_execution)
+
+    def on_train_loop_registration(self):
+        self.train_loop_obj.grad_cb_used = True
+
+
+class GradValueClip(GradientCallbackBase):
+    """Clip every gradient element to [-max_grad_value, max_grad_value] before each optimizer step; with several
+    optimizers each step clips only that optimizer's parameters."""
+
+    def __init__(self, max_grad_value):
+        super().__init__('Gradient value clipping')
+        if max_grad_value <= 0:
+            raise ValueError(f'GradValueClip: max_grad_value must be > 0, got {max_grad_value!r}')
+        self.max_grad_value = max_grad_value
+
+    def on_after_gradient_update(self, optimizer_idx):
+        params = _optimizer_params(self.train_loop_obj, optimizer_idx)
+        torch.nn.utils.clip_grad_value_(params, self.max_grad_value)
+
+
+class GradNormClip(GradientCallbackBase):
+    """Rescale the gradients so that their total norm is at most ``max_grad_norm`` before each optimizer step;
+    with several optimizers each step clips only that optimizer's parameters.
+
+    Args:
+        max_grad_norm (float): the largest allowed total norm.
+        **kwargs: further ``torch.nn.utils.clip_grad_norm_`` arguments (norm_type, error_if_nonfinite, foreach).
+    """
+
+    def __init__(self, max_grad_norm, **kwargs):
+        super().__init__('Gradient norm clipping')
+        if max_grad_norm <= 0:
+            raise ValueError(f'GradNormClip: max_grad_norm must be > 0, got {max_grad_norm!r}')
+        self.max_grad_norm = max_grad_norm
+        self.kwargs = kwargs
+
+    def on_after_gradient_update(self, optimizer_idx):
+        params = _optimizer_params(self.train_loop_obj, optimizer_idx)
+        torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm, **self.kwargs)
+
+
+def _gradient_stats(grad):
+    grad = grad.float()
+    return torch.stack([grad.mean(), grad.std(unbiased=False) if grad.numel() > 1 else grad.new_zeros(()),
+                        torch.linalg.vector_norm(grad), (grad == 0).float().mean()])
+
+
+class GradientStatsPrint(AbstractCallback):
+    """Print mean, std, L2 norm and fraction of zeros of chosen layers' gradients.
+
+    The gradients are those of the epoch's last optimizer update, captured before zero_grad (AIToolbox read them
+    at epoch end, after zero_grad, and printed "None" on torch 2). The statistics are computed on the device and
+    read once per reported epoch.
+
+    Args:
+        model_layers_extract_def (callable): ``model -> list of layers`` (modules or parameters).
+        stats_eval_freq (int): report every this many epochs.
+        on_every_grad_update (bool): also report after every optimizer update (a host sync per update).
+    """
+
+    STAT_NAMES = ('mean', 'std', 'norm', 'zero_fraction')
+
+    def __init__(self, model_layers_extract_def, stats_eval_freq=1, on_every_grad_update=False):
+        super().__init__('Print model gradient stats', device_idx_execution=0)
+        if not callable(model_layers_extract_def):
+            raise TypeError('GradientStatsPrint: model_layers_extract_def must be a function model -> list of layers')
+        if isinstance(stats_eval_freq, bool) or not isinstance(stats_eval_freq, int) or stats_eval_freq < 1:
+            raise ValueError(f'GradientStatsPrint: stats_eval_freq must be an int >= 1, got {stats_eval_freq!r}')
+        self.model_layers_extract_def = model_layers_extract_def
+        self.stats_eval_freq = stats_eval_freq
+        self.on_every_grad_update = on_every_grad_update
+        self._captured = None
+        self.last_stats = None
+
+    def on_train_loop_registration(self):
+        self.train_loop_obj.grad_cb_used = True
+
+    def on_epoch_begin(self):
+        self._captured = None
+
+    def on_after_gradient_update(self, optimizer_idx):
+        # At optimizer 0 no optimizer has stepped or zeroed yet, so every layer's gradient is there.
+        if optimizer_idx != 0:
+            return
+        loop = self.train_loop_obj
+        due = loop.epoch % self.stats_eval_freq == 0 and _is_last_update_of_epoch(loop)
+        if not (due or self.on_every_grad_update):
+            return
+        layers = self.model_layers_extract_def(loop.model)
+        self._captured = [None if (g := _layer_gradient(layer)) is None else _gradient_stats(g) for layer in layers]
+        if self.on_every_grad_update:
+            self._report(f'epoch {loop.epoch}, batch {loop.iteration}')
+
+    def on_epoch_end(self):
+        loop = self.train_loop_obj
+        if loop.epoch % self.stats_eval_freq == 0 and self._captured is not None:
+            self._report(f'end of epoch {loop.epoch}')
+
+    def _report(self, where):
+        values = [None if s is None else s.tolist() for s in self._captured]
+        self.last_stats = [None if v is None else dict(zip(self.STAT_NAMES, v)) for v in values]
+        # A report the user asked for by adding this callback, so it goes to stdout.
+        print(f'---> Model layers gradients stats ({where})')
+        for i, stats in enumerate(self.last_stats):
+            if stats is None:
+                print(f'Layer {i}: no gradient')
+            else:
+                print(f"Layer {i} grads: mean {stats['mean']:.6g}; std {stats['std']:.6g}; norm {stats['norm']:.6g}; "
+                      f"ratio of zero gradients {stats['zero_fraction']:.4g}")
+
+
+class GradDistributionPlot(AbstractExperimentCallback):
+    """Histogram of chosen layers' gradients for every epoch, saved under
+    ``<experiment dir>/results/<grad_plots_dir_name>/epoch_<k>/layer_<i>.png`` (AIToolbox's layout), or one
+    ``gradients.pdf`` per epoch folder.
+
+    The gradients are those of the epoch's last optimizer update, captured before zero_grad (AIToolbox read them
+    after zero_grad and plotted nothing on torch 2). Needs matplotlib (``pip install aitoolbox_like[plots]``).
+
+    Args:
+        model_layers_extract_def (callable): ``model -> list of layers`` (modules or parameters).
+        grad_plots_dir_name (str): folder inside the experiment folder.
+        file_format (str): 'png' (one image per layer) or 'pdf' (one multi-page file per epoch).
+        project_name, experiment_name, local_model_result_folder_path: experiment folder (inferred from a tracking
+            TrainLoop, else defaults).
+        cloud_save_mode, bucket_name, cloud_dir_prefix: 's3' / 'aws_s3' / 'aws' also uploads the plots to
+            ``s3://<bucket>/<prefix>/<project>/<experiment>_<timestamp>/results/<grad_plots_dir_name>/...`` in the
+            background.
+        bins (int): histogram bins.
+    """
+
+    def __init__(self, model_layers_extract_def, grad_plots_dir_name='grad_distribution', file_format='png',
+                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
+                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, bins=100):
+        super().__init__('Gradient distribution plotter', device_idx_execution=0)
+        if file_format not in ('png', 'pdf'):
+            raise ValueError(f"GradDistributionPlot: file_format must be 'png' or 'pdf', got {file_format!r}")
+        if not callable(model_layers_extract_def):
+            raise TypeError('GradDistributionPlot: model_layers_extract_def must be a function model -> list of layers')
+        self.model_layers_extract_def = model_layers_extract_def
+        self.grad_plots_dir_name = grad_plots_dir_name
+        self.file_format = file_format
+        self.project_name = project_name
+        self.experiment_name = experiment_name
+        self.local_model_result_folder_path = local_model_result_folder_path
+        self.cloud_save_mode = cloud_save_mode
+        self.bucket_name = bucket_name
+        self.cloud_dir_prefix = cloud_dir_prefix
+        self.bins = bins
+        self._captured = None
+        self._uploader = None
+        self.last_gradients = None      # the flattened gradients last plotted (numpy, per layer)
+        self.saved_plot_paths = []
+
+    def on_train_loop_registration(self):
+        _import_matplotlib()     # fail at registration, not after the first epoch
+        self.try_infer_experiment_details(infer_cloud_details=True)
+        if self.cloud_save_mode in ('gcs', 'google_storage', 'google storage'):
+            raise ValueError('GradDistributionPlot: Google Cloud Storage is not supported; use cloud_save_mode="s3" '
+                             'or None (local only)')
+
+    def on_epoch_begin(self):
+        self._captured = None
+
+    def on_after_gradient_update(self, optimizer_idx):
+        loop = self.train_loop_obj
+        if optimizer_idx != 0 or not _is_last_update_of_epoch(loop):
+            return
+        layers = self.model_layers_extract_def(loop.model)
+        # A device copy: the loop's zero_grad (set_to_none or in place) must not change what we plot.
+        self._captured = [None if (g := _layer_gradient(layer)) is None else g.clone() for layer in layers]
+
+    def on_epoch_end(self):
+        if self._captured is None:
+            return
+        gradients = [None if g is None else g.float().cpu().numpy() for g in self._captured]
+        self._captured = None
+        self.last_gradients = gradients
+        paths = self.plot_gradients(gradients)
+        self.saved_plot_paths.extend(paths)
+        if self.cloud_save_mode in S3_SAVE_MODES:
+            self._upload(paths)
+
+    def plot_gradients(self, gradients):
+        epoch_dir = os.path.join(self.experiment_dir_path, 'results', self.grad_plots_dir_name,
+                                 f'epoch_{self.train_loop_obj.epoch}')
+        os.makedirs(epoch_dir, exist_ok=True)
+        figures = [self._figure(i, grad) for i, grad in enumerate(gradients)]
+        if self.file_format == 'png':
+            paths = []
+            for i, fig in enumerate(figures):
+                path = os.path.join(epoch_dir, f'layer_{i}.png')
+                fig.savefig(path)
+                paths.append(path)
+            return paths
+        from matplotlib.backends.backend_pdf import PdfPages
+        path = os.path.join(epoch_dir, 'gradients.pdf')
+        with PdfPages(path) as pdf:
+            for fig in figures:
+                pdf.savefig(fig)
+        return [path]
+
+    def _figure(self, layer_idx, grad):
+        # A Figure with its own Agg canvas: no pyplot global state, no GUI backend.
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        fig = Figure(figsize=(6, 4))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        if grad is None:
+            ax.text(0.5, 0.5, 'no gradient', ha='center', va='center')
+        else:
+            ax.hist(grad, bins=self.bins)
+        ax.set_title(f'Layer {layer_idx} gradients, epoch {self.train_loop_obj.epoch}')
+        ax.set_xlabel('gradient value')
+        ax.set_ylabel('count')
+        fig.tight_layout()
+        return fig
+
+    def _upload(self, paths):
+        if self._uploader is None:
+            from ..storage import BackgroundUploader, S3Storage
+            self._uploader = BackgroundUploader(S3Storage(self.bucket_name, self.cloud_dir_prefix or ''))
+        root = os.path.dirname(self.experiment_dir_path)
+        for path in paths:
+            key = os.path.relpath(path, root).replace(os.sep, '/')
+            key = f'{self.project_name}/{key}'
+            self._uploader.submit(path, key)
+
+    def on_train_end(self):
+        self._close_uploader()
+
+    def on_exception(self, exception):
+        self._close_uploader()
+
+    def _close_uploader(self):
+        if self._uploader is not None:
+            self._uploader.close()
+            self._uploader = None
+
+
+def _import_matplotlib():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError('GradDistributionPlot needs matplotlib: pip install aitoolbox_like[plots]') from None
+    return matplotlib
+
+
+class GradNormLogger(AbstractCallback):
+    """Gradient norm into the train history: ``'grad_norm'`` is the mean over the epoch's optimizer updates of the
+    total gradient norm of all model parameters (unscaled, before clipping callbacks); with ``per_layer`` also
+    ``'grad_norm_<module name>'`` for every module that owns parameters directly.
+
+    Norms stay on the device during the epoch and are read once at its end.
+
+    Args:
+        norm_type (float): the p of the p-norm (2.0; ``float('inf')`` for the max-norm).
+        per_layer (bool): also log one norm per module.
+    """
+
+    def __init__(self, norm_type=2., per_layer=False):
+        # Before the clipping callbacks (order 0): the logged norm is the one clipping acts on.
+        super().__init__('Gradient norm logger', execution_order=-1)
+        self.norm_type = float(norm_type)
+        self.per_layer = per_layer
+        self._sums = None
+        self._count = 0
+        self._names = None
+
+    def on_train_begin(self):
+        model = self.train_loop_obj.model
+        layers = [('', None)]
+        if self.per_layer:
+            layers += [(name, module) for name, module in model.named_modules()
+                       if any(True for _ in module.parameters(recurse=False))]
+        self._names = [name for name, _ in layers]
+        self._layer_params = [list(model.parameters()) if module is None else list(module.parameters(recurse=False))
+                              for _, module in layers]
+
+    def on_epoch_begin(self):
+        self._sums = None
+        self._count = 0
+
+    def _norm(self, params):
+        grads = [p.grad.detach() for p in params if p.grad is not None]
+        if not grads:
+            return torch.zeros((), device=self.train_loop_obj.device)
+        norms = torch.stack([torch.linalg.vector_norm(g.float(), self.norm_type) for g in grads])
+        return torch.linalg.vector_norm(norms, self.norm_type)
+
+    def on_after_gradient_update(self, optimizer_idx):
+        # At optimizer 0 nothing has been stepped, clipped for later optimizers, or zeroed yet.
+        if optimizer_idx != 0:
+            return
+        norms = torch.stack([self._norm(params).to(self.train_loop_obj.device) for params in self._layer_params])
+        self._sums = norms if self._sums is None else self._sums + norms
+        self._count += 1
+
+    def on_epoch_end(self):
+        if self._sums is None:
+            return
+        loop = self.train_loop_obj
+        means = (self._sums / self._count).tolist()
+        for name, value in zip(self._names, means):
+            loop.insert_metric_result_into_history('grad_norm' if not name else f'grad_norm_{name}', value)

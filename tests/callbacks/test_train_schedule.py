@@ -1,0 +1,316 @@
+"""Learning-rate schedulers inside real fits, compared with torch's own schedulers stepped by hand."""
+import contextlib
+
+import pytest
+import torch
+from torch import nn
+from torch.optim import lr_scheduler as tls
+
+from aitoolbox_like import MultiOptimizer, TrainLoop, TTModel
+from aitoolbox_like.callbacks.abstract import AbstractCallback
+from aitoolbox_like.callbacks.train_schedule import (
+    AbstractScheduler, ConstantWithWarmupScheduler, CosineScheduler, CosineWithWarmupScheduler, ExponentialScheduler,
+    FunctionScheduler, GeneralLRSchedulerCallback, HardRestartsCosineWithWarmupScheduler, LambdaLRScheduler,
+    LinearWarmupScheduler, LinearWithWarmupScheduler, LRMonitor, LRSchedulerCallback, MultiStepLRScheduler,
+    PolynomialScheduler, ReduceLROnPlateauMetricScheduler, ReduceLROnPlateauScheduler, StepLRScheduler)
+from aitoolbox_like.checkpoint import check_weights_only_safe
+from helpers import MLP, loaders
+
+BASE_LR = 0.1
+
+
+class LRRecorder(AbstractCallback):
+    """The learning rate each optimizer update uses, per optimizer index."""
+
+    def __init__(self):
+        super().__init__('lr recorder', execution_order=-5)
+        self.lrs = {}
+
+    def on_after_gradient_update(self, optimizer_idx):
+        optimizer = self.train_loop_obj.optimizer
+        if isinstance(optimizer, MultiOptimizer):
+            optimizer = optimizer[optimizer_idx]
+        self.lrs.setdefault(optimizer_idx, []).append(optimizer.param_groups[0]['lr'])
+
+
+def make_loop(n=24, batch_size=8, lr=BASE_LR, optimizer_fn=None, **kwargs):
+    torch.manual_seed(0)
+    model = MLP()
+    train, val, test = loaders(n=n, batch_size=batch_size)
+    optimizer = optimizer_fn(model) if optimizer_fn else torch.optim.SGD(model.parameters(), lr=lr)
+    return TrainLoop(model, train, val, test, optimizer, nn.CrossEntropyLoss(), **kwargs)
+
+
+def torch_lrs(make_scheduler, num_steps, lr=BASE_LR):
+    """LR before each of num_steps steps of a torch scheduler on a parallel dummy optimizer."""
+    dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
+    scheduler = make_scheduler(dummy)
+    lrs = []
+    for _ in range(num_steps):
+        lrs.append(dummy.param_groups[0]['lr'])
+        dummy.step()
+        scheduler.step()
+    return lrs
+
+
+def per_update(epoch_lrs, updates_per_epoch):
+    return [lr for lr in epoch_lrs for _ in range(updates_per_epoch)]
+
+
+def test_step_lr_per_epoch_matches_torch_and_goes_into_history():
+    loop, rec = make_loop(), LRRecorder()
+    loop.fit(num_epochs=5, callbacks=[StepLRScheduler(step_size=2, gamma=0.5), rec])
+    expected = torch_lrs(lambda o: tls.StepLR(o, step_size=2, gamma=0.5), 5)
+    assert rec.lrs[0] == pytest.approx(per_update(expected, 3))
+    assert loop.train_history['lr'] == pytest.approx(expected)
+    assert loop.train_history.get_epochs('lr') == [0, 1, 2, 3, 4]
+
+
+def test_multistep_and_general_wrapper_match_torch():
+    loop, rec = make_loop(), LRRecorder()
+    loop.fit(num_epochs=4, callbacks=[MultiStepLRScheduler([1, 3], gamma=0.1), rec])
+    assert rec.lrs[0] == pytest.approx(per_update(torch_lrs(lambda o: tls.MultiStepLR(o, [1, 3], 0.1), 4), 3))
+
+    loop, rec = make_loop(), LRRecorder()
+    loop.fit(num_epochs=4, callbacks=[GeneralLRSchedulerCallback(tls.ExponentialLR, gamma=0.7), rec])
+    assert rec.lrs[0] == pytest.approx(per_update(torch_lrs(lambda o: tls.ExponentialLR(o, 0.7), 4), 3))
+
+
+@pytest.mark.parametrize('cls, args', [
+    (LinearWithWarmupScheduler, dict(num_warmup_steps=3, num_training_steps=10)),
+    (CosineWithWarmupScheduler, dict(num_warmup_steps=2, num_training_steps=10)),
+    (HardRestartsCosineWithWarmupScheduler, dict(num_warmup_steps=2, num_training_steps=10, num_cycles=2)),
+    (ConstantWithWarmupScheduler, dict(num_warmup_steps=4)),
+])
+def test_warmup_schedulers_step_once_per_real_update_with_grad_accumulation(cls, args):
+    # 5 batches of 8 per epoch, grad_accumulation=2: updates after batches 2, 4 and 5 (last) -> 3 per epoch.
+    loop, rec, callback = make_loop(n=40), LRRecorder(), cls(**args)
+    loop.fit(num_epochs=3, callbacks=[callback, rec], grad_accumulation=2)
+    lr_lambda = callback.scheduler.lr_lambdas[0]
+    expected = torch_lrs(lambda o: tls.LambdaLR(o, lr_lambda), 9)
+    assert len(rec.lrs[0]) == 9
+    assert rec.lrs[0] == pytest.approx(expected)
+    assert callback.scheduler.last_epoch == 9
+
+
+def test_lambda_lr_on_epoch_and_on_batch():
+    fn = lambda step: 0.9 ** step   # noqa: E731
+    loop, rec = make_loop(), LRRecorder()
+    loop.fit(num_epochs=3, callbacks=[LambdaLRScheduler(fn, execute_epoch_end=False, execute_batch_end=True), rec])
+    assert rec.lrs[0] == pytest.approx(torch_lrs(lambda o: tls.LambdaLR(o, fn), 9))
+
+    loop, rec = make_loop(), LRRecorder()
+    loop.fit(num_epochs=3, callbacks=[LambdaLRScheduler(fn), rec])
+    assert rec.lrs[0] == pytest.approx(per_update(torch_lrs(lambda o: tls.LambdaLR(o, fn), 3), 3))
+
+
+@pytest.mark.parametrize('callback_fn, torch_fn, interval', [
+    (lambda: ExponentialScheduler(0.8), lambda o: tls.ExponentialLR(o, 0.8), 'epoch'),
+    (lambda: PolynomialScheduler(num_training_steps=12, power=2.), lambda o: tls.PolynomialLR(o, 12, 2.), 'step'),
+    # num_training_steps=None: the whole fit, 4 epochs x 3 updates.
+    (lambda: CosineScheduler(min_lr_factor=0.1), lambda o: tls.CosineAnnealingLR(o, 12, eta_min=0.01), 'step'),
+    (lambda: CosineScheduler(interval='epoch'), lambda o: tls.CosineAnnealingLR(o, 4), 'epoch'),
+    (lambda: LinearWarmupScheduler(5, start_factor=0.2), lambda o: tls.LinearLR(o, 0.2, 1.0, 5), 'step'),
+    (lambda: LinearWarmupScheduler(2, interval='epoch', start_factor=0.5),
+     lambda o: tls.LinearLR(o, 0.5, 1.0, 2), 'epoch'),
+])
+def test_common_schedules_match_torch(callback_fn, torch_fn, interval):
+    loop, rec = make_loop(), LRRecorder()
+    loop.fit(num_epochs=4, callbacks=[callback_fn(), rec])
+    if interval == 'step':
+        expected = torch_lrs(torch_fn, 12)
+    else:
+        expected = per_update(torch_lrs(torch_fn, 4), 3)
+    assert rec.lrs[0] == pytest.approx(expected, rel=1e-6, abs=1e-12)
+
+
+def test_warmup_then_decay_and_user_function():
+    loop, rec = make_loop(), LRRecorder()
+    loop.fit(num_epochs=4, callbacks=[ExponentialScheduler(0.5, interval='step', num_warmup_steps=4), rec])
+    expected = [BASE_LR * t / 4 for t in range(4)] + [BASE_LR * 0.5 ** t for t in range(8)]
+    assert rec.lrs[0] == pytest.approx(expected)
+
+    loop, rec = make_loop(), LRRecorder()
+    loop.fit(num_epochs=3, callbacks=[FunctionScheduler(lambda epoch, lr0: lr0 / (1 + epoch)), rec])
+    assert rec.lrs[0] == pytest.approx(per_update([BASE_LR, BASE_LR / 2, BASE_LR / 3], 3))
+
+
+def test_torch_scheduler_wrapper_per_step_and_built_instance():
+    loop, rec = make_loop(), LRRecorder()
+    loop.fit(num_epochs=2, callbacks=[
+        LRSchedulerCallback(tls.OneCycleLR, interval='step', max_lr=1.0, total_steps=6), rec])
+    assert rec.lrs[0] == pytest.approx(torch_lrs(lambda o: tls.OneCycleLR(o, max_lr=1.0, total_steps=6), 6))
+
+    loop, rec = make_loop(), LRRecorder()
+    built = tls.StepLR(loop.optimizer, step_size=1, gamma=0.5)
+    loop.fit(num_epochs=3, callbacks=[LRSchedulerCallback(built), rec])
+    assert rec.lrs[0] == pytest.approx(per_update([0.1, 0.05, 0.025], 3))
+
+
+class MetricWriter(AbstractCallback):
+    """Writes a scripted metric into the history on the epochs given."""
+
+    def __init__(self, name, values_by_epoch, execution_order=0):
+        super().__init__('metric writer', execution_order)
+        self.name, self.values_by_epoch = name, values_by_epoch
+
+    def on_epoch_end(self):
+        epoch = self.train_loop_obj.epoch
+        if epoch in self.values_by_epoch:
+            self.train_loop_obj.insert_metric_result_into_history(self.name, self.values_by_epoch[epoch])
+
+
+def test_plateau_on_metric_steps_only_on_new_values():
+    # The metric is computed every 2nd epoch; the scheduler is registered before the writer yet runs after it.
+    values = {0: 1.0, 2: 1.0, 4: 1.0, 6: 1.0}
+    loop, rec = make_loop(), LRRecorder()
+    scheduler = ReduceLROnPlateauMetricScheduler('val_metric', patience=1, factor=0.5)
+    loop.fit(num_epochs=8, callbacks=[scheduler, MetricWriter('val_metric', values), rec])
+    dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=BASE_LR)
+    reference = tls.ReduceLROnPlateau(dummy, patience=1, factor=0.5)
+    expected = []
+    for epoch in range(8):
+        expected.append(dummy.param_groups[0]['lr'])
+        if epoch in values:
+            reference.step(values[epoch])
+    assert loop.train_history['lr'] == pytest.approx(expected)
+    # Had stale values been re-read every epoch, the LR would have dropped already at epoch 3.
+    assert expected[3] == BASE_LR and expected[5] < BASE_LR
+
+    loop = make_loop()
+    wrapper = LRSchedulerCallback(tls.ReduceLROnPlateau, monitor='val_metric', patience=1, factor=0.5)
+    loop.fit(num_epochs=8, callbacks=[wrapper, MetricWriter('val_metric', values)])
+    assert loop.train_history['lr'] == pytest.approx(expected)
+
+
+def test_plateau_on_validation_loss_matches_torch_fed_by_hand():
+    loop = make_loop()
+    loop.fit(num_epochs=5, callbacks=[ReduceLROnPlateauScheduler(patience=0, factor=0.5, threshold=0.05)])
+    dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=BASE_LR)
+    reference = tls.ReduceLROnPlateau(dummy, patience=0, factor=0.5, threshold=0.05)
+    expected = []
+    for val_loss in loop.train_history['val_loss']:
+        expected.append(dummy.param_groups[0]['lr'])
+        reference.step(val_loss)
+    assert loop.train_history['lr'] == pytest.approx(expected)
+    assert min(expected) < BASE_LR      # the plateau rule fired at least once
+
+    with pytest.raises(ValueError, match='no_such_metric'):
+        make_loop().fit(num_epochs=1, callbacks=[ReduceLROnPlateauMetricScheduler('no_such_metric')])
+
+
+def two_optimizers(model):
+    layers = list(model.net)
+    return MultiOptimizer([torch.optim.SGD(layers[0].parameters(), lr=0.1),
+                           torch.optim.SGD(layers[3].parameters(), lr=0.2)])
+
+
+def test_multi_optimizer_each_scheduler_drives_its_own_optimizer():
+    loop, rec = make_loop(optimizer_fn=two_optimizers), LRRecorder()
+    warmup = LinearWithWarmupScheduler(3, 9, optimizer_idx=1)
+    loop.fit(num_epochs=3, callbacks=[StepLRScheduler(1, gamma=0.5, optimizer_idx=0), warmup, rec])
+    assert rec.lrs[0] == pytest.approx(per_update(torch_lrs(lambda o: tls.StepLR(o, 1, 0.5), 3), 3))
+    assert rec.lrs[1] == pytest.approx(torch_lrs(lambda o: tls.LambdaLR(o, warmup.scheduler.lr_lambdas[0]), 9, 0.2))
+    assert set(loop.train_history.keys()) >= {'lr_0_0', 'lr_1_0'} and 'lr' not in loop.train_history
+    assert loop.train_history['lr_1_0'] == pytest.approx([0.0, 0.2 * 6 / 6 * 1.0, 0.2 * 3 / 6])
+
+    with pytest.raises(ValueError, match='optimizer_idx'):
+        make_loop(optimizer_fn=two_optimizers).fit(num_epochs=1, callbacks=[StepLRScheduler(1)])
+
+
+class InfOnBatches(TTModel):
+    """A classifier whose loss is infinite on the batches flagged in the data (a fp16 overflow stand-in)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.net(x)
+
+    def get_loss(self, batch, criterion, device):
+        x, y, poison = batch
+        return criterion(self(x), y) * poison.max()
+
+    def get_predictions(self, batch, device):
+        x, y, _ = batch
+        return self(x), y, None
+
+
+def fake_fp16_loop(optimizer_fn, poisoned_batches, num_batches=8):
+    """A CPU loop whose updates go through a real (CPU) GradScaler, as under use_amp='fp16' on CUDA."""
+    torch.manual_seed(0)
+    x, y = torch.randn(num_batches * 4, 4), torch.randint(0, 2, (num_batches * 4,))
+    poison = torch.ones(num_batches * 4)
+    for b in poisoned_batches:
+        poison[b * 4:(b + 1) * 4] = float('inf')
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y, poison), batch_size=4)
+    model = InfOnBatches()
+    loop = TrainLoop(model, data, None, None, optimizer_fn(model), nn.CrossEntropyLoss(), end_auto_eval=False)
+    loop._amp.mode = 'fp16'
+    loop._amp.autocast = contextlib.nullcontext
+    loop.amp_scaler = loop._amp.scaler = torch.amp.GradScaler('cpu', init_scale=2. ** 8)
+    return loop
+
+
+@pytest.mark.parametrize('fused', [False, True])
+def test_batch_scheduler_does_not_step_when_grad_scaler_skips_the_update(fused):
+    poisoned = [2, 5]
+    loop = fake_fp16_loop(lambda m: torch.optim.Adam(m.parameters(), lr=BASE_LR, fused=fused), poisoned)
+    rec = LRRecorder()
+    callback = LinearWithWarmupScheduler(num_warmup_steps=4, num_training_steps=8)
+    weights_before = loop.model.net.weight.detach().clone()
+    loop.fit(num_epochs=1, callbacks=[callback, rec])
+    assert loop.amp_scaler.get_scale() == 2. ** 6            # the scaler really skipped two updates
+    assert not torch.equal(weights_before, loop.model.net.weight)
+    lr_lambda = callback.scheduler.lr_lambdas[0]
+    # 8 update attempts; the schedule advances only after the 6 that were applied.
+    expected, step = [], 0
+    for batch in range(8):
+        expected.append(BASE_LR * lr_lambda(step))
+        if batch not in poisoned:
+            step += 1
+    assert rec.lrs[0] == pytest.approx(expected)
+    assert callback.scheduler.last_epoch == 6
+
+
+def test_scheduler_state_resumes_the_same_curve():
+    full, rec_full = make_loop(), LRRecorder()
+    full.fit(num_epochs=4, callbacks=[LinearWithWarmupScheduler(4, 12), rec_full])
+
+    first = make_loop()
+    scheduler = LinearWithWarmupScheduler(4, 12)
+    first.fit(num_epochs=2, callbacks=[scheduler])
+    state = first.callbacks_handler.callbacks_state_dict()
+    check_weights_only_safe(state)
+    state = {k: v for k, v in state.items() if k == scheduler.state_key}
+    assert state and isinstance(scheduler, AbstractScheduler) and first.get_schedulers() == [scheduler]
+
+    second, rec = make_loop(), LRRecorder()
+    resumed = LinearWithWarmupScheduler(4, 12)
+    resumed.load_state_dict(state[scheduler.state_key])    # before registration: applied once built
+    second.fit(num_epochs=2, callbacks=[resumed, rec])
+    assert rec.lrs[0] == pytest.approx(rec_full.lrs[0][6:])
+
+
+def test_one_lr_monitor_and_multiple_param_groups():
+    def two_groups(model):
+        layers = list(model.net)
+        return torch.optim.SGD([{'params': layers[0].parameters()}, {'params': layers[3].parameters(), 'lr': 0.01}],
+                               lr=0.1)
+    loop = make_loop(optimizer_fn=two_groups)
+    loop.fit(num_epochs=2, callbacks=[StepLRScheduler(1, gamma=0.5), LRMonitor()])
+    assert sum(isinstance(cb, LRMonitor) for cb in loop.callbacks) == 2
+    assert loop.train_history['lr_0_0'] == pytest.approx([0.1, 0.05])
+    assert loop.train_history['lr_0_1'] == pytest.approx([0.01, 0.005])
+
+
+def test_bad_arguments_fail_clearly():
+    with pytest.raises(ValueError, match='interval'):
+        CosineScheduler(interval='batch')
+    with pytest.raises(ValueError, match='monitor'):
+        LRSchedulerCallback(tls.ReduceLROnPlateau, interval='step', monitor='val_loss')
+    with pytest.raises(ValueError, match='validation_loader'):
+        loop = make_loop()
+        loop.validation_loader = None
+        loop.fit(num_epochs=1, callbacks=[ReduceLROnPlateauScheduler()])
