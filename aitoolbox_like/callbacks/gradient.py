@@ -31,9 +31,7 @@ def _optimizer_params(loop, optimizer_idx):
 
 
 def _is_last_update_of_epoch(loop):
-    # The core knows whether this batch ends the epoch (or the fit); without that flag, every update counts as
-    # possibly the last one, which is correct but captures more often.
-    return getattr(loop, '_is_last_batch', True)
+    return loop.is_last_batch
 
 
 def _layer_gradient(layer):
