@@ -1,0 +1,251 @@
+"""Run a TrainLoop fit with DistributedDataParallel: one process per device.
+
+Two ways in (see docs/distributed.md):
+- started by torchrun (RANK / WORLD_SIZE set) or with a process group already initialised: this process is
+  one rank; it joins the group and trains. This is the way to train on several machines.
+- started as a plain script: ``num_gpus`` processes are spawned on this machine (torch.multiprocessing),
+  each trains, and the trained weights and history of rank 0 come back into the caller's model and loop.
+"""
+import logging
+import os
+import pickle
+import shutil
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+from . import distributed, loop_state
+from .callbacks.abstract import AbstractCallback
+from .model import TTModel
+
+logger = logging.getLogger(__name__)
+
+_RESULT_FILE = 'ddp_result.pt'
+_LOOP_STATE_ATTRS = ('epoch', 'iteration', 'total_iteration_idx', 'num_epochs', 'num_iterations', 'grad_accumulation',
+                     'early_stop', '_epochs_completed')
+
+
+def fit_ddp(train_loop_obj, num_epochs, num_iterations, callbacks=None, grad_accumulation=1, ddp_model_args=None,
+            in_process_data_load=None, num_nodes=1, node_rank=0, num_gpus=None, backend=None, init_method='env://',
+            on_gpu=None):
+    """``TrainLoop.fit`` with ``gpu_mode='ddp'``; returns the trained model.
+
+    Args:
+        ddp_model_args (dict or None): keyword arguments of torch's DistributedDataParallel.
+        in_process_data_load (AbstractCallback or list or None): callbacks whose on_multiprocess_start builds the
+            data inside each process, e.g. InMultiProcessDataLoad.
+        num_nodes, node_rank: machines in the run and this machine's index (spawn mode; torchrun sets both).
+        num_gpus (int or None): processes per machine (spawn mode); None: every visible GPU. Required on CPU.
+        backend (str or None): torch.distributed backend; None: 'nccl' on GPU, 'gloo' on CPU.
+        init_method (str): process-group rendezvous URL; 'env://' reads MASTER_ADDR / MASTER_PORT.
+        on_gpu (bool or None): train on GPUs (one per process); None: when CUDA is available.
+    """
+    if on_gpu is None:
+        on_gpu = torch.cuda.is_available()
+    if on_gpu and not torch.cuda.is_available():
+        raise ValueError("fit(gpu_mode='ddp', on_gpu=True) needs CUDA, which is not available; pass on_gpu=False to "
+                         "train with several CPU processes (backend 'gloo')")
+    backend = backend or ('nccl' if on_gpu else 'gloo')
+    in_process_data_load = _as_callback_list(in_process_data_load)
+    settings = dict(on_gpu=on_gpu, ddp_model_args=dict(ddp_model_args or {}), callbacks=callbacks,
+                    in_process_data_load=in_process_data_load, num_epochs=num_epochs, num_iterations=num_iterations,
+                    grad_accumulation=grad_accumulation)
+
+    if distributed.is_distributed() or ('RANK' in os.environ and 'WORLD_SIZE' in os.environ):
+        return _fit_in_this_process(train_loop_obj, backend, init_method, settings)
+    return _fit_spawned(train_loop_obj, num_nodes, node_rank, num_gpus, backend, init_method, settings)
+
+
+def _as_callback_list(in_process_data_load):
+    if in_process_data_load is None:
+        return []
+    if isinstance(in_process_data_load, AbstractCallback):
+        return [in_process_data_load]
+    if isinstance(in_process_data_load, (list, tuple)) and all(isinstance(cb, AbstractCallback)
+                                                                for cb in in_process_data_load):
+        return list(in_process_data_load)
+    raise TypeError(f'in_process_data_load must be a callback (e.g. InMultiProcessDataLoad(...)) or a list of them, '
+                    f'got {type(in_process_data_load).__qualname__}')
+
+
+# ---------------------------------------------------------------------------------------------- torchrun
+
+
+def _fit_in_this_process(loop, backend, init_method, settings):
+    local_rank = int(os.environ.get('LOCAL_RANK', 0))
+    if settings['on_gpu']:
+        torch.cuda.set_device(local_rank)
+    if not distributed.is_distributed():
+        dist.init_process_group(backend=backend, init_method=init_method)
+    # The process group stays up after fit, so that evaluation and prediction afterwards still see every rank's
+    # share of the data; the script ends it with torch.distributed.destroy_process_group().
+    _train_worker(loop, local_rank, settings)
+    return loop.model
+
+
+# ---------------------------------------------------------------------------------------------- spawn
+
+
+def _fit_spawned(loop, num_nodes, node_rank, num_gpus, backend, init_method, settings):
+    if num_gpus is None:
+        if not settings['on_gpu']:
+            raise ValueError("fit(gpu_mode='ddp') on CPU needs the number of processes per machine: pass num_gpus=N "
+                             "(e.g. num_gpus=2)")
+        num_gpus = torch.cuda.device_count()
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
+        raise ValueError(f'num_gpus must be a positive int (processes per machine), got {num_gpus!r}')
+    if settings['on_gpu'] and num_gpus > torch.cuda.device_count():
+        raise ValueError(f'num_gpus={num_gpus} but only {torch.cuda.device_count()} GPUs are visible')
+    if not 0 <= node_rank < num_nodes:
+        raise ValueError(f'node_rank must be in [0, num_nodes={num_nodes}), got {node_rank}')
+
+    master_addr, master_port = os.environ.get('MASTER_ADDR'), os.environ.get('MASTER_PORT')
+    if init_method == 'env://' and num_nodes > 1 and not (master_addr and master_port):
+        raise ValueError('training on several machines needs MASTER_ADDR and MASTER_PORT set to the address and a free '
+                         'port of the node_rank=0 machine, the same on every machine (or start each machine with '
+                         'torchrun, see docs/distributed.md)')
+    rendezvous = dict(backend=backend, init_method=init_method, master_addr=master_addr or '127.0.0.1',
+                      master_port=master_port or str(distributed.find_free_port()), node_rank=node_rank,
+                      num_gpus=num_gpus, world_size=num_nodes * num_gpus,
+                      seed=torch.initial_seed())   # workers continue the caller's torch.manual_seed
+
+    # Plain pickle copies every tensor: torch.multiprocessing would put the model's parameters in memory shared
+    # by all processes, and each rank's optimizer step would then be applied to the same weights.
+    try:
+        payload = pickle.dumps((loop, settings), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        culprit = _find_unpicklable(loop, settings) or 'the TrainLoop'
+        raise TypeError(f"fit(gpu_mode='ddp') sends the TrainLoop to each spawned process, but {culprit} cannot be "
+                        f"pickled ({exc}). Build the data inside each process with fit(..., in_process_data_load="
+                        f"InMultiProcessDataLoad(train_loader_build_fn=...)) from aitoolbox_like.callbacks.ddp, use "
+                        f"module-level functions instead of lambdas, or start the script with torchrun.") from exc
+    result_dir = tempfile.mkdtemp(prefix='aitoolbox_like_ddp_')
+    try:
+        mp.spawn(_spawn_entry, args=(payload, rendezvous, result_dir), nprocs=num_gpus, join=True)
+        _load_worker_result(loop, os.path.join(result_dir, _RESULT_FILE))
+    finally:
+        shutil.rmtree(result_dir, ignore_errors=True)
+    return loop.model
+
+
+def _spawn_entry(local_rank, payload, rendezvous, result_dir):
+    loop, settings = pickle.loads(payload)
+    global_rank = rendezvous['node_rank'] * rendezvous['num_gpus'] + local_rank
+    if rendezvous['init_method'] == 'env://':
+        os.environ['MASTER_ADDR'] = rendezvous['master_addr']
+        os.environ['MASTER_PORT'] = rendezvous['master_port']
+    # Mirror torchrun: one process per device, so CPU processes share the cores instead of each taking all.
+    if not settings['on_gpu'] and 'OMP_NUM_THREADS' not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // rendezvous['num_gpus']))
+    torch.manual_seed(rendezvous['seed'] + global_rank)
+    if settings['on_gpu']:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend=rendezvous['backend'], init_method=rendezvous['init_method'],
+                            world_size=rendezvous['world_size'], rank=global_rank)
+    try:
+        _train_worker(loop, local_rank, settings)
+        if local_rank == 0:     # weights are identical on every rank; the first process of each machine reports
+            _save_worker_result(loop, os.path.join(result_dir, _RESULT_FILE))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _save_worker_result(loop, path):
+    state = {'model': {k: v.detach().cpu() for k, v in loop.model.state_dict().items()},
+             'history': loop.train_history.state_dict(),
+             'loop': {name: getattr(loop, name) for name in _LOOP_STATE_ATTRS}}
+    if callable(getattr(loop.optimizer, 'state_dict', None)):
+        state['optimizer'] = loop.optimizer.state_dict()
+    state['amp_scaler'] = loop.amp_scaler.state_dict()
+    torch.save(state, path + '.tmp')
+    os.replace(path + '.tmp', path)
+
+
+def _load_worker_result(loop, path):
+    if not os.path.exists(path):
+        raise RuntimeError('the DDP processes finished without reporting the trained model')
+    # Our own file, written a moment ago by our worker: it may hold any history value, so not weights_only.
+    state = torch.load(path, map_location='cpu', weights_only=False)
+    loop.model.load_state_dict(state['model'])
+    loop.train_history.load_state_dict(state['history'])
+    for name, value in state['loop'].items():
+        setattr(loop, name, value)
+    if 'optimizer' in state:
+        loop.optimizer.load_state_dict(state['optimizer'])
+    if state['amp_scaler']:
+        loop.amp_scaler.load_state_dict(state['amp_scaler'])
+    loop.purge_prediction_cache()
+
+
+def _find_unpicklable(loop, settings):
+    candidates = [('the train_loader', loop.train_loader), ('the validation_loader', loop.validation_loader),
+                  ('the test_loader', loop.test_loader), ('the model', loop.model), ('the optimizer', loop.optimizer),
+                  ('the criterion', loop.criterion)]
+    candidates += [(f'callback {cb.callback_name!r}', cb)
+                   for cb in list(settings['callbacks'] or []) + settings['in_process_data_load'] + loop.callbacks]
+    for name, obj in candidates:
+        try:
+            pickle.dumps(obj)
+        except Exception:
+            return name
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- one rank
+
+
+def _train_worker(loop, local_rank, settings):
+    """Everything one rank does, once its process group is up: register the callbacks (so rank gating
+    sees the real rank), let them load data, shard the loaders, wrap the model and train."""
+    loop.ddp_training_mode = True
+    if settings['on_gpu']:
+        _move_loop_to(loop, torch.device('cuda', local_rank))
+        settings['ddp_model_args'].setdefault('device_ids', [local_rank])
+    elif loop.device.type != 'cpu':
+        _move_loop_to(loop, torch.device('cpu'))
+
+    handler = loop.callbacks_handler
+    # Callbacks registered before the process group existed were gated as in a single process.
+    loop.callbacks[:] = [cb for cb in loop.callbacks if handler._runs_on_this_rank(cb)]
+    handler._rebuild_dispatch_lists()
+    new_callbacks = list(settings['callbacks'] or []) + settings['in_process_data_load']
+    # As in a single-process _train: a resumed run settles its experiment folder before callbacks register
+    # (_train's own call then finds nothing left to do).
+    loop_state.before_registration(loop, new_callbacks)
+    if callable(getattr(handler, 'register_cached_callbacks', None)):
+        handler.register_cached_callbacks()
+    handler.register_callbacks(new_callbacks)
+    handler.execute_multiprocess_start()
+
+    shared_seed = [torch.initial_seed()]
+    dist.broadcast_object_list(shared_seed, src=0)
+    distributed.distribute_train_loop_loaders(loop, shared_seed[0])
+
+    loop.model.to(loop.device)
+    if isinstance(loop.criterion, torch.nn.Module):
+        loop.criterion.to(loop.device)
+    plain_feed = loop._feed
+    if loop.batch_model_feed_def is None and isinstance(loop.model, TTModel):
+        ddp_model = distributed.TTDistributedDataParallel(loop.model, **settings['ddp_model_args'])
+    else:
+        ddp_model = DistributedDataParallel(loop.model, **settings['ddp_model_args'])
+    loop.ddp_model = ddp_model
+    loop._feed = distributed.DDPFeed(ddp_model, plain_feed, loop.batch_model_feed_def)
+    try:
+        loop._train(settings['num_epochs'], settings['num_iterations'], None, settings['grad_accumulation'])
+    finally:
+        loop._feed = plain_feed
+        loop.ddp_model = None
+
+
+def _move_loop_to(loop, device):
+    from .amp import AmpPolicy
+    if device.type != loop.device.type:
+        # The scaler depends on the device type; its fp16 / bf16 choice is kept.
+        loop._amp = AmpPolicy(loop.use_amp or False, device)
+        loop.amp_scaler = loop._amp.scaler
+    loop.device = device
