@@ -216,9 +216,7 @@ def _train_worker(loop, local_rank, settings):
     # As in a single-process _train: a resumed run settles its experiment folder before callbacks register
     # (_train's own call then finds nothing left to do).
     loop_state.before_registration(loop, new_callbacks)
-    if callable(getattr(handler, 'register_cached_callbacks', None)):
-        handler.register_cached_callbacks()
-    handler.register_callbacks(new_callbacks)
+    handler.register_callbacks(new_callbacks)      # also registers cached callbacks
     handler.execute_multiprocess_start()
 
     shared_seed = [torch.initial_seed()]
