@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset
 
-from . import distributed
+from . import distributed, loop_state
 from .amp import AmpPolicy
 from .callbacks.abstract import StopTraining
 from .callbacks.handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError
@@ -73,7 +73,9 @@ class TrainLoop:
                  gpu_mode='single', cuda_device_idx=None, use_amp=False, progress_bar=None):
         self.model, self._feed = resolve_model(model)
         self.batch_model_feed_def = model.batch_model_feed_def if isinstance(model, ModelWrap) else None
-        if train_loader is None or not hasattr(train_loader, '__iter__'):
+        # In DDP the loaders may be built inside each process by InMultiProcessDataLoad.
+        if (train_loader is None and gpu_mode != 'ddp') or (train_loader is not None
+                                                             and not hasattr(train_loader, '__iter__')):
             raise TypeError(f'train_loader must be an iterable of batches (e.g. a torch DataLoader), '
                             f'got {type(train_loader).__qualname__}')
         missing = [m for m in ('step', 'zero_grad') if not callable(getattr(optimizer, m, None))]
@@ -120,6 +122,7 @@ class TrainLoop:
         self.early_stop = False
         self.grad_cb_used = False       # AIToolbox callbacks set it; dispatch does not need it
         self.ddp_training_mode = False
+        self.ddp_model = None           # the DistributedDataParallel wrapper while a DDP fit runs; model stays plain
         self.callbacks = []
         self.callbacks_handler = CallbacksHandler(self)
 
@@ -163,7 +166,7 @@ class TrainLoop:
     def __call__(self, num_epochs=0, num_iterations=0, callbacks=None, grad_accumulation=1, **kwargs):
         return self.fit(num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
 
-    def fit(self, num_epochs=0, num_iterations=0, callbacks=None, grad_accumulation=1, **kwargs):
+    def fit(self, num_epochs=0, num_iterations=0, callbacks=None, grad_accumulation=1, resume_from=None, **kwargs):
         """Train and return the model.
 
         Args:
@@ -174,6 +177,8 @@ class TrainLoop:
             callbacks (list): AbstractCallback instances; a callback already registered is kept once.
             grad_accumulation (int): micro-batches per optimizer update; the last partial window of an
                 epoch is applied too.
+            resume_from: continue an interrupted run from a checkpoint: a file path, an experiment folder,
+                's3://bucket/key' or 'latest' (see docs/saving-and-resuming.md).
         """
         for name, value in (('num_epochs', num_epochs), ('num_iterations', num_iterations),
                             ('grad_accumulation', grad_accumulation)):
@@ -184,13 +189,17 @@ class TrainLoop:
                              f'num_iterations={num_iterations})')
         if grad_accumulation < 1:
             raise ValueError('grad_accumulation must be >= 1')
-        if self.gpu_mode == 'ddp':
-            from .ddp_launch import fit_ddp
-            return fit_ddp(self, num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
-        if kwargs:
-            raise TypeError(f'fit() got unexpected arguments {sorted(kwargs)}; these are only accepted with '
-                            f"gpu_mode='ddp'")
-        return self._train(num_epochs, num_iterations, callbacks, grad_accumulation)
+        self._resume_from = resume_from       # read (in every DDP process) at the start of _train
+        try:
+            if self.gpu_mode == 'ddp':
+                from .ddp_launch import fit_ddp
+                return fit_ddp(self, num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
+            if kwargs:
+                raise TypeError(f'fit() got unexpected arguments {sorted(kwargs)}; these are only accepted with '
+                                f"gpu_mode='ddp'")
+            return self._train(num_epochs, num_iterations, callbacks, grad_accumulation)
+        finally:
+            self._resume_from = None
 
     def _train(self, num_epochs, num_iterations, callbacks=None, grad_accumulation=1):
         self.num_iterations = num_iterations
@@ -199,6 +208,8 @@ class TrainLoop:
         self.early_stop = False
         self._eval_cache.clear()
 
+        # Before registration: a resumed run takes its checkpoint's experiment folder, which callbacks use.
+        loop_state.before_registration(self, callbacks)
         self.callbacks_handler.register_callbacks(callbacks)      # also registers cached callbacks
         self._add_default_progress_bar()
         if self.print_callbacks:
@@ -208,6 +219,7 @@ class TrainLoop:
         if isinstance(self.criterion, torch.nn.Module):
             self.criterion.to(self.device)
         self.model.train()
+        loop_state.after_registration(self)       # applies the checkpoint being resumed from, if any
 
         try:
             try:
@@ -227,7 +239,7 @@ class TrainLoop:
 
     def _epochs_for_iterations(self, num_iterations):
         try:
-            return math.ceil(num_iterations / len(self.train_loader))
+            return math.ceil(num_iterations / max(len(self.train_loader), 1))
         except TypeError:
             return None       # a loader without len(): epochs last until the data runs out
 
@@ -241,10 +253,13 @@ class TrainLoop:
     def _train_epochs(self):
         handler = self.callbacks_handler
         epoch = self._epochs_completed
-        if self.num_epochs is not None and epoch >= self.num_epochs:
+        if not self.num_iterations and epoch >= self.num_epochs:
             logger.warning('Nothing to train: %d epochs are already done and num_epochs=%d is the total; pass a '
                            'larger num_epochs to continue', epoch, self.num_epochs)
-        while (self.num_epochs is None or epoch < self.num_epochs) and not self._iterations_done():
+        # With num_iterations the batch count decides (num_epochs is only an estimate then: a previous
+        # fit may have ended mid-epoch).
+        while not self._iterations_done() if self.num_iterations else epoch < self.num_epochs:
+            iteration_before = self.total_iteration_idx
             self.epoch = self.train_history.current_epoch = epoch
             self.loss_batch_accum = []
             handler.execute_epoch_begin()
@@ -258,6 +273,9 @@ class TrainLoop:
                     fn()
                 if self._is_last_batch:
                     break
+            if self.total_iteration_idx == iteration_before and self.num_iterations:
+                raise ValueError(f'train_loader yielded no batches in epoch {epoch}; fit(num_iterations='
+                                 f'{self.num_iterations}) cannot make progress')
             self._epochs_completed = epoch + 1
             self.auto_execute_end_of_epoch()
             handler.execute_epoch_end()
@@ -279,44 +297,48 @@ class TrainLoop:
             length = len(self.train_loader) if sized else None
         except TypeError:
             length = None
+        # The iterator skips the batches a mid-epoch checkpoint already trained (start > 0 then).
+        iterator, start = loop_state.epoch_iterator(self)
         if length is not None:
-            last = length - 1 if remaining is None else min(length, remaining) - 1
-            for i, batch in enumerate(self.train_loader):
+            last = length - 1 if remaining is None else min(length, start + remaining) - 1
+            for i, batch in enumerate(iterator, start):
                 yield i, batch, i == last
             return
-        iterator = iter(self.train_loader)
         try:
             batch = next(iterator)
         except StopIteration:
             return
-        i = 0
+        i = start
         while True:
             try:
                 upcoming = next(iterator)
             except StopIteration:
                 yield i, batch, True
                 return
-            yield i, batch, remaining is not None and i == remaining - 1
+            yield i, batch, remaining is not None and i - start == remaining - 1
             batch, i = upcoming, i + 1
 
     def _train_step(self, batch_data):
         # The per-step path: hook lists are read directly (no dispatch method per hook) and nothing here
         # reads a tensor value on the host.
         hooks = self.callbacks_handler._hook_lists
-        if self._amp.enabled:
-            with self._amp.autocast():
+        update = (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch
+        # DDP: micro-batches that do not update skip the gradient all-reduce (no_sync must cover the forward too).
+        with distributed.skip_grad_sync(self.ddp_model, not update):
+            if self._amp.enabled:
+                with self._amp.autocast():
+                    loss = self._feed.get_loss(batch_data, self.criterion, self.device)
+            else:
                 loss = self._feed.get_loss(batch_data, self.criterion, self.device)
-        else:
-            loss = self._feed.get_loss(batch_data, self.criterion, self.device)
-        self.loss_batch_accum.append(loss.detach())
-        if self.grad_accumulation > 1:
-            loss = loss / self.grad_accumulation
-        if self._amp.uses_scaler:
-            loss = self.amp_scaler.scale(loss) if isinstance(loss, torch.Tensor) else loss.scale(self.amp_scaler)
-        loss.backward()
+            self.loss_batch_accum.append(loss.detach())
+            if self.grad_accumulation > 1:
+                loss = loss / self.grad_accumulation
+            if self._amp.uses_scaler:
+                loss = self.amp_scaler.scale(loss) if isinstance(loss, torch.Tensor) else loss.scale(self.amp_scaler)
+            loss.backward()
         for fn in hooks['on_after_backward']:
             fn()
-        if (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch:
+        if update:
             self._optimizer_update(hooks)
 
     def _optimizer_update(self, hooks):
@@ -339,6 +361,11 @@ class TrainLoop:
         if uses_scaler:
             self.amp_scaler.update()
         self.optimizer_idx = 0
+
+    @property
+    def is_last_batch(self):
+        """True during the last batch of the epoch (or of num_iterations)."""
+        return self._is_last_batch
 
     def should_execute_optimizer_update(self):
         """True on the batches where the optimizer steps: every grad_accumulation-th batch of the epoch and
@@ -504,6 +531,8 @@ class TrainLoop:
             self.model.train(was_training)
         y_pred, y_true = self.pred_transform_fn(y_pred), self.pred_transform_fn(y_true)
         metadata = combine_prediction_metadata_batches(metadata_list) if metadata_list else None
+        if self.world_size > 1:     # every rank predicted its share; all get the whole set in dataset order
+            y_pred, y_true, metadata = distributed.gather_predictions(data_loader, y_pred, y_true, metadata)
         if move_to_cpu:
             y_pred, y_true = _cpu(y_pred), _cpu(y_true)
             metadata = {k: _cpu(v) for k, v in metadata.items()} if metadata else metadata
@@ -554,8 +583,9 @@ class TrainLoop:
         return [cb for cb in self.callbacks if isinstance(cb, AbstractScheduler)]
 
     def get_num_training_steps(self):
-        """Number of optimizer updates this fit will make (the last partial accumulation window of each
-        epoch counts as an update)."""
+        """Number of optimizer updates of the whole run up to num_epochs / num_iterations, counting the
+        updates of earlier fits (both are totals), so a resumed schedule keeps its length. The last partial
+        accumulation window of each epoch counts as an update."""
         if self.num_epochs is None and not self.num_iterations:
             raise RuntimeError('get_num_training_steps() is known only once fit() has started')
         try:
@@ -571,3 +601,11 @@ class TrainLoop:
 
 def _cpu(value):
     return value.cpu() if isinstance(value, torch.Tensor) else value
+
+
+def __getattr__(name):
+    # The tracking loops live in tracking.py (which imports this module); AIToolbox users import them from here.
+    if name in ('TrainLoopCheckpoint', 'TrainLoopEndSave', 'TrainLoopCheckpointEndSave'):
+        from . import tracking
+        return getattr(tracking, name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

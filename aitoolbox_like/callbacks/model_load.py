@@ -1,0 +1,113 @@
+"""ModelLoadContinueTraining: continue training from a saved checkpoint of an earlier experiment."""
+import logging
+import os
+
+from .. import loop_state
+from ..checkpoint import load_checkpoint
+from ..experiment import normalize_cloud_save_mode
+from .abstract import AbstractExperimentCallback
+
+logger = logging.getLogger(__name__)
+
+
+class ModelLoadContinueTraining(AbstractExperimentCallback):
+    """Load a checkpoint saved by ModelCheckpoint / ModelIterationCheckpoint / ModelTrainEndSave and continue
+    training from it; the run keeps writing to the checkpoint's experiment folder.
+
+    The full state is restored (weights, optimizer, schedulers, grad scaler, counters, history, callbacks'
+    state, RNG, position in the epoch), so the result equals the uninterrupted run. ``fit(resume_from=...)``
+    does the same without a callback.
+
+    Args:
+        saved_experiment_timestamp (str): timestamp of the experiment folder to load from.
+        saved_model_dir (str): 'checkpoint_model' (checkpoints) or 'model' (the model saved at the end).
+        epoch_num (int or None): load the checkpoint of this epoch; None: the latest one (``latest`` pointer).
+        ignore_saved_schedulers (bool): do not restore the schedulers' state.
+        ignore_missing_saved_schedulers (bool): accepted for AIToolbox compatibility (missing scheduler state
+            is never an error here: schedulers without saved state start fresh).
+        used_data_parallel (bool): strip the 'module.' prefix of weights saved from a DataParallel model.
+        custom_local_loader_class: not supported (AIToolbox's loader classes are replaced by one function).
+        project_name, experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
+            cloud_dir_prefix: as for every experiment callback; taken from a tracking TrainLoop when None.
+        **kwargs: ``map_location`` (default 'cpu'), ``allow_unsafe_pickle`` (default False: a checkpoint that
+            holds pickled Python objects is refused; only set it for files you trust).
+    """
+
+    def __init__(self, saved_experiment_timestamp, saved_model_dir='checkpoint_model', epoch_num=None,
+                 ignore_saved_schedulers=False, ignore_missing_saved_schedulers=False, used_data_parallel=False,
+                 custom_local_loader_class=None, project_name=None, experiment_name=None,
+                 local_model_result_folder_path=None, cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None,
+                 **kwargs):
+        super().__init__('Model loading and initialization from checkpoint before training', project_name,
+                         experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
+                         cloud_dir_prefix, execution_order=-10, device_idx_execution=None)
+        if custom_local_loader_class is not None:
+            raise ValueError('ModelLoadContinueTraining: custom_local_loader_class is not supported; load the '
+                             'checkpoint yourself and pass it as fit(resume_from=<path>)')
+        unknown = set(kwargs) - {'map_location', 'allow_unsafe_pickle', 'endpoint_url'}
+        if unknown:
+            raise TypeError(f'ModelLoadContinueTraining got unexpected arguments {sorted(unknown)}')
+        self.saved_experiment_timestamp = saved_experiment_timestamp
+        self.saved_model_dir = saved_model_dir
+        self.epoch_num = epoch_num
+        self.ignore_saved_schedulers = ignore_saved_schedulers
+        self.ignore_missing_saved_schedulers = ignore_missing_saved_schedulers
+        self.used_data_parallel = used_data_parallel
+        self.map_location = kwargs.get('map_location', 'cpu')
+        self.allow_unsafe_pickle = kwargs.get('allow_unsafe_pickle', False)
+        self.endpoint_url = kwargs.get('endpoint_url')
+        self.loaded_from = None
+
+    def on_train_loop_registration(self):
+        self.try_infer_experiment_details(infer_cloud_details=True)
+        loop = self.train_loop_obj
+        checkpoint, source = self._load()
+        if self.used_data_parallel:
+            checkpoint['model_state_dict'] = {k[len('module.'):] if k.startswith('module.') else k: v
+                                              for k, v in checkpoint['model_state_dict'].items()}
+        if self.ignore_saved_schedulers:
+            checkpoint['schedulers_state_dict'] = []
+            schedulers = {cb.state_key for cb in loop.get_schedulers()}
+            checkpoint['callbacks'] = {k: v for k, v in checkpoint.get('callbacks', {}).items()
+                                       if k.split('#')[0] not in schedulers}
+        from ..experiment import get_experiment
+        # The loop's own experiment (None on a plain TrainLoop without savers); adopted only when it is the one
+        # the checkpoint came from.
+        experiment = get_experiment(loop)
+        # Registered first (execution order -10): the experiment folder is set before the saving callbacks
+        # register; the state itself is applied once every callback is registered.
+        loop_state.adopt_experiment(loop, checkpoint, experiment)
+        loop_state.set_pending_resume(loop, checkpoint, source)
+        self.loaded_from = source
+
+    def _relative_path(self):
+        folder = f'{self.experiment_name}_{self.saved_experiment_timestamp}'
+        return f'{self.project_name}/{folder}/{self.saved_model_dir}', folder
+
+    def _file_name(self):
+        name = f'model_{self.experiment_name}_{self.saved_experiment_timestamp}'
+        return f'{name}_E{self.epoch_num}.pth' if self.epoch_num is not None else f'{name}.pth'
+
+    def _load(self):
+        rel_dir, _ = self._relative_path()
+        local_dir = os.path.join(self.local_model_result_folder_path, *rel_dir.split('/'))
+        path = self._local_file(local_dir)
+        if path is not None:
+            return load_checkpoint(path, map_location=self.map_location,
+                                   allow_unsafe_pickle=self.allow_unsafe_pickle), path
+        if self.cloud_save_mode and normalize_cloud_save_mode(self.cloud_save_mode) == 's3':
+            prefix = (self.cloud_dir_prefix or '').strip('/')
+            key = f'{prefix}/{rel_dir}' if prefix else rel_dir
+            target = f'{key}/{self._file_name()}' if self.epoch_num is not None or self.saved_model_dir == 'model' \
+                else key
+            return loop_state.load_resume_checkpoint(self.train_loop_obj, f's3://{self.bucket_name}/{target}',
+                                                     map_location=self.map_location,
+                                                     allow_unsafe_pickle=self.allow_unsafe_pickle)
+        raise FileNotFoundError(f'ModelLoadContinueTraining: no checkpoint found in {local_dir} (epoch_num='
+                                f'{self.epoch_num})')
+
+    def _local_file(self, local_dir):
+        if self.epoch_num is not None or self.saved_model_dir == 'model':
+            path = os.path.join(local_dir, self._file_name())
+            return path if os.path.isfile(path) else None
+        return loop_state.read_pointer(local_dir) or loop_state.find_checkpoint_in_dir(local_dir)

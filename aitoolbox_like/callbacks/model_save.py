@@ -1,0 +1,389 @@
+"""Saving callbacks: checkpoints during training, the final model and results at its end.
+
+Files go to ``<local folder>/<project>/<experiment>_<timestamp>/`` (AIToolbox's layout) and, with
+``cloud_save_mode='s3'``, to the same keys under ``s3://<bucket>/<cloud_dir_prefix>/`` through a background
+uploader (training does not wait for the network). Checkpoints hold the full training state
+(aitoolbox_like.loop_state) so ``fit(resume_from=...)`` continues exactly where a run stopped.
+"""
+import copy
+import json
+import logging
+import os
+
+import torch
+
+from .. import loop_state
+from ..checkpoint import atomic_torch_save
+from ..experiment import (ExperimentUploader, all_uploaders, get_experiment, get_uploader,
+                          normalize_cloud_save_mode)
+from .abstract import AbstractCallback
+
+logger = logging.getLogger(__name__)
+
+
+def _write_pointer(folder, name, target_file_name):
+    tmp = os.path.join(folder, f'.{name}.tmp')
+    with open(tmp, 'w', encoding='utf-8') as f:
+        f.write(target_file_name)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(folder, name))
+    return os.path.join(folder, name)
+
+
+class ExperimentSaverBase(AbstractCallback):
+    """What the saving callbacks share: the experiment folder, the hyperparameter files and the uploader."""
+
+    def __init__(self, callback_name, project_name, experiment_name, local_model_result_folder_path, hyperparams,
+                 cloud_save_mode='s3', bucket_name='model-result', cloud_dir_prefix='', endpoint_url=None,
+                 execution_order=100, device_idx_execution=0):
+        super().__init__(callback_name, execution_order, device_idx_execution)
+        if local_model_result_folder_path is None:
+            raise ValueError(f'{type(self).__name__}: local_model_result_folder_path is required (the folder under '
+                             f'which <project>/<experiment>_<timestamp> is created)')
+        self.project_name = project_name
+        self.experiment_name = experiment_name
+        self.local_model_result_folder_path = os.path.expanduser(os.fspath(local_model_result_folder_path))
+        self.hyperparams = hyperparams
+        normalize_cloud_save_mode(cloud_save_mode)      # fail now on a wrong mode, not at the first epoch
+        self.cloud_save_mode = cloud_save_mode
+        self.bucket_name = bucket_name
+        self.cloud_dir_prefix = cloud_dir_prefix
+        self.endpoint_url = endpoint_url
+        self.experiment = None
+        self.uploader = None
+        from ..storage.base import validate_key_part
+        validate_key_part(project_name, 'project_name')
+        validate_key_part(experiment_name, 'experiment_name')
+
+    @property
+    def cloud_enabled(self):
+        return normalize_cloud_save_mode(self.cloud_save_mode) == 's3'
+
+    def on_train_loop_registration(self):
+        loop = self.train_loop_obj
+        if not callable(getattr(loop.optimizer, 'state_dict', None)):
+            raise AttributeError(f'{type(self).__name__}: the optimizer {type(loop.optimizer).__qualname__} has no '
+                                 f'state_dict(), so checkpoints could not restore it; use a torch optimizer or '
+                                 f'MultiOptimizer')
+        self.experiment = get_experiment(loop, self.project_name, self.experiment_name,
+                                         self.local_model_result_folder_path)
+        if loop.is_main_process():
+            self.uploader = get_uploader(loop, self.experiment, self.cloud_save_mode, self.bucket_name,
+                                         self.cloud_dir_prefix, self.endpoint_url)
+            if not loop.lazy_experiment_save:
+                self.save_hyperparams()
+
+    def save_hyperparams(self):
+        """hyperparams_list.txt, hyperparams.json, the experiment script and source_code.zip (once)."""
+        return self.experiment.save_hyperparams(self.hyperparams, self.uploader)
+
+    @property
+    def experiment_dir_path(self):
+        return self.experiment.claim()
+
+    def _model_file_name(self, epoch=None, iteration_idx=None):
+        loop = self.train_loop_obj
+        name = f'model_{self.experiment_name}_{loop.experiment_timestamp}'
+        if epoch is not None:
+            name += f'_E{epoch}'
+            if iteration_idx is not None:
+                name += f'_ITER{iteration_idx}'
+        return name + '.pth'
+
+    def _save_state(self, subdir, file_name, mid_epoch=False, pointer=None):
+        """Write the loop's full state atomically into ``<experiment>/<subdir>/<file_name>`` and upload it."""
+        loop = self.train_loop_obj
+        self.save_hyperparams()
+        checkpoint = loop_state.build_checkpoint(loop, self.hyperparams, mid_epoch=mid_epoch)
+        folder = self.experiment.subdir(subdir)
+        path = os.path.join(folder, file_name)
+        atomic_torch_save(checkpoint, path)
+        if pointer:
+            # After the file is complete: a reader following the pointer always finds a whole checkpoint.
+            _write_pointer(folder, pointer, file_name)
+        if self.uploader is not None:
+            self.uploader.upload_experiment_file(path, latest_pointer_name=pointer)
+        return path
+
+
+class ModelCheckpoint(ExperimentSaverBase):
+    """Save the full training state after every epoch into ``<experiment>/checkpoint_model/``.
+
+    Files are ``model_<experiment>_<timestamp>_E<epoch>.pth``; the text file ``latest`` names the newest
+    complete one (resume with ``fit(resume_from=...)``), ``best`` the one with the best ``monitor`` value.
+
+    Args:
+        project_name, experiment_name (str): folder names (plain names, no path separators).
+        local_model_result_folder_path (str): root folder of the projects.
+        hyperparams (dict): saved as hyperparams_list.txt / hyperparams.json and in every checkpoint.
+        cloud_save_mode (str): 's3' (or 'aws_s3' / 'aws') uploads to S3 too; 'local' keeps files local only.
+        bucket_name, cloud_dir_prefix (str): where in S3.
+        rm_subopt_local_models (bool or str): delete local epoch checkpoints that are not among the
+            ``num_best_checkpoints_kept`` best by ``monitor`` (a str names the metric, as in AIToolbox). The newest
+            checkpoint is always kept, so a run can resume. Cloud copies are kept.
+        num_best_checkpoints_kept (int): how many best checkpoints survive rm_subopt_local_models.
+        monitor (str or None): history metric that ranks checkpoints; None: 'val_loss' with a validation
+            loader, else 'loss'.
+        mode ('auto', 'min', 'max'): whether lower or higher is better; 'auto': lower for losses and errors.
+        endpoint_url (str or None): S3-compatible endpoint; None: boto3's (AWS_ENDPOINT_URL_S3 is honoured).
+    """
+
+    def __init__(self, project_name, experiment_name, local_model_result_folder_path, hyperparams,
+                 cloud_save_mode='s3', bucket_name='model-result', cloud_dir_prefix='', rm_subopt_local_models=False,
+                 num_best_checkpoints_kept=2, monitor=None, mode='auto', endpoint_url=None):
+        super().__init__('Model checkpoint at end of epoch', project_name, experiment_name,
+                         local_model_result_folder_path, hyperparams, cloud_save_mode, bucket_name, cloud_dir_prefix,
+                         endpoint_url, execution_order=100, device_idx_execution=0)
+        if mode not in ('auto', 'min', 'max'):
+            raise ValueError(f"mode must be 'auto', 'min' or 'max', got {mode!r}")
+        if isinstance(num_best_checkpoints_kept, bool) or not isinstance(num_best_checkpoints_kept, int) \
+                or num_best_checkpoints_kept < 1:
+            raise ValueError(f'num_best_checkpoints_kept must be an int >= 1, got {num_best_checkpoints_kept!r}')
+        if isinstance(rm_subopt_local_models, str) and monitor is None:
+            monitor = rm_subopt_local_models
+        self.rm_subopt_local_models = bool(rm_subopt_local_models)
+        self.num_best_checkpoints_kept = num_best_checkpoints_kept
+        self.monitor = monitor
+        self.mode = mode
+        self.scored = []        # [[score, epoch, file name]] of the epoch checkpoints, oldest first
+        self.latest_checkpoint_path = None
+
+    @property
+    def state_key(self):
+        return f'{type(self).__name__}[{self.project_name}/{self.experiment_name}]'
+
+    def state_dict(self):
+        return {'scored': copy.deepcopy(self.scored)}
+
+    def load_state_dict(self, state_dict):
+        self.scored = copy.deepcopy(state_dict.get('scored', []))
+
+    def _monitor_name(self):
+        if self.monitor is not None:
+            return self.monitor
+        return 'val_loss' if self.train_loop_obj.validation_loader is not None else 'loss'
+
+    def _lower_is_better(self):
+        if self.mode != 'auto':
+            return self.mode == 'min'
+        name = self._monitor_name().lower()
+        return 'loss' in name or 'error' in name
+
+    def _current_score(self):
+        loop = self.train_loop_obj
+        name = self._monitor_name()
+        values = loop.train_history.get(name)
+        if not values or loop.train_history.get_epochs(name)[-1] != loop.epoch:
+            return None
+        value = values[-1]
+        return float(value) if isinstance(value, (int, float)) else None
+
+    def _best_files(self):
+        ranked = sorted((s for s in self.scored if s[0] is not None),
+                        key=lambda s: s[0] if self._lower_is_better() else -s[0])
+        return [s[2] for s in ranked]
+
+    def on_epoch_end(self):
+        self.save_checkpoint()
+
+    def save_checkpoint(self, iteration_idx=None):
+        loop = self.train_loop_obj
+        if not loop.is_main_process():
+            return None
+        mid_epoch = iteration_idx is not None
+        file_name = self._model_file_name(loop.epoch, iteration_idx)
+        if not mid_epoch:
+            self.scored = [s for s in self.scored if s[2] != file_name] + [[self._current_score(), loop.epoch,
+                                                                             file_name]]
+        path = self._save_state(loop_state.CHECKPOINT_DIR, file_name, mid_epoch=mid_epoch,
+                                pointer=loop_state.LATEST_POINTER)
+        self.latest_checkpoint_path = path
+        if not mid_epoch:
+            self._update_best(os.path.dirname(path))
+        if self.rm_subopt_local_models:
+            self._remove_suboptimal(os.path.dirname(path), file_name)
+        return path
+
+    def _update_best(self, folder):
+        best = self._best_files()
+        if best:
+            pointer = _write_pointer(folder, loop_state.BEST_POINTER, best[0])
+            if self.uploader is not None:
+                # Queued after the checkpoint it names, so the cloud pointer never runs ahead of the file.
+                self.uploader.upload_experiment_file(pointer)
+
+    def _remove_suboptimal(self, folder, newest):
+        keep = set(self._best_files()[:self.num_best_checkpoints_kept]) | {newest}
+        for name in os.listdir(folder):
+            if name.startswith(f'model_{self.experiment_name}_') and name.endswith('.pth') and name not in keep:
+                try:
+                    os.remove(os.path.join(folder, name))
+                    logger.debug('Removed sub-optimal checkpoint %s', name)
+                except FileNotFoundError:
+                    pass
+
+
+class ModelIterationCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint that also saves every ``save_frequency`` training batches (global batch index, as in
+    AIToolbox: after batches idx = k * save_frequency, k >= 1), as ``..._E<epoch>_ITER<idx>.pth``. These
+    mid-epoch checkpoints resume inside the epoch, with the same data order as the uninterrupted run."""
+
+    def __init__(self, save_frequency, project_name, experiment_name, local_model_result_folder_path, hyperparams,
+                 cloud_save_mode='s3', bucket_name='model-result', cloud_dir_prefix='', rm_subopt_local_models=False,
+                 num_best_checkpoints_kept=2, monitor=None, mode='auto', endpoint_url=None):
+        if isinstance(save_frequency, bool) or not isinstance(save_frequency, int) or save_frequency < 1:
+            raise ValueError(f'save_frequency must be an int >= 1 (training batches between checkpoints), got '
+                             f'{save_frequency!r}')
+        super().__init__(project_name, experiment_name, local_model_result_folder_path, hyperparams, cloud_save_mode,
+                         bucket_name, cloud_dir_prefix, rm_subopt_local_models, num_best_checkpoints_kept, monitor,
+                         mode, endpoint_url)
+        self.save_frequency = save_frequency
+
+    def on_batch_end(self):
+        idx = self.train_loop_obj.total_iteration_idx
+        if idx > 0 and idx % self.save_frequency == 0:
+            logger.info('Saving model checkpoint at the training iteration: %d', idx)
+            self.save_checkpoint(iteration_idx=idx)
+
+
+class ModelTrainEndSave(ExperimentSaverBase):
+    """At the end of training: save the final model (full state) into ``<experiment>/model/`` and evaluate the
+    result packages on the validation and/or test set, writing the results into ``<experiment>/results/``.
+
+    Runs on every process of a distributed run (predictions are gathered from all ranks); only rank 0 writes.
+    """
+
+    def __init__(self, project_name, experiment_name, local_model_result_folder_path, hyperparams,
+                 val_result_package=None, test_result_package=None, cloud_save_mode='s3', bucket_name='model-result',
+                 cloud_dir_prefix='', endpoint_url=None):
+        super().__init__('Model save at the end of training', project_name, experiment_name,
+                         local_model_result_folder_path, hyperparams, cloud_save_mode, bucket_name, cloud_dir_prefix,
+                         endpoint_url, execution_order=101, device_idx_execution=None)
+        if val_result_package is None and test_result_package is None:
+            raise ValueError('ModelTrainEndSave: give val_result_package and/or test_result_package (both are None)')
+        for name, package in (('val_result_package', val_result_package), ('test_result_package', test_result_package)):
+            if package is not None and not callable(getattr(package, 'prepare_result_package', None)):
+                raise TypeError(f'{name} must be a result package (AbstractResultPackage), got '
+                                f'{type(package).__qualname__}')
+        self.val_result_package = val_result_package
+        self.test_result_package = test_result_package
+        self.result_package = None
+        self.saved_files = []
+
+    def on_train_loop_registration(self):
+        super().on_train_loop_registration()
+        loop = self.train_loop_obj
+        if self.val_result_package is not None and loop.validation_loader is None:
+            raise ValueError('ModelTrainEndSave: val_result_package needs a validation_loader in the TrainLoop')
+        if self.test_result_package is not None and loop.test_loader is None:
+            raise ValueError('ModelTrainEndSave: test_result_package needs a test_loader in the TrainLoop')
+        for package in (self.val_result_package, self.test_result_package):
+            if package is not None and hasattr(package, 'set_experiment_dir_path_for_additional_results'):
+                package.set_experiment_dir_path_for_additional_results(
+                    self.project_name, self.experiment_name, loop.experiment_timestamp,
+                    self.local_model_result_folder_path)
+
+    def on_train_end(self):
+        loop = self.train_loop_obj
+        packages = []
+        # Suffixes are added to copies: AIToolbox appended '_VAL' to the user's package on every fit.
+        for package, predict, loss, suffix in (
+                (self.val_result_package, loop.predict_on_validation_set, loop.evaluate_loss_on_validation_set,
+                 '_VAL'),
+                (self.test_result_package, loop.predict_on_test_set, loop.evaluate_loss_on_test_set, '_TEST')):
+            if package is None:
+                continue
+            y_pred, y_true, _ = predict()
+            additional = {}
+            if getattr(package, 'requires_loss', False):
+                additional['loss'] = loss(float_dict_format=True)
+            package.prepare_result_package(y_true, y_pred, hyperparameters=self.hyperparams,
+                                           additional_results=additional)
+            labelled = copy.copy(package)
+            labelled.pkg_name = f'{package.pkg_name or type(package).__name__}{suffix}'
+            packages.append((labelled, y_true, y_pred))
+        if len(packages) == 2:
+            self.result_package = packages[1][0] + packages[0][0]
+        else:
+            self.result_package = packages[0][0]
+        if loop.is_main_process():
+            self.saved_files = self._save_experiment(packages)
+
+    def _save_experiment(self, packages):
+        loop = self.train_loop_obj
+        model_path = self._save_state('model', self._model_file_name())
+        results_dir = self.experiment.subdir('results')
+        suffix = f'{self.experiment_name}_{loop.experiment_timestamp}'
+        results = {
+            'experiment_name': self.experiment_name,
+            'experiment_results_local_path': results_dir,
+            'results': self.result_package.get_results(),
+            'hyperparameters': self.hyperparams,
+            'training_history': loop.train_history.get_train_history(),
+        }
+        results_path = os.path.join(results_dir, f'results_hyperParams_hist_{suffix}.json')
+        _write_json(results_path, results)
+        labels = {}
+        for package, y_true, y_pred in packages:
+            try:
+                labels[package.pkg_name] = {'y_true': torch.as_tensor(y_true), 'y_predicted': torch.as_tensor(y_pred)}
+            except (TypeError, ValueError, RuntimeError):
+                logger.debug('%s: predictions are not tensor-like; not saved as labels', package.pkg_name)
+        files = [model_path, results_path]
+        if labels:
+            labels_path = os.path.join(results_dir, f'true_pred_labels_{suffix}.pt')
+            atomic_torch_save(labels, labels_path)
+            files.append(labels_path)
+        for package, _, _ in packages:
+            for _, path in (package.get_additional_results_dump_paths() or []):
+                if os.path.isfile(path):
+                    files.append(path)
+        if self.uploader is not None:
+            for path in files[1:]:
+                try:
+                    self.uploader.upload_experiment_file(path)
+                except ValueError:
+                    logger.warning('%s is outside the experiment folder; not uploaded', path)
+        return files
+
+
+def _json_default(value):
+    if hasattr(value, 'tolist'):
+        return value.tolist()
+    if hasattr(value, 'item'):
+        return value.item()
+    return repr(value)
+
+
+def _write_json(path, data):
+    tmp = f'{path}.tmp'
+    with open(tmp, 'w', encoding='utf-8') as f:
+        json.dump(data, f, default=_json_default, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class WaitForUploads(AbstractCallback):
+    """Registered with the first cloud uploader: at the end of fit (or on an exception) waits for the pending
+    uploads, up to ExperimentUploader.wait_timeout_s, and reports the ones that failed
+    (``train_loop_obj.upload_failures``)."""
+
+    exception_wait_timeout_s = 120.0
+
+    def __init__(self):
+        super().__init__('Wait for experiment uploads', execution_order=100000, device_idx_execution=None)
+
+    def _wait(self, timeout):
+        failures = []
+        for uploader in all_uploaders(self.train_loop_obj):
+            failures += uploader.wait(timeout)
+        self.train_loop_obj.upload_failures = getattr(self.train_loop_obj, 'upload_failures', []) + failures
+        return failures
+
+    def on_train_end(self):
+        self._wait(ExperimentUploader.wait_timeout_s)
+
+    def on_exception(self, exception):
+        self._wait(min(ExperimentUploader.wait_timeout_s, self.exception_wait_timeout_s))

@@ -1,0 +1,328 @@
+"""The experiment folder of a run: its id, the hyperparameter / source files, and the cloud uploader.
+
+Local layout (the same keys in the cloud, under ``<cloud_dir_prefix>/``), as in AIToolbox::
+
+    <local folder>/<project>/<experiment>_<timestamp>/
+        checkpoint_model/   model/   results/
+        hyperparams_list.txt   hyperparams.json   <script>.py   source_code.zip
+
+One :class:`Experiment` per TrainLoop (``loop._experiment``) so every callback writes to the same folder.
+"""
+import json
+import logging
+import os
+import shutil
+import uuid
+import zipfile
+
+from .storage.base import join_key, validate_key_part
+
+logger = logging.getLogger(__name__)
+
+S3_SAVE_MODES = ('s3', 'aws_s3', 'aws')
+GCS_SAVE_MODES = ('gcs', 'google_storage', 'google storage')
+LOCAL_SAVE_MODES = ('local', None, False, '')
+MARKER_FILE = '.aitoolbox_like_run'
+HYPERPARAMS_TXT = 'hyperparams_list.txt'
+HYPERPARAMS_JSON = 'hyperparams.json'
+SOURCE_ZIP = 'source_code.zip'
+_SKIP_DIRS = {'__pycache__', '.git', '.hg', '.svn', '.ipynb_checkpoints', '.venv', 'venv', '.mypy_cache',
+              '.pytest_cache'}
+
+
+def normalize_cloud_save_mode(cloud_save_mode):
+    """'s3' for every AIToolbox S3 alias, 'local' for local-only; Google Cloud Storage is refused."""
+    if cloud_save_mode in LOCAL_SAVE_MODES:
+        return 'local'
+    if isinstance(cloud_save_mode, str) and cloud_save_mode.lower() in S3_SAVE_MODES:
+        return 's3'
+    if isinstance(cloud_save_mode, str) and cloud_save_mode.lower() in GCS_SAVE_MODES:
+        raise ValueError(f'cloud_save_mode={cloud_save_mode!r}: Google Cloud Storage is not supported; use '
+                         f"cloud_save_mode='s3' (any S3-compatible endpoint) or 'local'")
+    raise ValueError(f"cloud_save_mode must be 's3' (or 'aws_s3' / 'aws') or 'local', got {cloud_save_mode!r}")
+
+
+def hyperparams_to_json(hyperparams):
+    """JSON text of the hyperparameters; values JSON cannot hold are written as their repr."""
+    return json.dumps(hyperparams if hyperparams is not None else {}, default=repr, sort_keys=False, indent=2)
+
+
+class Experiment:
+    """Where one run writes: ``<root>/<project>/<experiment>_<loop.experiment_timestamp>``.
+
+    ``claim()`` makes the folder this run's own. Two runs started in the same second get the same
+    timestamp; the second one to claim finds the folder marked by the other and moves to ``<ts>_1``
+    (``_2``, ...), updating ``loop.experiment_timestamp`` so every callback follows.
+    """
+
+    def __init__(self, loop, project_name, experiment_name, local_model_result_folder_path):
+        self.loop = loop
+        self.project_name = validate_key_part(project_name, 'project_name')
+        self.experiment_name = validate_key_part(experiment_name, 'experiment_name')
+        self.root = os.path.abspath(os.path.expanduser(os.fspath(local_model_result_folder_path)))
+        self.run_id = uuid.uuid4().hex
+        self.claimed = False
+        self.uploaders = {}
+
+    @property
+    def folder_name(self):
+        return f'{self.experiment_name}_{self.loop.experiment_timestamp}'
+
+    @property
+    def dir_path(self):
+        return os.path.join(self.root, self.project_name, self.folder_name)
+
+    @property
+    def key_prefix(self):
+        """The experiment folder as a storage key (relative to the cloud prefix)."""
+        return f'{self.project_name}/{self.folder_name}'
+
+    def matches(self, project_name, experiment_name, local_model_result_folder_path):
+        root = os.path.abspath(os.path.expanduser(os.fspath(local_model_result_folder_path)))
+        return (project_name, experiment_name, root) == (self.project_name, self.experiment_name, self.root)
+
+    def adopt(self, experiment_timestamp):
+        """Continue the experiment of a checkpoint: write to its folder again (resume)."""
+        validate_key_part(f'{self.experiment_name}_{experiment_timestamp}', 'experiment_timestamp')
+        self.loop.experiment_timestamp = experiment_timestamp
+        self.claimed = True
+        os.makedirs(self.dir_path, exist_ok=True)
+        self._write_marker(exclusive=False)
+
+    def claim(self):
+        """Create the experiment folder for this run (once); returns its path. In a distributed run only rank 0
+        writes, so only rank 0 creates the folder; no collective is involved, so any rank may call this at any
+        time (a rank-0-only callback included)."""
+        if not self.claimed:
+            if self.loop.is_main_process():
+                self._claim_here()
+            self.claimed = True
+        return self.dir_path
+
+    def _claim_here(self):
+        base = self.loop.experiment_timestamp
+        suffix = 0
+        while True:
+            self.loop.experiment_timestamp = base if suffix == 0 else f'{base}_{suffix}'
+            os.makedirs(self.dir_path, exist_ok=True)
+            if self._write_marker(exclusive=True) or self._read_marker() == self.run_id:
+                break
+            suffix += 1
+        if suffix:
+            logger.info('Experiment folder %s_%s was taken by another run; using %s', self.experiment_name, base,
+                        self.dir_path)
+
+    def _write_marker(self, exclusive):
+        path = os.path.join(self.dir_path, MARKER_FILE)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+        try:
+            fd = os.open(path, flags, 0o666)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, 'w') as f:
+            f.write(self.run_id)
+        return True
+
+    def _read_marker(self):
+        try:
+            with open(os.path.join(self.dir_path, MARKER_FILE)) as f:
+                return f.read().strip()
+        except OSError:
+            return None
+
+    # ---- files of the experiment --------------------------------------------------------------
+
+    def subdir(self, name):
+        path = os.path.join(self.claim(), name)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def save_hyperparams(self, hyperparams, uploader=None):
+        """Write hyperparams_list.txt and hyperparams.json, copy the experiment script and zip the source
+        folders, once per experiment folder (a resumed run keeps the original files)."""
+        folder = self.claim()
+        txt_path = os.path.join(folder, HYPERPARAMS_TXT)
+        if os.path.exists(txt_path):
+            return []
+        hyperparams = hyperparams if hyperparams is not None else {}
+        written = []
+        json_path = os.path.join(folder, HYPERPARAMS_JSON)
+        _write_text_atomically(json_path, hyperparams_to_json(hyperparams))
+        written.append(json_path)
+
+        script = hyperparams.get('experiment_file_path') if isinstance(hyperparams, dict) else None
+        if script:
+            if os.path.isfile(script):
+                target = os.path.join(folder, os.path.basename(script))
+                shutil.copyfile(script, target)
+                written.append(target)
+            else:
+                logger.warning("hyperparams['experiment_file_path'] = %r is not a file; the experiment script was "
+                               'not copied into the experiment folder', script)
+        source_dirs = hyperparams.get('source_dirs_paths') if isinstance(hyperparams, dict) else None
+        if source_dirs:
+            zip_path = os.path.join(folder, SOURCE_ZIP)
+            zip_source_dirs(source_dirs, zip_path)
+            written.append(zip_path)
+        # Written last: its presence means the set is complete.
+        _write_text_atomically(txt_path, ''.join(f'{key}:\t{value}\n' for key, value in hyperparams.items()))
+        written.append(txt_path)
+        if uploader is not None:
+            for path in written:
+                uploader.upload_experiment_file(path)
+        return written
+
+
+def _write_text_atomically(path, text):
+    tmp = f'{path}.{uuid.uuid4().hex[:8]}.tmp'
+    with open(tmp, 'w', encoding='utf-8') as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def zip_source_dirs(source_dirs, zip_path):
+    """Zip the given folders (each under its own name), skipping caches and VCS folders."""
+    if isinstance(source_dirs, (str, os.PathLike)):
+        source_dirs = [source_dirs]
+    tmp = f'{zip_path}.{uuid.uuid4().hex[:8]}.tmp'
+    with zipfile.ZipFile(tmp, 'w', zipfile.ZIP_DEFLATED) as archive:
+        for source in source_dirs:
+            source = os.path.abspath(os.path.expanduser(os.fspath(source)))
+            if not os.path.isdir(source):
+                logger.warning('source_dirs: %s is not a folder; not added to %s', source, SOURCE_ZIP)
+                continue
+            parent = os.path.dirname(source)
+            for dirpath, dirnames, filenames in os.walk(source):
+                dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+                for filename in sorted(filenames):
+                    path = os.path.join(dirpath, filename)
+                    archive.write(path, os.path.relpath(path, parent))
+    os.replace(tmp, zip_path)
+    return zip_path
+
+
+def get_experiment(loop, project_name=None, experiment_name=None, local_model_result_folder_path=None):
+    """The loop's Experiment, created from the given names (or the tracking loop's) on first use."""
+    experiment = getattr(loop, '_experiment', None)
+    project_name = project_name if project_name is not None else getattr(loop, 'project_name', None)
+    experiment_name = experiment_name if experiment_name is not None else getattr(loop, 'experiment_name', None)
+    folder = local_model_result_folder_path if local_model_result_folder_path is not None else \
+        getattr(loop, 'local_model_result_folder_path', None)
+    if experiment is not None:
+        if None in (project_name, experiment_name, folder) or \
+                experiment.matches(project_name, experiment_name, folder):
+            return experiment
+        raise ValueError(f'two saving callbacks on one TrainLoop name different experiments: '
+                         f'{experiment.project_name}/{experiment.experiment_name} in {experiment.root} and '
+                         f'{project_name}/{experiment_name} in {folder}; give them the same project_name, '
+                         f'experiment_name and local_model_result_folder_path')
+    if None in (project_name, experiment_name, folder):
+        return None
+    experiment = Experiment(loop, project_name, experiment_name, folder)
+    loop._experiment = experiment
+    return experiment
+
+
+# ---------------------------------------------------------------------------------------------- uploads
+
+
+class ExperimentUploader:
+    """Uploads files of the local experiment folder to the same relative keys in the cloud experiment folder,
+    in a background thread (training does not wait). Set on the loop as ``loop.experiment_uploader``."""
+
+    # Passed to S3Storage / BackgroundUploader; tests shorten the retries.
+    storage_options = {}
+    uploader_options = {}
+    # How long the end of fit (or an exception) waits for pending uploads.
+    wait_timeout_s = 1800.0
+
+    def __init__(self, experiment, bucket_name, cloud_dir_prefix='', endpoint_url=None, storage=None):
+        from .storage import BackgroundUploader
+        self.experiment = experiment
+        if storage is None:
+            from .storage.s3 import S3Storage
+            storage = S3Storage(bucket_name, cloud_dir_prefix or '', endpoint_url=endpoint_url,
+                                **self.storage_options)
+        self.storage = storage
+        self.bucket_name = bucket_name
+        self.cloud_dir_prefix = cloud_dir_prefix or ''
+        self._check_access()
+        self.uploader = BackgroundUploader(storage, **self.uploader_options)
+
+    def _check_access(self):
+        # Fail at the start of fit, not after the first epoch: a wrong key or a missing bucket shows here.
+        from .storage import StorageError
+        try:
+            self.storage.exists(join_key(self.experiment.project_name, '.aitoolbox_like_access_check'))
+        except StorageError as error:
+            raise type(error)(f"{error} (cloud_save_mode='s3' uploads the experiment to S3; pass "
+                              f"cloud_save_mode='local' to keep it only on this machine)") from None
+
+    def key_for(self, local_path):
+        """The cloud key of a file inside the local experiment folder."""
+        rel = os.path.relpath(os.path.abspath(local_path), self.experiment.dir_path)
+        if rel.startswith('..') or os.path.isabs(rel):
+            raise ValueError(f'{local_path} is not inside the experiment folder {self.experiment.dir_path}; only '
+                             f'files of the experiment folder can be uploaded with upload_experiment_file()')
+        return join_key(self.experiment.key_prefix, rel.replace(os.sep, '/'))
+
+    def upload_experiment_file(self, local_path, latest_pointer_name=None):
+        """Queue ``local_path`` (inside the local experiment folder) for upload to the same relative key.
+
+        With ``latest_pointer_name``, a pointer object of that name in the same cloud folder is set to the
+        file's key once the file is completely uploaded.
+        """
+        key = self.key_for(local_path)
+        pointer = None
+        if latest_pointer_name:
+            pointer = join_key(key.rsplit('/', 1)[0], latest_pointer_name)
+        self.uploader.submit(local_path, key, latest_pointer_key=pointer)
+        return key
+
+    @property
+    def pending_count(self):
+        return self.uploader.pending_count
+
+    @property
+    def failures(self):
+        return self.uploader.failures
+
+    def wait(self, timeout=None):
+        """Wait for the pending uploads; log and return the ones that failed since the last wait."""
+        timeout = self.wait_timeout_s if timeout is None else timeout
+        pending = self.uploader.pending_count
+        if pending:
+            logger.info('Waiting for %d upload(s) to %s to finish', pending, self.storage.uri(self.experiment.key_prefix))
+        failures = self.uploader.wait(timeout)
+        if self.uploader.pending_count:
+            logger.error('%d upload(s) to %s still unfinished after %.0f s; the local files in %s are complete',
+                         self.uploader.pending_count, self.bucket_name, timeout, self.experiment.dir_path)
+        for failure in failures:
+            logger.error('Upload failed: %s -> %s (%s); the local copy is kept', failure.local_path,
+                         self.storage.uri(failure.key), failure.error)
+        return failures
+
+
+def get_uploader(loop, experiment, cloud_save_mode, bucket_name, cloud_dir_prefix='', endpoint_url=None):
+    """The loop's uploader for this bucket/prefix (created once), or None for local-only saving or on a
+    rank other than 0 (only rank 0 writes)."""
+    if normalize_cloud_save_mode(cloud_save_mode) != 's3' or not loop.is_main_process():
+        return None
+    key = (bucket_name, (cloud_dir_prefix or '').strip('/'), endpoint_url)
+    uploader = experiment.uploaders.get(key)
+    if uploader is None:
+        uploader = ExperimentUploader(experiment, bucket_name, cloud_dir_prefix, endpoint_url)
+        experiment.uploaders[key] = uploader
+        if getattr(loop, 'experiment_uploader', None) is None:
+            loop.experiment_uploader = uploader
+        from .callbacks.model_save import WaitForUploads
+        if not any(isinstance(cb, WaitForUploads) for cb in loop.callbacks):
+            loop.callbacks_handler.register_callbacks([WaitForUploads()])
+    return uploader
+
+
+def all_uploaders(loop):
+    experiment = getattr(loop, '_experiment', None)
+    return list(experiment.uploaders.values()) if experiment is not None else []

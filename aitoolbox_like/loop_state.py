@@ -1,0 +1,512 @@
+"""The full state of a TrainLoop as one weights_only-loadable checkpoint dict, and resuming from it.
+
+Layout of a checkpoint (``format_version`` 1)::
+
+    format_version, kind='aitoolbox_like.train_state'
+    model_state_dict                     the model's weights (plain module, never the DDP wrapper)
+    optimizer_state_dict                 dict, or a list of dicts for a MultiOptimizer, or None
+    schedulers_state_dict                list, one per scheduler callback (AIToolbox's key; also in 'callbacks')
+    amp                                  GradScaler state ({} when not using fp16)
+    epoch, iteration_idx                 AIToolbox's keys: the epoch and the global batch index
+    hyperparams, hyperparams_json        the hyperparameters (JSON-safe copy, and the JSON text)
+    loop                                 {'epochs_completed', 'epoch', 'iteration', 'total_iteration_idx',
+                                          'grad_accumulation'}
+    train_history                        TrainingHistory.state_dict()
+    callbacks                            {callback.state_key: callback.state_dict()}
+    rng                                  {'torch', 'cuda', 'python', 'numpy', 'loader_generators'} now
+    data_position                        {'epoch', 'batches_done' (None: the epoch is complete),
+                                          'epoch_start_rng', 'loss_batch_accum', 'grads'}
+    experiment                           {'project_name', 'experiment_name', 'experiment_timestamp'}
+
+Exactness: the data order of an epoch comes from the global RNG when the train loader's iterator is
+created. A checkpoint taken inside an epoch therefore also keeps the RNG state from the start of that
+epoch; a resumed run rebuilds the same permutation from it, skips the batches already trained, then
+restores the RNG state of the checkpoint. Evaluation runs under fork_rng in the loop, so it never moves
+the training RNG.
+"""
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+
+import torch
+
+from .checkpoint import FORMAT_VERSION, CheckpointError, check_weights_only_safe, load_checkpoint
+from .multi_loss_optim import MultiLoss
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_KIND = 'aitoolbox_like.train_state'
+CHECKPOINT_DIR = 'checkpoint_model'
+LATEST_POINTER = 'latest'
+BEST_POINTER = 'best'
+
+
+# ---------------------------------------------------------------------------------------------- RNG
+
+
+def _loader_generators(loop):
+    loader = loop.train_loader
+    found = {}
+    for name, owner in (('loader', loader), ('sampler', getattr(loader, 'sampler', None)),
+                        ('batch_sampler', getattr(getattr(loader, 'batch_sampler', None), 'sampler', None))):
+        generator = getattr(owner, 'generator', None)
+        if isinstance(generator, torch.Generator):
+            found[name] = generator
+    return found
+
+
+def capture_rng_state(loop):
+    """Every random-number state the training trajectory can depend on."""
+    state = {'torch': torch.get_rng_state(), 'python': _python_rng_state()}
+    numpy_state = _numpy_rng_state()
+    if numpy_state is not None:
+        state['numpy'] = numpy_state
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state['cuda'] = list(torch.cuda.get_rng_state_all())
+    state['loader_generators'] = {name: g.get_state() for name, g in _loader_generators(loop).items()}
+    return state
+
+
+def restore_rng_state(loop, state):
+    torch.set_rng_state(state['torch'])
+    if 'python' in state:
+        version, internal, gauss = state['python']
+        random.setstate((version, tuple(internal), gauss))
+    if 'numpy' in state:
+        _set_numpy_rng_state(state['numpy'])
+    if state.get('cuda') and torch.cuda.is_available():
+        cuda_states = state['cuda']
+        if len(cuda_states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda_states)
+        else:
+            logger.warning('Checkpoint has CUDA RNG states of %d devices, this machine has %d; CUDA RNG not restored',
+                           len(cuda_states), torch.cuda.device_count())
+    generators = _loader_generators(loop)
+    for name, generator_state in state.get('loader_generators', {}).items():
+        if name in generators:
+            generators[name].set_state(generator_state)
+
+
+def _python_rng_state():
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def _numpy_rng_state():
+    try:
+        import numpy as np
+    except ImportError:
+        return None
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {'name': name, 'keys': torch.from_numpy(keys.astype(np.int64)), 'pos': int(pos),
+            'has_gauss': int(has_gauss), 'cached_gaussian': float(cached)}
+
+
+def _set_numpy_rng_state(state):
+    import numpy as np
+    np.random.set_state((state['name'], state['keys'].numpy().astype(np.uint32), state['pos'],
+                         state['has_gauss'], state['cached_gaussian']))
+
+
+# ---------------------------------------------------------------------------------------------- build
+
+
+def _plain_losses(losses):
+    return [{'multiloss': dict(loss.loss_dict)} if isinstance(loss, MultiLoss) else loss for loss in losses]
+
+
+def _rebuild_losses(losses):
+    return [MultiLoss(loss['multiloss']) if isinstance(loss, dict) else loss for loss in losses]
+
+
+def _json_safe(hyperparams):
+    text = json.dumps(hyperparams if hyperparams is not None else {}, default=repr)
+    return text, json.loads(text)
+
+
+def build_checkpoint(loop, hyperparams=None, mid_epoch=False):
+    """The loop's full state as a checkpoint dict.
+
+    Args:
+        mid_epoch (bool): taken inside an epoch (after a batch), not after the epoch's end.
+    """
+    model = loop.model
+    optimizer = loop.optimizer
+    optimizer_state = optimizer.state_dict() if callable(getattr(optimizer, 'state_dict', None)) else None
+    hyperparams_json, hyperparams_plain = _json_safe(hyperparams)
+    handler = loop.callbacks_handler
+    data_position = {'epoch': loop.epoch, 'batches_done': None, 'epoch_start_rng': None,
+                     'loss_batch_accum': [], 'grads': None}
+    if mid_epoch:
+        data_position.update(batches_done=loop.iteration + 1,
+                             epoch_start_rng=getattr(loop, '_epoch_start_rng', None),
+                             loss_batch_accum=_plain_losses(loop.loss_batch_accum))
+        if data_position['epoch_start_rng'] is None:
+            raise CheckpointError('cannot take a mid-epoch checkpoint: the RNG state of the epoch start is unknown')
+        if not loop.should_execute_optimizer_update():
+            # Inside a gradient-accumulation window: the accumulated gradients are part of the state.
+            data_position['grads'] = [None if p.grad is None else p.grad.detach().cpu().clone()
+                                      for p in model.parameters()]
+    experiment = getattr(loop, '_experiment', None)
+    checkpoint = {
+        'format_version': FORMAT_VERSION,
+        'kind': CHECKPOINT_KIND,
+        'model_state_dict': {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                             for k, v in model.state_dict().items()},
+        'optimizer_state_dict': optimizer_state,
+        'schedulers_state_dict': [cb.state_dict() for cb in loop.get_schedulers()],
+        'amp': loop.amp_scaler.state_dict() if loop.amp_scaler is not None else {},
+        'epoch': loop.epoch,
+        'iteration_idx': loop.total_iteration_idx,
+        'hyperparams': hyperparams_plain,
+        'hyperparams_json': hyperparams_json,
+        'loop': {'epochs_completed': loop.epoch if mid_epoch else loop._epochs_completed,
+                 'epoch': loop.epoch, 'iteration': loop.iteration,
+                 'total_iteration_idx': loop.total_iteration_idx, 'grad_accumulation': loop.grad_accumulation},
+        'train_history': loop.train_history.state_dict(),
+        'callbacks': handler.callbacks_state_dict(),
+        'rng': capture_rng_state(loop),
+        'data_position': data_position,
+        'experiment': {
+            'project_name': experiment.project_name if experiment else getattr(loop, 'project_name', None),
+            'experiment_name': experiment.experiment_name if experiment else getattr(loop, 'experiment_name', None),
+            'experiment_timestamp': loop.experiment_timestamp},
+    }
+    check_weights_only_safe(checkpoint)
+    return checkpoint
+
+
+# ---------------------------------------------------------------------------------------------- restore
+
+
+def apply_checkpoint(loop, checkpoint, source='checkpoint', restore_rng=True, restore_position=True):
+    """Load a checkpoint dict into the loop: weights, optimizer, scaler, history, counters, callbacks, RNG and
+    the position in the data. A checkpoint in AIToolbox's layout restores what it has (weights, optimizer,
+    schedulers, scaler, epoch)."""
+    if not isinstance(checkpoint, dict) or 'model_state_dict' not in checkpoint:
+        raise CheckpointError(f'{source} is not a training checkpoint (no model_state_dict); pass a file written by '
+                              f'ModelCheckpoint / ModelIterationCheckpoint / ModelTrainEndSave')
+    _load_model(loop, checkpoint['model_state_dict'], source)
+    optimizer_state = checkpoint.get('optimizer_state_dict')
+    if optimizer_state is not None:
+        if not callable(getattr(loop.optimizer, 'load_state_dict', None)):
+            raise CheckpointError(f'{source} holds optimizer state but the optimizer '
+                                  f'{type(loop.optimizer).__qualname__} has no load_state_dict()')
+        try:
+            loop.optimizer.load_state_dict(optimizer_state)
+        except (ValueError, KeyError, IndexError, TypeError, RuntimeError) as error:
+            raise CheckpointError(f'{source}: its optimizer state does not fit the optimizer of this TrainLoop '
+                                  f'({error}); was it saved with a different model or optimizer?') from error
+    amp_state = checkpoint.get('amp')
+    if amp_state and loop.amp_scaler is not None and loop.amp_scaler.is_enabled():
+        loop.amp_scaler.load_state_dict(amp_state)
+
+    if checkpoint.get('kind') != CHECKPOINT_KIND:
+        _apply_aitoolbox_checkpoint(loop, checkpoint)
+        loop.purge_prediction_cache()
+        return
+
+    loop.train_history.load_state_dict(checkpoint['train_history'])
+    counters = checkpoint['loop']
+    loop._epochs_completed = counters['epochs_completed']
+    loop.epoch = counters['epoch']
+    loop.iteration = counters['iteration']
+    loop.total_iteration_idx = counters['total_iteration_idx']
+    loop.callbacks_handler.load_callbacks_state_dict(checkpoint.get('callbacks', {}))
+    if restore_rng:
+        restore_rng_state(loop, checkpoint['rng'])
+    position = checkpoint['data_position']
+    loop._resume_position = None
+    if restore_position and position.get('batches_done') is not None:
+        loop._resume_position = {'epoch': position['epoch'], 'batches_done': position['batches_done'],
+                                 'epoch_start_rng': position['epoch_start_rng'], 'rng': checkpoint['rng'],
+                                 'loss_batch_accum': position['loss_batch_accum'], 'grads': position['grads'],
+                                 'history': checkpoint['train_history'], 'callbacks': checkpoint.get('callbacks', {})}
+    loop.purge_prediction_cache()
+    logger.info('Resumed from %s: %d epoch(s) done, global batch %d%s', source, loop._epochs_completed,
+                loop.total_iteration_idx + 1,
+                f", {position['batches_done']} batch(es) into epoch {position['epoch']}"
+                if loop._resume_position else '')
+
+
+def _load_model(loop, state_dict, source):
+    try:
+        loop.model.load_state_dict(state_dict)
+    except RuntimeError as error:
+        model_keys = set(loop.model.state_dict())
+        saved_keys = set(state_dict)
+        details = []
+        if saved_keys - model_keys:
+            details.append(f'unexpected {sorted(saved_keys - model_keys)[:5]}')
+        if model_keys - saved_keys:
+            details.append(f'missing {sorted(model_keys - saved_keys)[:5]}')
+        if not details:
+            details.append(str(error).splitlines()[-1].strip())
+        raise CheckpointError(f'{source} was saved from a different model than {type(loop.model).__qualname__}: '
+                              f'{"; ".join(details)}') from None
+
+
+def _apply_aitoolbox_checkpoint(loop, checkpoint):
+    schedulers = loop.get_schedulers()
+    saved = checkpoint.get('schedulers_state_dict') or []
+    if schedulers and len(saved) == len(schedulers):
+        for scheduler, state in zip(schedulers, saved):
+            scheduler.load_state_dict(state)
+    elif saved or schedulers:
+        logger.warning('Checkpoint has %d scheduler state(s), the loop has %d scheduler callback(s); schedulers not '
+                       'restored', len(saved), len(schedulers))
+    if isinstance(checkpoint.get('epoch'), int):
+        loop._epochs_completed = checkpoint['epoch'] + 1
+        loop.epoch = checkpoint['epoch'] + 1
+    if isinstance(checkpoint.get('iteration_idx'), int):
+        loop.total_iteration_idx = checkpoint['iteration_idx']
+
+
+# ---------------------------------------------------------------------------------------------- the epoch
+
+
+def epoch_iterator(loop):
+    """The train loader's iterator for the epoch now starting, and the index of its first batch.
+
+    Remembers the RNG state at the start of the epoch (for mid-epoch checkpoints); when resuming inside this
+    epoch, regenerates the same data order, skips the batches already trained and puts the state back to the
+    checkpoint's."""
+    resume = getattr(loop, '_resume_position', None)
+    if resume is None or resume['epoch'] != loop.epoch:
+        loop._resume_position = None
+        loop._epoch_start_rng = capture_rng_state(loop)
+        return iter(loop.train_loader), 0
+    loop._resume_position = None
+    restore_rng_state(loop, resume['epoch_start_rng'])
+    loop._epoch_start_rng = resume['epoch_start_rng']
+    iterator = iter(loop.train_loader)
+    for done in range(resume['batches_done']):
+        try:
+            next(iterator)
+        except StopIteration:
+            raise CheckpointError(f'the checkpoint was taken after {resume["batches_done"]} batches of epoch '
+                                  f'{loop.epoch}, but the train loader now has only {done}; resume with the same '
+                                  f'data and batch size') from None
+    restore_rng_state(loop, resume['rng'])
+    # on_epoch_begin ran again for this epoch (samplers, progress bars); its effects on state were already in the
+    # checkpoint, so the saved history and callback states win.
+    loop.train_history.load_state_dict(resume['history'])
+    loop.callbacks_handler.load_callbacks_state_dict(resume['callbacks'])
+    loop.loss_batch_accum = [loss.to(loop.device) if isinstance(loss, torch.Tensor) else loss
+                             for loss in _rebuild_losses(resume['loss_batch_accum'])]
+    if resume['grads'] is not None:
+        for param, grad in zip(loop.model.parameters(), resume['grads']):
+            param.grad = None if grad is None else grad.to(param.device)
+    return iterator, resume['batches_done']
+
+
+# ---------------------------------------------------------------------------------------------- resume
+
+
+def _saving_callbacks(loop, callbacks):
+    from .callbacks.model_save import ExperimentSaverBase
+    from .callbacks.model_load import ModelLoadContinueTraining
+    found = []
+    # Not validated yet (the handler does that, with a clear error): look only inside a list.
+    callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else []
+    for cb in list(loop.callbacks) + list(loop.callbacks_handler.cached_callbacks) + callbacks:
+        if isinstance(cb, (ExperimentSaverBase, ModelLoadContinueTraining)) and cb not in found:
+            found.append(cb)
+    return found
+
+
+def _experiment_for(loop, callbacks):
+    from .experiment import get_experiment
+    experiment = get_experiment(loop)
+    if experiment is not None:
+        return experiment
+    for cb in _saving_callbacks(loop, callbacks):
+        names = (cb.project_name, cb.experiment_name, cb.local_model_result_folder_path)
+        if None not in names:
+            return get_experiment(loop, *names)
+    return None
+
+
+def before_registration(loop, callbacks):
+    """Start of a fit, before callbacks register: load the checkpoint to resume from (so the run continues in
+    the checkpoint's experiment folder) and claim the experiment folder of a tracking loop."""
+    resume_from = getattr(loop, '_resume_from', None)
+    loop._resume_from = None
+    experiment = _experiment_for(loop, callbacks)
+    checkpoint = None
+    if resume_from is not None:
+        checkpoint, source = load_resume_checkpoint(loop, resume_from, experiment, callbacks)
+        adopt_experiment(loop, checkpoint, experiment)
+        loop._pending_resume = (checkpoint, source)
+    from .callbacks.model_load import ModelLoadContinueTraining
+    loading = any(isinstance(cb, ModelLoadContinueTraining) for cb in _saving_callbacks(loop, callbacks))
+    # A ModelLoadContinueTraining continues an existing folder: claiming a new one first would leave it empty.
+    if experiment is not None and not experiment.claimed and not loop.lazy_experiment_save and not loading:
+        experiment.claim()
+
+
+def adopt_experiment(loop, checkpoint, experiment):
+    """A resumed run keeps writing to the experiment folder of its checkpoint."""
+    saved = checkpoint.get('experiment') if isinstance(checkpoint, dict) else None
+    timestamp = saved.get('experiment_timestamp') if isinstance(saved, dict) else None
+    if not isinstance(timestamp, str):
+        return
+    if experiment is None:
+        loop.experiment_timestamp = timestamp
+        return
+    if (saved.get('project_name'), saved.get('experiment_name')) != (experiment.project_name,
+                                                                     experiment.experiment_name):
+        logger.info('Resuming a checkpoint of experiment %s/%s under %s/%s: a new experiment folder is used',
+                    saved.get('project_name'), saved.get('experiment_name'), experiment.project_name,
+                    experiment.experiment_name)
+        return
+    if loop.is_main_process():
+        experiment.adopt(timestamp)
+    else:
+        loop.experiment_timestamp = timestamp
+        experiment.claimed = True
+
+
+def after_registration(loop):
+    """Apply the checkpoint loaded by before_registration (or by ModelLoadContinueTraining) now that every
+    callback is registered and the model is on its device."""
+    pending = getattr(loop, '_pending_resume', None)
+    loop._pending_resume = None
+    if pending is not None:
+        checkpoint, source = pending
+        apply_checkpoint(loop, checkpoint, source)
+
+
+def set_pending_resume(loop, checkpoint, source):
+    loop._pending_resume = (checkpoint, source)
+
+
+# ---------------------------------------------------------------------------------------------- locating
+
+
+def read_pointer(folder):
+    """The checkpoint file a 'latest' pointer in ``folder`` names, or None."""
+    try:
+        with open(os.path.join(folder, LATEST_POINTER), encoding='utf-8') as f:
+            name = f.read().strip().rsplit('/', 1)[-1]
+    except OSError:
+        return None
+    path = os.path.join(folder, name)
+    return path if name and os.path.isfile(path) else None
+
+
+def find_checkpoint_in_dir(path):
+    """The newest complete checkpoint in an experiment folder or its checkpoint_model folder."""
+    for folder in (os.path.join(path, CHECKPOINT_DIR), path):
+        found = read_pointer(folder)
+        if found:
+            return found
+    for folder in (os.path.join(path, CHECKPOINT_DIR), path):
+        if os.path.isdir(folder):
+            files = [os.path.join(folder, f) for f in os.listdir(folder)
+                     if f.endswith(('.pth', '.pt')) and not f.startswith('.')]
+            if files:
+                return max(files, key=os.path.getmtime)
+    return None
+
+
+def find_latest_local(experiment):
+    project_dir = os.path.join(experiment.root, experiment.project_name)
+    prefix = f'{experiment.experiment_name}_'
+    try:
+        names = sorted((n for n in os.listdir(project_dir) if n.startswith(prefix)), reverse=True)
+    except OSError:
+        return None
+    for name in names:
+        # Falls back to the newest file when a run died between a checkpoint and its pointer.
+        found = find_checkpoint_in_dir(os.path.join(project_dir, name))
+        if found:
+            return found
+    return None
+
+
+def load_resume_checkpoint(loop, resume_from, experiment=None, callbacks=None, map_location='cpu',
+                           allow_unsafe_pickle=False):
+    """Load the checkpoint ``resume_from`` names: a file, an experiment folder, ``s3://bucket/key`` or 'latest'.
+    Returns ``(checkpoint, source)``."""
+    if isinstance(resume_from, dict):
+        return resume_from, 'the given checkpoint dict'
+    resume_from = os.fspath(resume_from)
+    if resume_from.startswith('s3://'):
+        return _load_from_s3(resume_from, map_location, allow_unsafe_pickle)
+    if resume_from == 'latest':
+        if experiment is None:
+            raise ValueError("fit(resume_from='latest') needs to know the experiment: use a TrainLoopCheckpoint (or "
+                             'pass a ModelCheckpoint callback), or give the checkpoint path instead')
+        path = find_latest_local(experiment)
+        if path is None:
+            remote = _find_latest_in_cloud(loop, experiment, callbacks)
+            if remote is not None:
+                return remote
+            raise FileNotFoundError(f"fit(resume_from='latest'): no checkpoint of experiment "
+                                    f'{experiment.project_name}/{experiment.experiment_name} in {experiment.root}')
+    else:
+        path = os.path.abspath(os.path.expanduser(resume_from))
+        if os.path.isdir(path):
+            found = find_checkpoint_in_dir(path)
+            if found is None:
+                raise FileNotFoundError(f'resume_from={resume_from!r}: no checkpoint in this folder')
+            path = found
+    return load_checkpoint(path, map_location=map_location, allow_unsafe_pickle=allow_unsafe_pickle), path
+
+
+def _download_and_load(storage, key, map_location, allow_unsafe_pickle):
+    tmp_dir = tempfile.mkdtemp(prefix='aitoolbox_like_resume_')
+    try:
+        local = os.path.join(tmp_dir, key.rsplit('/', 1)[-1])
+        storage.load_file(key, local)
+        return load_checkpoint(local, map_location=map_location, allow_unsafe_pickle=allow_unsafe_pickle), \
+            storage.uri(key)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _pointer_target(storage, pointer_key):
+    name = storage.read_text(pointer_key).strip().rsplit('/', 1)[-1]
+    return f'{pointer_key.rsplit("/", 1)[0]}/{name}'
+
+
+def _load_from_s3(uri, map_location, allow_unsafe_pickle):
+    from .storage.s3 import S3Storage
+    bucket, _, key = uri[len('s3://'):].partition('/')
+    key = key.strip('/')
+    if not bucket or not key:
+        raise ValueError(f'resume_from={uri!r}: expected s3://bucket/key/of/checkpoint.pth or s3://bucket/<experiment '
+                         f'folder>')
+    storage = S3Storage(bucket)
+    if key.endswith(('.pth', '.pt')) or storage.exists(key) and not key.endswith(LATEST_POINTER):
+        return _download_and_load(storage, key, map_location, allow_unsafe_pickle)
+    for pointer in (key if key.endswith(LATEST_POINTER) else None, f'{key}/{CHECKPOINT_DIR}/{LATEST_POINTER}',
+                    f'{key}/{LATEST_POINTER}'):
+        if pointer and storage.exists(pointer):
+            return _download_and_load(storage, _pointer_target(storage, pointer), map_location, allow_unsafe_pickle)
+    raise FileNotFoundError(f'resume_from={uri!r}: no checkpoint there (neither a file nor a folder with a '
+                            f'{CHECKPOINT_DIR}/{LATEST_POINTER} pointer)')
+
+
+def _find_latest_in_cloud(loop, experiment, callbacks):
+    from .experiment import normalize_cloud_save_mode
+    details = None
+    for cb in _saving_callbacks(loop, callbacks):
+        mode = getattr(cb, 'cloud_save_mode', None)
+        if mode and normalize_cloud_save_mode(mode) == 's3' and getattr(cb, 'bucket_name', None):
+            details = (cb.bucket_name, cb.cloud_dir_prefix or '', getattr(cb, 'endpoint_url', None))
+            break
+    if details is None:
+        return None
+    from .storage.s3 import S3Storage
+    storage = S3Storage(details[0], details[1], endpoint_url=details[2])
+    suffix = f'/{CHECKPOINT_DIR}/{LATEST_POINTER}'
+    pointers = [k for k in storage.list(f'{experiment.project_name}/{experiment.experiment_name}_')
+                if k.endswith(suffix)]
+    if not pointers:
+        return None
+    return _download_and_load(storage, _pointer_target(storage, max(pointers)), 'cpu', False)

@@ -1,0 +1,9 @@
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _path in (os.path.dirname(_HERE), _HERE):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from s3_server import s3_server  # noqa: E402,F401  (pytest fixture)

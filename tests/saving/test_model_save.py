@@ -1,0 +1,123 @@
+"""Local experiment saving: the folder layout, checkpoint retention, end-of-training results, experiment ids."""
+import json
+import os
+import zipfile
+
+import pytest
+import torch
+
+from aitoolbox_like.callbacks.model_save import ModelCheckpoint
+from aitoolbox_like.checkpoint import load_checkpoint
+from aitoolbox_like.result_package.basic import ClassificationResultPackage
+from aitoolbox_like.train_loop import TrainLoop, TrainLoopCheckpoint, TrainLoopCheckpointEndSave, TrainLoopEndSave
+from saving_helpers import assert_same_weights, make_parts, weights
+
+
+def _parts(seed=0):
+    model, train, val, test, optimizer = make_parts(seed=seed)
+    return model, train, val, test, optimizer, torch.nn.CrossEntropyLoss()
+
+
+def _files(folder):
+    return sorted(os.path.relpath(os.path.join(root, f), folder).replace(os.sep, '/')
+                  for root, _, files in os.walk(folder) for f in files)
+
+
+def test_checkpoint_end_save_layout_after_three_epochs(tmp_path):
+    source = tmp_path / 'src' / 'mypkg'
+    source.mkdir(parents=True)
+    (source / 'module.py').write_text('X = 1\n')
+    (source / '__pycache__').mkdir()
+    (source / '__pycache__' / 'junk.pyc').write_bytes(b'0')
+    hyperparams = {'lr': 1e-2, 'batch_size': 6}
+    loop = TrainLoopCheckpointEndSave(*_parts(), 'proj', 'exp', str(tmp_path / 'results'), hyperparams,
+                                      val_result_package=ClassificationResultPackage(),
+                                      test_result_package=ClassificationResultPackage(), cloud_save_mode='local',
+                                      source_dirs=[str(source)], progress_bar=False)
+    loop.fit(num_epochs=3)
+    ts = loop.experiment_timestamp
+    folder = tmp_path / 'results' / 'proj' / f'exp_{ts}'
+    assert _files(folder) == sorted([
+        '.aitoolbox_like_run', 'hyperparams_list.txt', 'hyperparams.json', 'test_model_save.py', 'source_code.zip',
+        'checkpoint_model/best', 'checkpoint_model/latest',
+        *[f'checkpoint_model/model_exp_{ts}_E{e}.pth' for e in range(3)],
+        f'model/model_exp_{ts}.pth',
+        f'results/results_hyperParams_hist_exp_{ts}.json', f'results/true_pred_labels_exp_{ts}.pt'])
+    # AIToolbox completes the hyperparameters in place with the script and the source folders.
+    assert hyperparams['experiment_file_path'] == os.path.abspath(__file__)
+    assert 'lr:\t0.01\n' in (folder / 'hyperparams_list.txt').read_text()
+    assert json.loads((folder / 'hyperparams.json').read_text())['batch_size'] == 6
+    assert zipfile.ZipFile(folder / 'source_code.zip').namelist() == ['mypkg/module.py']
+    assert (folder / 'checkpoint_model' / 'latest').read_text() == f'model_exp_{ts}_E2.pth'
+
+    final = load_checkpoint(folder / 'model' / f'model_exp_{ts}.pth')
+    assert_same_weights(final['model_state_dict'], weights(loop.model))
+    results = json.loads((folder / 'results' / f'results_hyperParams_hist_exp_{ts}.json').read_text())
+    assert {'ClassificationResult_VAL_Accuracy', 'ClassificationResult_TEST_Accuracy'} <= set(results['results'])
+    assert results['training_history']['val_loss'] == loop.train_history['val_loss']
+
+
+def test_best_pointer_and_suboptimal_removal_keep_the_best_and_the_newest(tmp_path):
+    loop = TrainLoop(*_parts(), progress_bar=False)
+    checkpoint = ModelCheckpoint('proj', 'exp', str(tmp_path), {}, cloud_save_mode='local',
+                                 rm_subopt_local_models=True, num_best_checkpoints_kept=2, monitor='val_loss')
+    loop.fit(num_epochs=5, callbacks=[checkpoint])
+    val_loss = loop.train_history['val_loss']
+    ranked = sorted(range(5), key=lambda e: val_loss[e])
+    folder = os.path.dirname(checkpoint.latest_checkpoint_path)
+    ts = loop.experiment_timestamp
+    kept = sorted(f for f in os.listdir(folder) if f.endswith('.pth'))
+    assert kept == sorted({f'model_exp_{ts}_E{e}.pth' for e in ranked[:2] + [4]})
+    assert open(os.path.join(folder, 'best')).read() == f'model_exp_{ts}_E{ranked[0]}.pth'
+
+
+def test_end_save_does_not_rename_the_users_result_package(tmp_path):
+    package = ClassificationResultPackage()
+    name = package.pkg_name
+    loop = TrainLoopEndSave(*_parts(), 'proj', 'exp', str(tmp_path), {}, val_result_package=package,
+                            cloud_save_mode='local', progress_bar=False)
+    loop.fit(num_epochs=1)
+    loop.fit(num_epochs=2)
+    assert package.pkg_name == name       # AIToolbox appended '_VAL' on every fit
+
+
+def test_runs_started_in_the_same_second_get_separate_folders(tmp_path):
+    loops = [TrainLoopCheckpoint(*_parts(seed), 'proj', 'exp', str(tmp_path), {'seed': seed}, cloud_save_mode='local',
+                                 progress_bar=False) for seed in (0, 1)]
+    loops[1].experiment_timestamp = loops[0].experiment_timestamp
+    for loop in loops:
+        loop.fit(num_epochs=1)
+    assert loops[1].experiment_timestamp == loops[0].experiment_timestamp + '_1'
+    for seed, loop in enumerate(loops):
+        folder = tmp_path / 'proj' / f'exp_{loop.experiment_timestamp}'
+        assert f'seed:\t{seed}' in (folder / 'hyperparams_list.txt').read_text()
+        saved = load_checkpoint(folder / 'checkpoint_model' / (folder / 'checkpoint_model' / 'latest').read_text())
+        assert_same_weights(saved['model_state_dict'], weights(loop.model))
+
+
+@pytest.mark.parametrize('project, experiment', [('..', 'exp'), ('proj', '../../etc'), ('/abs', 'exp'),
+                                                 ('proj', 'a/b'), ('proj', 'a\\b')])
+def test_names_that_would_escape_the_results_folder_are_rejected(tmp_path, project, experiment):
+    with pytest.raises(ValueError, match='name|path|"/"'):
+        TrainLoopCheckpoint(*_parts(), project, experiment, str(tmp_path), {}, cloud_save_mode='local')
+    with pytest.raises(ValueError):
+        ModelCheckpoint(project, experiment, str(tmp_path), {}, cloud_save_mode='local')
+
+
+def test_unknown_cloud_save_mode_is_rejected_at_construction(tmp_path):
+    with pytest.raises(ValueError, match="'s3'"):
+        ModelCheckpoint('p', 'e', str(tmp_path), {}, cloud_save_mode='dropbox')
+    with pytest.raises(ValueError, match='Google Cloud Storage is not supported'):
+        TrainLoopCheckpoint(*_parts(), 'p', 'e', str(tmp_path), {}, cloud_save_mode='gcs')
+
+
+def test_resume_latest_finds_the_newest_experiment_of_the_project(tmp_path):
+    first = TrainLoopCheckpoint(*_parts(), 'proj', 'exp', str(tmp_path), {}, cloud_save_mode='local',
+                                progress_bar=False)
+    first.fit(num_epochs=1)
+    resumed = TrainLoopCheckpoint(*_parts(seed=4), 'proj', 'exp', str(tmp_path), {}, cloud_save_mode='local',
+                                  progress_bar=False)
+    resumed.fit(num_epochs=2, resume_from='latest')
+    assert resumed.experiment_timestamp == first.experiment_timestamp
+    assert resumed.train_history.get_epochs('loss') == [0, 1]
+    assert os.listdir(tmp_path / 'proj') == [f'exp_{first.experiment_timestamp}']

@@ -1,0 +1,188 @@
+"""Saving to and resuming from a real S3 server (SeaweedFS on loopback, started by the s3_server fixture)."""
+import logging
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from aitoolbox_like import AbstractCallback
+from aitoolbox_like.experiment import ExperimentUploader
+from aitoolbox_like.result_package.basic import ClassificationResultPackage
+from aitoolbox_like.storage import StorageAuthError
+from aitoolbox_like.storage.s3 import S3Storage
+from aitoolbox_like.train_loop import TrainLoop, TrainLoopCheckpoint, TrainLoopCheckpointEndSave
+from s3_server import make_bucket
+from saving_helpers import assert_same_weights, make_parts, weights
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    monkeypatch.setenv('AWS_ENDPOINT_URL_S3', s3_server.endpoint_url)
+    # Fail fast inside botocore and retry in the uploader, so an outage shows up as uploader retries.
+    monkeypatch.setattr(ExperimentUploader, 'storage_options', {'max_attempts': 1})
+    monkeypatch.setattr(ExperimentUploader, 'uploader_options', {'initial_backoff_s': 0.2, 'max_backoff_s': 1.0,
+                                                                 'max_retries': 200})
+    monkeypatch.setattr(ExperimentUploader, 'wait_timeout_s', 120.0)
+    return s3_server
+
+
+def _keys(s3_server, bucket):
+    pages = s3_server.client().get_paginator('list_objects_v2').paginate(Bucket=bucket)
+    return sorted(obj['Key'] for page in pages for obj in page.get('Contents', ()))
+
+
+def _loop(tmp_path, bucket, seed=0, cls=TrainLoopCheckpoint, **kwargs):
+    model, train, val, test, optimizer = make_parts(seed=seed, **kwargs.pop('parts', {}))
+    return cls(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), 'proj', 'exp', str(tmp_path),
+               {'lr': 1e-2}, cloud_save_mode='s3', bucket_name=bucket, cloud_dir_prefix='runs/v1',
+               progress_bar=False, **kwargs)
+
+
+def test_full_key_layout_after_three_epochs(s3_env, tmp_path):
+    bucket = make_bucket(s3_env)
+    loop = _loop(tmp_path, bucket, cls=TrainLoopCheckpointEndSave, val_result_package=ClassificationResultPackage())
+    loop.fit(num_epochs=3)
+    ts = loop.experiment_timestamp
+    root = f'runs/v1/proj/exp_{ts}'
+    assert _keys(s3_env, bucket) == sorted([
+        f'{root}/hyperparams_list.txt', f'{root}/hyperparams.json', f'{root}/test_s3_experiment.py',
+        f'{root}/checkpoint_model/latest', f'{root}/checkpoint_model/best',
+        *[f'{root}/checkpoint_model/model_exp_{ts}_E{e}.pth' for e in range(3)],
+        f'{root}/model/model_exp_{ts}.pth',
+        f'{root}/results/results_hyperParams_hist_exp_{ts}.json', f'{root}/results/true_pred_labels_exp_{ts}.pt'])
+    storage = S3Storage(bucket, 'runs/v1')
+    assert storage.read_text(f'proj/exp_{ts}/checkpoint_model/latest').endswith(f'model_exp_{ts}_E2.pth')
+    local = tmp_path / 'proj' / f'exp_{ts}' / 'checkpoint_model' / f'model_exp_{ts}_E2.pth'
+    remote = storage.load_file(f'proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E2.pth', tmp_path / 'remote.pth')
+    assert open(remote, 'rb').read() == local.read_bytes()
+    assert loop.upload_failures == []
+
+
+def test_resume_from_s3_after_losing_the_local_folder(s3_env, tmp_path):
+    bucket = make_bucket(s3_env)
+    reference = _loop(tmp_path / 'ref', bucket)
+    reference.fit(num_epochs=3)
+
+    first = _loop(tmp_path / 'run', bucket)
+    first.fit(num_epochs=2)
+    import shutil
+    shutil.rmtree(tmp_path / 'run')          # the machine is gone; only the bucket is left
+    resumed = _loop(tmp_path / 'run2', bucket, seed=9)
+    uri = f's3://{bucket}/runs/v1/proj/exp_{first.experiment_timestamp}'
+    resumed.fit(num_epochs=3, resume_from=uri)
+    assert_same_weights(weights(resumed.model), weights(reference.model))
+    assert resumed.experiment_timestamp == first.experiment_timestamp
+    assert f'runs/v1/proj/exp_{first.experiment_timestamp}/checkpoint_model/' \
+           f'model_exp_{first.experiment_timestamp}_E2.pth' in _keys(s3_env, bucket)
+
+
+class ServerOutage(AbstractCallback):
+    """Stops the S3 server after epoch 0 and starts it again after epoch 2, once the uploader has retried."""
+
+    def __init__(self, server):
+        super().__init__('outage', execution_order=2000)
+        self.server = server
+        self.retries_seen_while_down = 0
+
+    def on_epoch_end(self):
+        epoch = self.train_loop_obj.epoch
+        if epoch == 0:
+            self.server.stop(graceful=False)
+        elif epoch == 2:
+            uploader = self.train_loop_obj.experiment_uploader.uploader
+            deadline = time.monotonic() + 60
+            while uploader.retries == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.retries_seen_while_down = uploader.retries
+            self.server.start()
+
+
+def test_uploads_survive_a_server_outage_during_training(s3_env, tmp_path):
+    bucket = make_bucket(s3_env)
+    loop = _loop(tmp_path, bucket)
+    outage = ServerOutage(s3_env)
+    try:
+        loop.fit(num_epochs=4, callbacks=[outage])
+    finally:
+        s3_env.start()
+    assert outage.retries_seen_while_down > 0
+    assert loop.train_history.get_epochs('loss') == [0, 1, 2, 3]     # training went on during the outage
+    assert loop.upload_failures == []
+    ts = loop.experiment_timestamp
+    keys = _keys(s3_env, bucket)
+    for epoch in range(4):
+        assert f'runs/v1/proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E{epoch}.pth' in keys
+    assert S3Storage(bucket, 'runs/v1').read_text(f'proj/exp_{ts}/checkpoint_model/latest').endswith('_E3.pth')
+
+
+def test_wrong_credentials_give_a_clear_error_without_the_secret(s3_env, tmp_path, monkeypatch, caplog):
+    bucket = make_bucket(s3_env)
+    secret = 'definitely-wrong-secret-9f8e7d'
+    monkeypatch.setenv('AWS_SECRET_ACCESS_KEY', secret)
+    loop = _loop(tmp_path, bucket)
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(StorageAuthError) as info:
+        loop.fit(num_epochs=1)
+    message = str(info.value)
+    assert 'AWS_SECRET_ACCESS_KEY' in message and "cloud_save_mode='local'" in message
+    assert secret not in message and secret not in caplog.text
+    for root, _, files in os.walk(tmp_path):
+        for name in files:
+            assert secret.encode() not in open(os.path.join(root, name), 'rb').read()
+
+
+class GatedStorage(S3Storage):
+    """S3 storage whose first checkpoint upload waits until training has reached the end of epoch 1."""
+
+    gate = None
+    events = None
+
+    def save_file(self, local_path, key):
+        if key.endswith('_E0.pth'):
+            self.events.append('upload of E0 waiting')
+            assert self.gate.wait(60)
+            super().save_file(local_path, key)
+            self.events.append('upload of E0 done')
+        else:
+            super().save_file(local_path, key)
+
+
+class Recorder(AbstractCallback):
+    def __init__(self, gate, events):
+        super().__init__('recorder', execution_order=2000)
+        self.gate, self.events = gate, events
+
+    def on_epoch_end(self):
+        self.events.append(f'epoch {self.train_loop_obj.epoch} done')
+        if self.train_loop_obj.epoch == 1:
+            self.gate.set()
+
+
+def test_a_100_mb_checkpoint_uploads_while_training_continues(s3_env, tmp_path, monkeypatch):
+    bucket = make_bucket(s3_env)
+    gate, events = threading.Event(), []
+    monkeypatch.setattr(GatedStorage, 'gate', gate)
+    monkeypatch.setattr(GatedStorage, 'events', events)
+    import aitoolbox_like.storage.s3 as s3_module
+    monkeypatch.setattr(s3_module, 'S3Storage', GatedStorage)
+    loop = _loop(tmp_path, bucket, parts={'big_buffer_floats': 25_000_000})     # 100 MB of float32
+    loop.fit(num_epochs=2, callbacks=[Recorder(gate, events)])
+    # The epoch-0 upload cannot finish before epoch 1 ends (the gate), so had saving waited for the upload, training
+    # would have stalled and the upload failed; instead training went on and fit waited for the upload at the end.
+    assert events.index('epoch 0 done') < events.index('epoch 1 done') < events.index('upload of E0 done')
+    assert loop.upload_failures == []
+    ts = loop.experiment_timestamp
+    head = s3_env.client().head_object(Bucket=bucket, Key=f'runs/v1/proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E0.pth')
+    local = tmp_path / 'proj' / f'exp_{ts}' / 'checkpoint_model' / f'model_exp_{ts}_E0.pth'
+    assert head['ContentLength'] == local.stat().st_size > 100_000_000
+
+
+def test_results_of_performance_callbacks_go_to_the_experiment_folder_in_s3(s3_env, tmp_path):
+    from aitoolbox_like.callbacks.performance_eval import ModelTrainHistoryFileWriter
+    bucket = make_bucket(s3_env)
+    loop = _loop(tmp_path, bucket)
+    loop.fit(num_epochs=2, callbacks=[ModelTrainHistoryFileWriter()])
+    ts = loop.experiment_timestamp
+    assert any(k.startswith(f'runs/v1/proj/exp_{ts}/results/') and k.endswith('.txt') for k in _keys(s3_env, bucket))
