@@ -1,8 +1,11 @@
 """Train a small CNN on scikit-learn's handwritten digits (8x8 images that ship with scikit-learn).
 
     python examples/digits_cnn.py --epochs 8 --output-dir demo_output
+    python examples/digits_cnn.py --epochs 12 --output-dir demo_output --resume     # continue the last run
 
-Shows a TTModel, a custom callback, and the library's evaluation, reporting and saving callbacks.
+Shows a TTModel, a custom callback, and the library's evaluation, reporting, TensorBoard and checkpointing
+callbacks. Everything lands in <output-dir>/digits/cnn_<timestamp>/: checkpoint_model/ (checkpoints and
+the 'latest' pointer), results/ (plots of loss and accuracy, a CSV of the history), tensorboard/.
 """
 import argparse
 import logging
@@ -13,8 +16,14 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from aitoolbox_like import TrainLoop, TTModel
+from aitoolbox_like import TTModel
 from aitoolbox_like.callbacks.abstract import AbstractCallback
+from aitoolbox_like.callbacks.basic import EarlyStopping
+from aitoolbox_like.callbacks.performance_eval import (ModelPerformanceEvaluation, ModelPerformancePrintReport,
+                                                       ModelTrainHistoryFileWriter, ModelTrainHistoryPlot)
+from aitoolbox_like.callbacks.tensorboard import TensorboardFullTracking
+from aitoolbox_like.result_package import ClassificationResultPackage
+from aitoolbox_like.train_loop import TrainLoopCheckpoint
 
 
 class DigitsCNN(TTModel):
@@ -39,19 +48,20 @@ class DigitsCNN(TTModel):
         return logits.argmax(dim=1), labels, None
 
 
-class ValidationAccuracy(AbstractCallback):
-    """A custom callback: validation accuracy into the history, and stop once it is good enough."""
+class WorstClassReport(AbstractCallback):
+    """A custom callback: after each epoch, log the digit the model gets wrong most often on the validation
+    set (the predictions are computed once per epoch and shared with the evaluation callback)."""
 
-    def __init__(self, stop_at=None):
-        super().__init__('validation accuracy', execution_order=0)
-        self.stop_at = stop_at
+    def __init__(self):
+        super().__init__('worst class report', execution_order=1)
 
     def on_epoch_end(self):
         y_pred, y_true, _ = self.train_loop_obj.predict_on_validation_set()
-        accuracy = (y_pred == y_true).float().mean().item()
-        self.train_loop_obj.insert_metric_result_into_history('val_accuracy', accuracy)
-        if self.stop_at is not None and accuracy >= self.stop_at:
-            self.train_loop_obj.early_stop = True
+        errors = torch.bincount(y_true[y_pred != y_true], minlength=10)
+        worst = int(errors.argmax())
+        self.train_loop_obj.insert_metric_result_into_history('val_worst_class_errors', int(errors[worst]))
+        logging.getLogger('digits').info('epoch %d: digit %d misclassified %d times', self.train_loop_obj.epoch,
+                                         worst, int(errors[worst]))
 
 
 def digits_loaders(batch_size=64, seed=0):
@@ -73,16 +83,38 @@ def main(argv=None):
     parser.add_argument('--epochs', type=int, default=8)
     parser.add_argument('--output-dir', default='demo_output')
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--lr', type=float, default=3e-3)
+    parser.add_argument('--resume', nargs='?', const='latest', default=None,
+                        help="continue the last run ('latest', the default when given without a value), "
+                             "or from a checkpoint file, an experiment folder or an s3:// URI")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s')
 
+    hyperparams = {'lr': args.lr, 'batch_size': 64, 'seed': args.seed, 'epochs': args.epochs}
     torch.manual_seed(args.seed)
-    train_loader, val_loader, test_loader = digits_loaders(seed=args.seed)
+    train_loader, val_loader, test_loader = digits_loaders(batch_size=hyperparams['batch_size'], seed=args.seed)
     model = DigitsCNN()
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    train_loop = TrainLoop(model, train_loader, val_loader, test_loader, optimizer, nn.CrossEntropyLoss())
-    train_loop.fit(num_epochs=args.epochs, callbacks=[ValidationAccuracy()])
-    print(f"validation accuracy per epoch: {[round(a, 4) for a in train_loop.train_history['val_accuracy']]}")
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    # A TrainLoop that keeps a checkpoint after every epoch (and the best one by val_loss) in the experiment
+    # folder; the other experiment callbacks below write into the same folder.
+    train_loop = TrainLoopCheckpoint(model, train_loader, val_loader, test_loader, optimizer, nn.CrossEntropyLoss(),
+                                     project_name='digits', experiment_name='cnn',
+                                     local_model_result_folder_path=args.output_dir, hyperparams=hyperparams,
+                                     cloud_save_mode='local')
+    callbacks = [
+        ModelPerformanceEvaluation(ClassificationResultPackage(), args=hyperparams, on_train_data=True),
+        WorstClassReport(),
+        ModelPerformancePrintReport(['val_loss', 'val_Accuracy']),
+        ModelTrainHistoryPlot(epoch_end=False, train_end=True),
+        ModelTrainHistoryFileWriter(file_format='csv'),
+        TensorboardFullTracking(hparams=hyperparams),
+        EarlyStopping(monitor='val_loss', patience=3),
+    ]
+    train_loop.fit(num_epochs=args.epochs, callbacks=callbacks, resume_from=args.resume)
+    accuracies = [round(a, 4) for a in train_loop.train_history['val_Accuracy']]
+    print(f'validation accuracy per epoch: {accuracies}')
+    print(f'experiment folder: {callbacks[3].experiment_dir_path}')
+    print(f'plots: {", ".join(callbacks[3].last_written_files)}')
     return train_loop
 
 
