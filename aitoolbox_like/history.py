@@ -36,6 +36,14 @@ class TrainingHistory:
         self.train_history.setdefault(metric_name, []).append(metric_result)
         self._epochs.setdefault(metric_name, []).append(self.current_epoch if epoch is None else epoch)
 
+    def value_in_epoch(self, metric_name, epoch):
+        """The value of ``metric_name`` recorded in ``epoch``, or None when it was not computed then (e.g.
+        evaluation every k epochs): a rule reading it must not count an older value again."""
+        values = self.train_history.get(metric_name)
+        if not values or self._epochs.get(metric_name, [None])[-1] != epoch:
+            return None
+        return values[-1]
+
     def get_epochs(self, metric_name):
         """Epoch index of each value of ``metric_name`` (same length as ``history[metric_name]``)."""
         return list(self._epochs.get(metric_name, []))

@@ -259,6 +259,8 @@ def test_training_history_behaves_like_a_dict_of_lists():
     history.insert_single_result_into_history('val_acc', 0.7)
     history.insert_single_result_into_history('f1', {'macro': 0.4, 'micro': 0.6})
     assert history['val_acc'] == [0.5, 0.7] and history.get_epochs('val_acc') == [0, 2]
+    assert history.value_in_epoch('val_acc', 2) == 0.7
+    assert history.value_in_epoch('val_acc', 3) is None and history.value_in_epoch('missing', 2) is None
     assert 'f1' in history and len(history) == 5
     flat = history.get_train_history_dict(flatten_dict=True)
     assert flat['f1_macro'] == [0.4] and flat['f1_micro'] == [0.6] and 'f1' not in flat

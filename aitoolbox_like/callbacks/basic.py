@@ -12,19 +12,6 @@ from .abstract import AbstractCallback, StopTraining
 logger = logging.getLogger(__name__)
 
 
-def _new_history_value(loop, metric_name):
-    """The value of ``metric_name`` written in the current epoch, or None when it was not computed in this epoch
-    (evaluation every k epochs): a stopping rule must not count an old value again."""
-    history = loop.train_history
-    values = history.get(metric_name)
-    if not values:
-        return None
-    epochs = history.get_epochs(metric_name)
-    if epochs and epochs[-1] != loop.epoch:
-        return None
-    return values[-1]
-
-
 def _minimizes(metric_name):
     name = metric_name.lower()
     return 'loss' in name or 'error' in name
@@ -102,7 +89,7 @@ class EarlyStopping(AbstractCallback):
 
     def on_epoch_end(self):
         loop = self.train_loop_obj
-        value = _new_history_value(loop, self.monitor)
+        value = loop.train_history.value_in_epoch(self.monitor, loop.epoch)
         if value is None:
             if not loop.train_history.get(self.monitor) and not self._warned_missing:
                 self._warned_missing = True
@@ -180,7 +167,7 @@ class ThresholdEarlyStopping(AbstractCallback):
 
     def on_epoch_end(self):
         loop = self.train_loop_obj
-        value = _new_history_value(loop, self.monitor)
+        value = loop.train_history.value_in_epoch(self.monitor, loop.epoch)
         if value is None:
             return
         value = float(value)
@@ -260,7 +247,7 @@ class TerminateOnNaN(AbstractCallback):
         if self.check_every_batch:
             self._check_batches()
         loop = self.train_loop_obj
-        value = _new_history_value(loop, self.monitor)
+        value = loop.train_history.value_in_epoch(self.monitor, loop.epoch)
         if value is None:
             return
         values = value.values() if isinstance(value, dict) else [value]

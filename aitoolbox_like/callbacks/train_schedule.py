@@ -33,19 +33,6 @@ def _check_interval(interval, who):
     return interval
 
 
-def _new_history_value(loop, metric_name):
-    """The value of ``metric_name`` written in the current epoch, or None when the metric was not computed this
-    epoch (e.g. evaluation runs every k epochs): re-reading an older value would count it twice."""
-    history = loop.train_history
-    values = history.get(metric_name)
-    if not values:
-        return None
-    epochs = history.get_epochs(metric_name)
-    if epochs and epochs[-1] != loop.epoch:
-        return None
-    return values[-1]
-
-
 class AbstractScheduler:
     """Marks a callback as a learning-rate scheduler (``TrainLoop.get_schedulers()`` finds it by this class) and
     saves / restores the wrapped ``self.scheduler`` with checkpoints."""
@@ -254,7 +241,7 @@ class LRSchedulerCallback(GeneralLRSchedulerCallback):
         if self.monitor is None:
             self.scheduler.step()
             return
-        value = _new_history_value(self.train_loop_obj, self.monitor)
+        value = self.train_loop_obj.train_history.value_in_epoch(self.monitor, self.train_loop_obj.epoch)
         if value is None:
             if not self.train_loop_obj.train_history.get(self.monitor):
                 raise ValueError(f'LRSchedulerCallback: monitor {self.monitor!r} has no value in the train history; '
@@ -317,7 +304,7 @@ class ReduceLROnPlateauMetricScheduler(GeneralLRSchedulerCallback):
 
     def on_epoch_end(self):
         history = self.train_loop_obj.train_history
-        value = _new_history_value(self.train_loop_obj, self.metric_name)
+        value = self.train_loop_obj.train_history.value_in_epoch(self.metric_name, self.train_loop_obj.epoch)
         if value is None:
             if not history.get(self.metric_name):
                 raise ValueError(f'ReduceLROnPlateauMetricScheduler: metric {self.metric_name!r} is missing from the '
