@@ -155,6 +155,24 @@ class AbstractExperimentCallback(AbstractCallback):
                     setattr(self, attr, getattr(loop, attr, None))
         self.local_model_result_folder_path = os.path.expanduser(self.local_model_result_folder_path)
 
+    def upload_experiment_files(self, paths):
+        """Queue files written inside the local experiment folder for upload to the same keys in the cloud
+        experiment folder, when this callback has an S3 ``cloud_save_mode``. One background uploader per loop
+        serves every callback; training does not wait, and the end of fit waits for pending uploads."""
+        loop = self.train_loop_obj
+        if not paths or self.cloud_save_mode in (None, 'local') or not loop.is_main_process():
+            return
+        uploader = getattr(loop, 'experiment_uploader', None)
+        if uploader is None:
+            from ..experiment import get_experiment, get_uploader
+            experiment = get_experiment(loop, self.project_name, self.experiment_name,
+                                        self.local_model_result_folder_path)
+            uploader = get_uploader(loop, experiment, self.cloud_save_mode, self.bucket_name, self.cloud_dir_prefix)
+            if uploader is None:
+                return
+        for path in paths:
+            uploader.upload_experiment_file(path)
+
     @property
     def experiment_dir_path(self):
         """Local folder of this experiment: <local folder>/<project>/<experiment>_<timestamp>."""

@@ -15,7 +15,6 @@ from .abstract import AbstractCallback, AbstractExperimentCallback
 
 logger = logging.getLogger(__name__)
 
-S3_SAVE_MODES = ('s3', 'aws_s3', 'aws')
 
 
 def _optimizer_params(loop, optimizer_idx):
@@ -202,7 +201,6 @@ class GradDistributionPlot(AbstractExperimentCallback):
         self.cloud_dir_prefix = cloud_dir_prefix
         self.bins = bins
         self._captured = None
-        self._uploader = None
         self.last_gradients = None      # the flattened gradients last plotted (numpy, per layer)
         self.saved_plot_paths = []
 
@@ -232,8 +230,7 @@ class GradDistributionPlot(AbstractExperimentCallback):
         self.last_gradients = gradients
         paths = self.plot_gradients(gradients)
         self.saved_plot_paths.extend(paths)
-        if self.cloud_save_mode in S3_SAVE_MODES:
-            self._upload(paths)
+        self.upload_experiment_files(paths)
 
     def plot_gradients(self, gradients):
         epoch_dir = os.path.join(self.experiment_dir_path, 'results', self.grad_plots_dir_name,
@@ -270,28 +267,6 @@ class GradDistributionPlot(AbstractExperimentCallback):
         ax.set_ylabel('count')
         fig.tight_layout()
         return fig
-
-    def _upload(self, paths):
-        if self._uploader is None:
-            from ..storage import BackgroundUploader, S3Storage
-            self._uploader = BackgroundUploader(S3Storage(self.bucket_name, self.cloud_dir_prefix or ''))
-        root = os.path.dirname(self.experiment_dir_path)
-        for path in paths:
-            key = os.path.relpath(path, root).replace(os.sep, '/')
-            key = f'{self.project_name}/{key}'
-            self._uploader.submit(path, key)
-
-    def on_train_end(self):
-        self._close_uploader()
-
-    def on_exception(self, exception):
-        self._close_uploader()
-
-    def _close_uploader(self):
-        if self._uploader is not None:
-            self._uploader.close()
-            self._uploader = None
-
 
 def _import_matplotlib():
     try:

@@ -52,24 +52,6 @@ def lower_is_better(metric_name):
     return 'loss' in name or 'error' in name
 
 
-def upload_experiment_files(callback, paths):
-    """Hand locally written result files to the loop's experiment uploader when the callback has a cloud
-    destination. The uploader (``train_loop_obj.experiment_uploader.upload_experiment_file(local_path)``)
-    belongs to the saving callbacks; without one the files stay local and a warning says so once."""
-    if not paths or not callback.cloud_save_mode or callback.cloud_save_mode == 'local':
-        return
-    uploader = getattr(callback.train_loop_obj, 'experiment_uploader', None)
-    if uploader is None:
-        if not getattr(callback, '_warned_no_uploader', False):
-            logger.warning('%s: cloud_save_mode=%r but the TrainLoop has no experiment_uploader; results are kept '
-                           'only in %s', callback.callback_name, callback.cloud_save_mode,
-                           callback.local_model_result_folder_path)
-            callback._warned_no_uploader = True
-        return
-    for path in paths:
-        uploader.upload_experiment_file(path)
-
-
 class ModelPerformanceEvaluation(AbstractCallback):
     def __init__(self, result_package, args, on_each_epoch=True, on_train_data=False, on_val_data=True,
                  eval_frequency=None, if_available_output_to_project_dir=True):
@@ -363,8 +345,7 @@ class ModelTrainHistoryBaseCB(AbstractExperimentCallback):
 
         The experiment details not given are inferred from a tracking TrainLoop, else default to
         ``./experiments/default_project/experiment_<timestamp>``. Runs on rank 0. The paths written by the
-        last call are in ``self.last_written_files``; with a cloud_save_mode they are handed to the loop's
-        ``experiment_uploader`` when it has one.
+        last call are in ``self.last_written_files``; with an S3 cloud_save_mode they are uploaded too.
         """
         super().__init__(callback_name, project_name, experiment_name, local_model_result_folder_path,
                          cloud_save_mode, bucket_name, cloud_dir_prefix,
@@ -383,7 +364,7 @@ class ModelTrainHistoryBaseCB(AbstractExperimentCallback):
         self.prepare_results_saver()
 
     def prepare_results_saver(self):
-        """Kept for AIToolbox compatibility: uploads go through the loop's experiment_uploader."""
+        """Kept for AIToolbox compatibility: uploads go through upload_experiment_files()."""
         self.cloud_results_saver = None
 
     @property
@@ -391,7 +372,7 @@ class ModelTrainHistoryBaseCB(AbstractExperimentCallback):
         return os.path.join(self.experiment_dir_path, 'results')
 
     def _upload_files(self, paths):
-        upload_experiment_files(self, paths)
+        self.upload_experiment_files(paths)
 
 
 class ModelTrainHistoryPlot(ModelTrainHistoryBaseCB):

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..multi_loss_optim import MultiOptimizer
 from .abstract import AbstractExperimentCallback
-from .performance_eval import history_series, upload_experiment_files
+from .performance_eval import history_series
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
                 else ./experiments/default_project/experiment_<timestamp>).
             project_name, experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
                 cloud_dir_prefix: the experiment folder (see AbstractExperimentCallback). With a cloud mode the
-                event files are handed to the loop's ``experiment_uploader`` after each epoch and at the end.
+                event files are uploaded (upload_experiment_files) after each epoch and at the end.
             **kwargs: arguments of ``torch.utils.tensorboard.SummaryWriter`` (e.g. flush_secs).
         """
         super().__init__(callback_name, project_name, experiment_name, local_model_result_folder_path,
@@ -108,7 +108,7 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
         return path
 
     def prepare_results_saver(self):
-        """Kept for AIToolbox compatibility: uploads go through the loop's experiment_uploader."""
+        """Kept for AIToolbox compatibility: uploads go through upload_experiment_files()."""
         self.cloud_results_saver = None
 
     def on_train_end(self):
@@ -120,12 +120,12 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
             self.tb_writer.close()
 
     def upload_to_cloud(self):
-        """Hand the event files to the loop's experiment uploader (only with a cloud_save_mode)."""
+        """Upload the event files (only with an S3 cloud_save_mode)."""
         if not self.cloud_save_mode or self.cloud_save_mode == 'local':
             return
         self.tb_writer.flush()
         paths = [os.path.join(root, name) for root, _, names in os.walk(self.log_dir) for name in names]
-        upload_experiment_files(self, paths)
+        self.upload_experiment_files(paths)
 
     # ---- batch losses ---------------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ import os
 import torch
 
 from .abstract import AbstractExperimentCallback
-from .performance_eval import upload_experiment_files
 from .tensorboard import first_batch, unwrap_model
 
 logger = logging.getLogger(__name__)
@@ -105,7 +104,7 @@ class _ImageCallbackBase(AbstractExperimentCallback):
         if self.tb_writer is not None:
             self.tb_writer.flush()
         self.last_written_files = paths
-        upload_experiment_files(self, paths)
+        self.upload_experiment_files(paths)
         return paths
 
     def on_train_end(self):

@@ -186,3 +186,26 @@ def test_results_of_performance_callbacks_go_to_the_experiment_folder_in_s3(s3_e
     loop.fit(num_epochs=2, callbacks=[ModelTrainHistoryFileWriter()])
     ts = loop.experiment_timestamp
     assert any(k.startswith(f'runs/v1/proj/exp_{ts}/results/') and k.endswith('.txt') for k in _keys(s3_env, bucket))
+
+
+def test_result_callbacks_upload_to_s3_without_a_saving_callback(s3_env, tmp_path):
+    from aitoolbox_like.callbacks.performance_eval import ModelTrainHistoryFileWriter, ModelTrainHistoryPlot
+    from aitoolbox_like.callbacks.tensorboard import TensorboardTrainHistoryMetric
+    bucket = make_bucket(s3_env)
+    model, train, val, test, optimizer = make_parts(seed=0)
+    loop = TrainLoop(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), progress_bar=False)
+    experiment = dict(project_name='proj', experiment_name='plots', local_model_result_folder_path=str(tmp_path),
+                      cloud_save_mode='s3', bucket_name=bucket, cloud_dir_prefix='res')
+    plot = ModelTrainHistoryPlot(**experiment)
+    writer = ModelTrainHistoryFileWriter(file_format='csv', **experiment)
+    loop.fit(num_epochs=2, callbacks=[plot, writer, TensorboardTrainHistoryMetric(**experiment)])
+    keys = _keys(s3_env, bucket)
+    root = f'res/proj/plots_{loop.experiment_timestamp}'
+    assert f'{root}/results/results.csv' in keys
+    assert f'{root}/results/plots_epoch_1/val_loss.png' in keys
+    assert any(k.startswith(f'{root}/tensorboard/') and 'tfevents' in k for k in keys)
+    # What was uploaded is the final local file (the end of fit waited for the uploads).
+    local_csv = os.path.join(writer.results_dir_path, 'results.csv')
+    remote = S3Storage(bucket, 'res').load_file(f'proj/plots_{loop.experiment_timestamp}/results/results.csv',
+                                                tmp_path / 'remote.csv')
+    assert open(remote, 'rb').read() == open(local_csv, 'rb').read()
