@@ -185,7 +185,9 @@ class GradDistributionPlot(AbstractExperimentCallback):
     def __init__(self, model_layers_extract_def, grad_plots_dir_name='grad_distribution', file_format='png',
                  project_name=None, experiment_name=None, local_model_result_folder_path=None,
                  cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, bins=100):
-        super().__init__('Gradient distribution plotter', device_idx_execution=0)
+        super().__init__('Gradient distribution plotter', project_name, experiment_name,
+                         local_model_result_folder_path, cloud_save_mode, bucket_name, cloud_dir_prefix,
+                         device_idx_execution=0)
         if file_format not in ('png', 'pdf'):
             raise ValueError(f"GradDistributionPlot: file_format must be 'png' or 'pdf', got {file_format!r}")
         if not callable(model_layers_extract_def):
@@ -193,12 +195,6 @@ class GradDistributionPlot(AbstractExperimentCallback):
         self.model_layers_extract_def = model_layers_extract_def
         self.grad_plots_dir_name = grad_plots_dir_name
         self.file_format = file_format
-        self.project_name = project_name
-        self.experiment_name = experiment_name
-        self.local_model_result_folder_path = local_model_result_folder_path
-        self.cloud_save_mode = cloud_save_mode
-        self.bucket_name = bucket_name
-        self.cloud_dir_prefix = cloud_dir_prefix
         self.bins = bins
         self._captured = None
         self.last_gradients = None      # the flattened gradients last plotted (numpy, per layer)
