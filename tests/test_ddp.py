@@ -174,3 +174,31 @@ def test_sharded_loaders_keep_their_arguments_and_split_the_data():
 
 def collate_pairs(batch):
     return torch.stack([x for x, _ in batch]), torch.stack([y for _, y in batch])
+
+
+@pytest.mark.timeout(180)
+def test_checkpoints_written_by_rank0_and_ddp_resume_continues_the_run(tmp_path):
+    """A DDP run checkpointed by rank 0 and resumed in DDP ends where the uninterrupted DDP run ends (the data
+    order is deterministic here; both ranks load the same checkpoint)."""
+    from aitoolbox_like.train_loop import TrainLoopCheckpoint
+
+    def tracked_loop(folder):
+        model, train, val, optimizer = equivalence_setup()
+        return TrainLoopCheckpoint(model, train, val, None, optimizer, nn.MSELoss(), 'proj', 'exp', str(folder),
+                                   {'lr': 0.05}, cloud_save_mode='local', gpu_mode='ddp')
+
+    uninterrupted = tracked_loop(tmp_path / 'full')
+    uninterrupted.fit(num_epochs=3, grad_accumulation=2, **DDP)
+
+    first = tracked_loop(tmp_path / 'resumed')
+    first.fit(num_epochs=2, grad_accumulation=2, **DDP)
+    [experiment] = os.listdir(tmp_path / 'resumed' / 'proj')
+    checkpoints = sorted(os.listdir(tmp_path / 'resumed' / 'proj' / experiment / 'checkpoint_model'))
+    assert [c for c in checkpoints if c.endswith('.pth')] == [f'model_{experiment}_E0.pth', f'model_{experiment}_E1.pth']
+
+    resumed = tracked_loop(tmp_path / 'resumed')
+    resumed.fit(num_epochs=3, grad_accumulation=2, resume_from='latest', **DDP)
+    assert os.listdir(tmp_path / 'resumed' / 'proj') == [experiment]          # same experiment folder
+    assert_close_states(resumed.model.state_dict(), uninterrupted.model.state_dict())
+    assert resumed.train_history.get_epochs('val_loss') == [0, 1, 2]
+    assert resumed.train_history['val_loss'] == pytest.approx(uninterrupted.train_history['val_loss'], rel=1e-6)
