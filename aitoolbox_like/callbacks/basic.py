@@ -7,14 +7,10 @@ import time
 import torch
 
 from ..multi_loss_optim import MultiLoss
+from ._common import check_int, lower_is_better
 from .abstract import AbstractCallback, StopTraining
 
 logger = logging.getLogger(__name__)
-
-
-def _minimizes(metric_name):
-    name = metric_name.lower()
-    return 'loss' in name or 'error' in name
 
 
 def _check_monitor_is_computed(loop, monitor, who):
@@ -55,8 +51,7 @@ class EarlyStopping(AbstractCallback):
         super().__init__('EarlyStopping', execution_order=99)
         if mode not in ('auto', 'min', 'max'):
             raise ValueError(f"EarlyStopping: mode must be 'auto', 'min' or 'max', got {mode!r}")
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
-            raise ValueError(f'EarlyStopping: patience must be an int >= 0, got {patience!r}')
+        check_int('patience', patience, 0, who='EarlyStopping')
         if min_delta < 0:
             raise ValueError(f'EarlyStopping: min_delta must be >= 0, got {min_delta!r}')
         self.monitor = monitor
@@ -64,7 +59,7 @@ class EarlyStopping(AbstractCallback):
         self.patience = patience
         self.mode = mode
         self.restore_best_weights = restore_best_weights
-        self.minimize = _minimizes(monitor) if mode == 'auto' else mode == 'min'
+        self.minimize = lower_is_better(monitor) if mode == 'auto' else mode == 'min'
         self.patience_count = patience
         self.best_performance = None
         self.best_epoch = 0
@@ -150,13 +145,12 @@ class ThresholdEarlyStopping(AbstractCallback):
 
     def __init__(self, monitor, threshold, patience=0):
         super().__init__('Threshold early stopping', execution_order=99)
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
-            raise ValueError(f'ThresholdEarlyStopping: patience must be an int >= 0, got {patience!r}')
+        check_int('patience', patience, 0, who='ThresholdEarlyStopping')
         self.monitor = monitor
         self.threshold = threshold
         self.patience = patience
         self.patience_count = patience
-        self.minimize = _minimizes(monitor)
+        self.minimize = lower_is_better(monitor)
 
     @property
     def state_key(self):
@@ -207,9 +201,7 @@ class TerminateOnNaN(AbstractCallback):
 
     def __init__(self, monitor='loss', check_every_batch=False, check_every_n_steps=50):
         super().__init__('TerminateOnNaN', execution_order=98)
-        if isinstance(check_every_n_steps, bool) or not isinstance(check_every_n_steps, int) \
-                or check_every_n_steps < 1:
-            raise ValueError(f'TerminateOnNaN: check_every_n_steps must be an int >= 1, got {check_every_n_steps!r}')
+        check_int('check_every_n_steps', check_every_n_steps, 1, who='TerminateOnNaN')
         self.monitor = monitor
         self.check_every_batch = check_every_batch
         self.check_every_n_steps = check_every_n_steps
@@ -313,12 +305,9 @@ class DataSubsetTestRun(AbstractCallback):
 
     def __init__(self, num_train_batches=1, num_val_batches=0, num_test_batches=0):
         super().__init__('Run model on a small subset of the training dataset', execution_order=-100)
-        for name, value in (('num_train_batches', num_train_batches), ('num_val_batches', num_val_batches),
-                            ('num_test_batches', num_test_batches)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f'DataSubsetTestRun: {name} must be an int >= 0, got {value!r}')
-        if num_train_batches < 1:
-            raise ValueError('DataSubsetTestRun: num_train_batches must be >= 1')
+        check_int('num_train_batches', num_train_batches, 1, who='DataSubsetTestRun')
+        check_int('num_val_batches', num_val_batches, 0, who='DataSubsetTestRun')
+        check_int('num_test_batches', num_test_batches, 0, who='DataSubsetTestRun')
         self.num_train_batches = num_train_batches
         self.num_val_batches = num_val_batches
         self.num_test_batches = num_test_batches
@@ -512,8 +501,8 @@ class ProgressBar(AbstractCallback):
             return
         history = self.train_loop_obj.train_history
         epoch = self.train_loop_obj.epoch
-        postfix = {name: f'{values[-1]:.4g}' for name, values in history.items()
-                   if values and isinstance(values[-1], float) and history.get_epochs(name)[-1] == epoch}
+        postfix = {name: f'{value:.4g}' for name in history
+                   if isinstance(value := history.value_in_epoch(name, epoch), float)}
         self._bar.set_postfix(postfix)
         self._close()
 

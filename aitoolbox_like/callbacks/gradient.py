@@ -10,27 +10,20 @@ import os
 
 import torch
 
-from ..multi_loss_optim import MultiOptimizer
+from ._common import check_int, import_matplotlib, new_figure
 from .abstract import AbstractCallback, AbstractExperimentCallback
 
 logger = logging.getLogger(__name__)
 
 
-
 def _optimizer_params(loop, optimizer_idx):
     """Parameters that the optimizer being stepped updates (all model parameters for a duck-typed optimizer
     without param_groups)."""
-    optimizer = loop.optimizer
-    if isinstance(optimizer, MultiOptimizer):
-        optimizer = optimizer[optimizer_idx]
+    optimizer = loop._optimizer_list[optimizer_idx]
     groups = getattr(optimizer, 'param_groups', None)
     if groups is None:
         return list(loop.model.parameters())
     return [p for group in groups for p in group['params']]
-
-
-def _is_last_update_of_epoch(loop):
-    return loop.is_last_batch
 
 
 def _layer_gradient(layer):
@@ -48,9 +41,6 @@ def _layer_gradient(layer):
 class GradientCallbackBase(AbstractCallback):
     """Base of the gradient callbacks; marks the loop as using gradient callbacks (``grad_cb_used``) for code
     that reads that AIToolbox flag."""
-
-    def __init__(self, callback_name, execution_order=0, device_idx_execution=None):
-        super().__init__(callback_name, execution_order, device_idx_execution)
 
     def on_train_loop_registration(self):
         self.train_loop_obj.grad_cb_used = True
@@ -98,7 +88,7 @@ def _gradient_stats(grad):
                         torch.linalg.vector_norm(grad), (grad == 0).float().mean()])
 
 
-class GradientStatsPrint(AbstractCallback):
+class GradientStatsPrint(GradientCallbackBase):
     """Print mean, std, L2 norm and fraction of zeros of chosen layers' gradients.
 
     The gradients are those of the epoch's last optimizer update, captured before zero_grad (AIToolbox read them
@@ -117,16 +107,12 @@ class GradientStatsPrint(AbstractCallback):
         super().__init__('Print model gradient stats', device_idx_execution=0)
         if not callable(model_layers_extract_def):
             raise TypeError('GradientStatsPrint: model_layers_extract_def must be a function model -> list of layers')
-        if isinstance(stats_eval_freq, bool) or not isinstance(stats_eval_freq, int) or stats_eval_freq < 1:
-            raise ValueError(f'GradientStatsPrint: stats_eval_freq must be an int >= 1, got {stats_eval_freq!r}')
+        check_int('stats_eval_freq', stats_eval_freq, 1, who='GradientStatsPrint')
         self.model_layers_extract_def = model_layers_extract_def
         self.stats_eval_freq = stats_eval_freq
         self.on_every_grad_update = on_every_grad_update
         self._captured = None
         self.last_stats = None
-
-    def on_train_loop_registration(self):
-        self.train_loop_obj.grad_cb_used = True
 
     def on_epoch_begin(self):
         self._captured = None
@@ -136,7 +122,7 @@ class GradientStatsPrint(AbstractCallback):
         if optimizer_idx != 0:
             return
         loop = self.train_loop_obj
-        due = loop.epoch % self.stats_eval_freq == 0 and _is_last_update_of_epoch(loop)
+        due = loop.epoch % self.stats_eval_freq == 0 and loop.is_last_batch
         if not (due or self.on_every_grad_update):
             return
         layers = self.model_layers_extract_def(loop.model)
@@ -201,7 +187,7 @@ class GradDistributionPlot(AbstractExperimentCallback):
         self.saved_plot_paths = []
 
     def on_train_loop_registration(self):
-        _import_matplotlib()     # fail at registration, not after the first epoch
+        import_matplotlib('GradDistributionPlot')     # fail at registration, not after the first epoch
         self.try_infer_experiment_details(infer_cloud_details=True)
         if self.cloud_save_mode in ('gcs', 'google_storage', 'google storage'):
             raise ValueError('GradDistributionPlot: Google Cloud Storage is not supported; use cloud_save_mode="s3" '
@@ -212,7 +198,7 @@ class GradDistributionPlot(AbstractExperimentCallback):
 
     def on_after_gradient_update(self, optimizer_idx):
         loop = self.train_loop_obj
-        if optimizer_idx != 0 or not _is_last_update_of_epoch(loop):
+        if optimizer_idx != 0 or not loop.is_last_batch:
             return
         layers = self.model_layers_extract_def(loop.model)
         # A device copy: the loop's zero_grad (set_to_none or in place) must not change what we plot.
@@ -248,11 +234,7 @@ class GradDistributionPlot(AbstractExperimentCallback):
         return [path]
 
     def _figure(self, layer_idx, grad):
-        # A Figure with its own Agg canvas: no pyplot global state, no GUI backend.
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-        fig = Figure(figsize=(6, 4))
-        FigureCanvasAgg(fig)
+        fig = new_figure(figsize=(6, 4))
         ax = fig.add_subplot()
         if grad is None:
             ax.text(0.5, 0.5, 'no gradient', ha='center', va='center')
@@ -263,13 +245,6 @@ class GradDistributionPlot(AbstractExperimentCallback):
         ax.set_ylabel('count')
         fig.tight_layout()
         return fig
-
-def _import_matplotlib():
-    try:
-        import matplotlib
-    except ImportError:
-        raise ImportError('GradDistributionPlot needs matplotlib: pip install aitoolbox_like[plots]') from None
-    return matplotlib
 
 
 class GradNormLogger(AbstractCallback):
@@ -292,33 +267,42 @@ class GradNormLogger(AbstractCallback):
         self._sums = None
         self._count = 0
         self._names = None
+        self._params = None
+        self._layer_indices = None
 
     def on_train_begin(self):
         model = self.train_loop_obj.model
-        layers = [('', None)]
+        self._params = list(model.parameters())
+        # Each layer is a list of indices into _params, so a parameter's norm is computed once per update and
+        # shared by the total norm ('' = every parameter) and its module's norm.
+        self._names = ['']
+        self._layer_indices = [list(range(len(self._params)))]
         if self.per_layer:
-            layers += [(name, module) for name, module in model.named_modules()
-                       if any(True for _ in module.parameters(recurse=False))]
-        self._names = [name for name, _ in layers]
-        self._layer_params = [list(model.parameters()) if module is None else list(module.parameters(recurse=False))
-                              for _, module in layers]
+            position = {id(p): i for i, p in enumerate(self._params)}
+            for name, module in model.named_modules():
+                own = [position[id(p)] for p in module.parameters(recurse=False)]
+                if own:
+                    self._names.append(name)
+                    self._layer_indices.append(own)
 
     def on_epoch_begin(self):
         self._sums = None
         self._count = 0
 
-    def _norm(self, params):
-        grads = [p.grad.detach() for p in params if p.grad is not None]
-        if not grads:
-            return torch.zeros((), device=self.train_loop_obj.device)
-        norms = torch.stack([torch.linalg.vector_norm(g.float(), self.norm_type) for g in grads])
-        return torch.linalg.vector_norm(norms, self.norm_type)
+    def _layer_norm(self, param_norms, indices, device):
+        norms = [param_norms[i] for i in indices if param_norms[i] is not None]
+        if not norms:
+            return torch.zeros((), device=device)
+        return torch.linalg.vector_norm(torch.stack(norms), self.norm_type).to(device)
 
     def on_after_gradient_update(self, optimizer_idx):
         # At optimizer 0 nothing has been stepped, clipped for later optimizers, or zeroed yet.
         if optimizer_idx != 0:
             return
-        norms = torch.stack([self._norm(params).to(self.train_loop_obj.device) for params in self._layer_params])
+        device = self.train_loop_obj.device
+        param_norms = [None if p.grad is None else torch.linalg.vector_norm(p.grad.detach().float(), self.norm_type)
+                       for p in self._params]
+        norms = torch.stack([self._layer_norm(param_norms, indices, device) for indices in self._layer_indices])
         self._sums = norms if self._sums is None else self._sums + norms
         self._count += 1
 

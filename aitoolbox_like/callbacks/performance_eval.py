@@ -11,17 +11,15 @@ import copy
 import csv
 import logging
 import math
-import numbers
 import os
 from collections.abc import Mapping
 
+from ._common import check_int, import_matplotlib, new_figure
+from ._common import is_number as _is_number
+from ._common import lower_is_better    # public in this module (AIToolbox-style import path)
 from .abstract import AbstractCallback, AbstractExperimentCallback
 
 logger = logging.getLogger(__name__)
-
-
-def _is_number(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def history_series(train_history, metric_names=None):
@@ -44,12 +42,6 @@ def history_series(train_history, metric_names=None):
         else:
             series[name] = (epochs, values)
     return series
-
-
-def lower_is_better(metric_name):
-    """Losses and errors improve downwards, everything else upwards (the rule EarlyStopping uses too)."""
-    name = metric_name.lower()
-    return 'loss' in name or 'error' in name
 
 
 class ModelPerformanceEvaluation(AbstractCallback):
@@ -82,9 +74,7 @@ class ModelPerformanceEvaluation(AbstractCallback):
                 raise TypeError(f'ModelPerformanceEvaluation: result_package must be a result package (e.g. '
                                 f'aitoolbox_like.result_package.ClassificationResultPackage()), got '
                                 f'{type(result_package).__qualname__} without {method}()')
-        if eval_frequency is not None and (isinstance(eval_frequency, bool) or not isinstance(eval_frequency, int)
-                                           or eval_frequency < 1):
-            raise ValueError(f'eval_frequency must be None or an int >= 1, got {eval_frequency!r}')
+        check_int('eval_frequency', eval_frequency, 1, allow_none=True, who='ModelPerformanceEvaluation')
         self.result_package = result_package
         self.args = args
         self.on_each_epoch = on_each_epoch
@@ -399,7 +389,7 @@ class ModelTrainHistoryPlot(ModelTrainHistoryBaseCB):
                          cloud_save_mode=cloud_save_mode, bucket_name=bucket_name, cloud_dir_prefix=cloud_dir_prefix)
         if file_format not in ('png', 'pdf'):
             raise ValueError(f"ModelTrainHistoryPlot: file_format {file_format!r} is not supported; use 'png' or 'pdf'")
-        _import_matplotlib()      # a missing extra fails here, not after the first epoch
+        import_matplotlib('ModelTrainHistoryPlot')      # a missing extra fails here, not after the first epoch
 
     def on_epoch_end(self):
         if self.epoch_end:
@@ -436,13 +426,6 @@ class ModelTrainHistoryPlot(ModelTrainHistoryBaseCB):
         return paths
 
 
-def _import_matplotlib():
-    try:
-        import matplotlib.figure  # noqa: F401
-    except ImportError as exc:
-        raise ImportError('ModelTrainHistoryPlot needs matplotlib: pip install aitoolbox_like[plots]') from exc
-
-
 def _safe_file_name(name):
     return ''.join(c if c.isalnum() or c in '-_.' else '_' for c in str(name))
 
@@ -453,9 +436,8 @@ def make_metric_figure(metric_name, epochs, values):
     Uses a standalone Figure (no pyplot), so it needs no display, leaves the global matplotlib state (style,
     backend, open figures) alone and is freed with the object.
     """
-    from matplotlib.figure import Figure
     points = [(e, float(v)) for e, v in zip(epochs, values) if _is_number(v)]
-    fig = Figure(figsize=(8, 5), dpi=100)
+    fig = new_figure(figsize=(8, 5), dpi=100)
     ax = fig.add_subplot()
     ax.plot([e for e, _ in points], [v for _, v in points], marker='o')
     ax.set_xlabel('Epoch')

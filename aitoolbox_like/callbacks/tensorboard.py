@@ -8,14 +8,14 @@ Event files go to ``<experiment folder>/tensorboard/<project>_<experiment>`` (is
 or to ``log_dir`` itself (is_project=False). Open them with ``tensorboard --logdir <that folder>``.
 """
 import logging
-import numbers
 import os
 import warnings
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ..multi_loss_optim import MultiOptimizer
+from ._common import check_int
+from ._common import is_number as _is_number
 from .abstract import AbstractExperimentCallback
 from .performance_eval import history_series
 
@@ -53,8 +53,10 @@ def first_batch(data_loader):
             generator.set_state(state)
 
 
-def _is_number(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+def experiment_log_dir(callback, log_dir_name='tensorboard'):
+    """TensorBoard run folder of an experiment callback: ``<experiment dir>/<log_dir_name>/<project>_<experiment>``."""
+    return os.path.join(callback.experiment_dir_path, log_dir_name,
+                        f'{callback.project_name}_{callback.experiment_name}')
 
 
 class TensorboardReporterBaseCB(AbstractExperimentCallback):
@@ -103,7 +105,7 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
         """Create and return the log folder."""
         path = self.log_dir
         if self.is_project:
-            path = os.path.join(self.experiment_dir_path, self.log_dir, f'{self.project_name}_{self.experiment_name}')
+            path = experiment_log_dir(self, self.log_dir)
         os.makedirs(path, exist_ok=True)
         return path
 
@@ -195,6 +197,17 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
         names = [n for n in self._history_names() if not n.startswith('train_end_')]
         self.log_train_history_metrics(names, only_epoch=self.train_loop_obj.epoch)
 
+    def _hparams_to_write(self):
+        """The given hparams, else the tracking TrainLoop's ``hyperparams`` (None when neither exists)."""
+        return self.hparams if self.hparams is not None else getattr(self.train_loop_obj, 'hyperparams', None)
+
+    def _log_gradient_histograms_once(self, due):
+        """Gradient histograms at the first optimizer update of an epoch in which ``due``."""
+        epoch = self.train_loop_obj.epoch
+        if self._grads_logged_epoch != epoch and due:
+            self._grads_logged_epoch = epoch
+            self.log_gradient_histograms(epoch)
+
     def _log_train_end_history(self):
         history = self.train_loop_obj.train_history
         wanted = self._history_names()
@@ -207,8 +220,7 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
     def log_learning_rates(self, step):
         """``learning_rate/group_<i>`` of each param group (``learning_rate/optimizer_<k>_group_<i>`` for a
         MultiOptimizer)."""
-        optimizer = self.train_loop_obj.optimizer
-        optimizers = list(optimizer) if isinstance(optimizer, MultiOptimizer) else [optimizer]
+        optimizers = self.train_loop_obj._optimizer_list
         for k, opt in enumerate(optimizers):
             for i, group in enumerate(getattr(opt, 'param_groups', [])):
                 if 'lr' not in group:
@@ -289,13 +301,6 @@ def _to_device(data, device):
     return data
 
 
-def _check_frequency(name, value, allow_none=False):
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{name} must be an int >= 1{" or None" if allow_none else ""}, got {value!r}')
-
-
 class TensorboardTrainBatchLoss(TensorboardReporterBaseCB):
     def __init__(self, batch_log_frequency=1, log_dir=None, is_project=True,
                  project_name=None, experiment_name=None, local_model_result_folder_path=None,
@@ -316,8 +321,8 @@ class TensorboardTrainBatchLoss(TensorboardReporterBaseCB):
         super().__init__('Tensorboard end of batch report of batch loss', log_dir, is_project, project_name,
                          experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
                          cloud_dir_prefix, **kwargs)
-        _check_frequency('batch_log_frequency', batch_log_frequency)
-        _check_frequency('batch_sync_frequency', batch_sync_frequency)
+        check_int('batch_log_frequency', batch_log_frequency)
+        check_int('batch_sync_frequency', batch_sync_frequency)
         self.batch_log_frequency = batch_log_frequency
         self.batch_sync_frequency = batch_sync_frequency
 
@@ -369,7 +374,7 @@ class TensorboardLearningRate(TensorboardReporterBaseCB):
         Reading a learning rate is a Python float, no device sync."""
         super().__init__('Tensorboard learning rate report', log_dir, is_project, project_name, experiment_name,
                          local_model_result_folder_path, cloud_save_mode, bucket_name, cloud_dir_prefix, **kwargs)
-        _check_frequency('batch_log_frequency', batch_log_frequency, allow_none=True)
+        check_int('batch_log_frequency', batch_log_frequency, allow_none=True)
         self.batch_log_frequency = batch_log_frequency
 
     def on_batch_end(self):
@@ -395,7 +400,7 @@ class TensorboardParameterHistograms(TensorboardReporterBaseCB):
         super().__init__('Tensorboard parameter and gradient histograms', log_dir, is_project, project_name,
                          experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
                          cloud_dir_prefix, **kwargs)
-        _check_frequency('histogram_frequency', histogram_frequency)
+        check_int('histogram_frequency', histogram_frequency)
         self.histogram_frequency = histogram_frequency
         self.log_gradients = log_gradients
         self._grads_logged_epoch = None
@@ -404,10 +409,8 @@ class TensorboardParameterHistograms(TensorboardReporterBaseCB):
         return self.train_loop_obj.epoch % self.histogram_frequency == 0
 
     def on_after_optimizer_step(self):
-        epoch = self.train_loop_obj.epoch
-        if self.log_gradients and self._grads_logged_epoch != epoch and self._due():
-            self._grads_logged_epoch = epoch
-            self.log_gradient_histograms(epoch)
+        if self.log_gradients:
+            self._log_gradient_histograms_once(self._due())
 
     def on_epoch_end(self):
         if self._due():
@@ -452,7 +455,7 @@ class TensorboardHyperparameters(TensorboardReporterBaseCB):
         self.metric_names = metric_names
 
     def on_train_end(self):
-        hparams = self.hparams if self.hparams is not None else getattr(self.train_loop_obj, 'hyperparams', None)
+        hparams = self._hparams_to_write()
         if hparams:
             self.log_hparams(hparams, self.metric_names)
         else:
@@ -482,9 +485,9 @@ class TensorboardFullTracking(TensorboardReporterBaseCB):
         """
         super().__init__('Tensorboard full tracking', log_dir, is_project, project_name, experiment_name,
                          local_model_result_folder_path, cloud_save_mode, bucket_name, cloud_dir_prefix, **kwargs)
-        _check_frequency('batch_log_frequency', batch_log_frequency)
-        _check_frequency('batch_sync_frequency', batch_sync_frequency)
-        _check_frequency('histogram_frequency', histogram_frequency, allow_none=True)
+        check_int('batch_log_frequency', batch_log_frequency)
+        check_int('batch_sync_frequency', batch_sync_frequency)
+        check_int('histogram_frequency', histogram_frequency, allow_none=True)
         self.metric_names = metric_names
         self.batch_log_frequency = batch_log_frequency
         self.batch_sync_frequency = batch_sync_frequency
@@ -507,10 +510,7 @@ class TensorboardFullTracking(TensorboardReporterBaseCB):
         self._maybe_log_mid_train_loss()
 
     def on_after_optimizer_step(self):
-        epoch = self.train_loop_obj.epoch
-        if self._grads_logged_epoch != epoch and self._histograms_due():
-            self._grads_logged_epoch = epoch
-            self.log_gradient_histograms(epoch)
+        self._log_gradient_histograms_once(self._histograms_due())
 
     def on_epoch_end(self):
         epoch = self.train_loop_obj.epoch
@@ -526,7 +526,7 @@ class TensorboardFullTracking(TensorboardReporterBaseCB):
     def on_train_end(self):
         self.log_mid_train_loss()
         self._log_train_end_history()
-        hparams = self.hparams if self.hparams is not None else getattr(self.train_loop_obj, 'hyperparams', None)
+        hparams = self._hparams_to_write()
         if hparams:
             self.log_hparams(hparams, self.metric_names)
         super().on_train_end()

@@ -14,16 +14,13 @@ import math
 import torch
 from torch.optim import lr_scheduler as torch_lr_scheduler
 
-from ..multi_loss_optim import MultiLoss, MultiOptimizer
+from ..multi_loss_optim import MultiLoss
+from ._common import check_int
 from .abstract import AbstractCallback
 
 logger = logging.getLogger(__name__)
 
 INTERVALS = ('epoch', 'step')
-
-
-def _optimizer_list(optimizer):
-    return list(optimizer) if isinstance(optimizer, MultiOptimizer) else [optimizer]
 
 
 def _check_interval(interval, who):
@@ -117,7 +114,7 @@ class GeneralLRSchedulerCallback(AbstractScheduler, AbstractCallback):
 
     def _resolve_optimizer(self):
         loop = self.train_loop_obj
-        optimizers = _optimizer_list(loop.optimizer)
+        optimizers = loop._optimizer_list
         idx = self.optimizer_idx
         who = f'{type(self).__name__}'
         if idx is None:
@@ -304,7 +301,7 @@ class ReduceLROnPlateauMetricScheduler(GeneralLRSchedulerCallback):
 
     def on_epoch_end(self):
         history = self.train_loop_obj.train_history
-        value = self.train_loop_obj.train_history.value_in_epoch(self.metric_name, self.train_loop_obj.epoch)
+        value = history.value_in_epoch(self.metric_name, self.train_loop_obj.epoch)
         if value is None:
             if not history.get(self.metric_name):
                 raise ValueError(f'ReduceLROnPlateauMetricScheduler: metric {self.metric_name!r} is missing from the '
@@ -421,8 +418,7 @@ class _WarmupDecayScheduler(LambdaLRScheduler):
 
     def __init__(self, callback_name, interval, num_warmup_steps, warmup_start_factor, optimizer_idx):
         interval = _check_interval(interval, type(self).__name__)
-        if isinstance(num_warmup_steps, bool) or not isinstance(num_warmup_steps, int) or num_warmup_steps < 0:
-            raise ValueError(f'{type(self).__name__}: num_warmup_steps must be an int >= 0, got {num_warmup_steps!r}')
+        check_int('num_warmup_steps', num_warmup_steps, 0, who=type(self).__name__)
         if not 0. <= warmup_start_factor <= 1.:
             raise ValueError(f'{type(self).__name__}: warmup_start_factor must be in [0, 1], got {warmup_start_factor}')
         super().__init__(None, execute_epoch_end=interval == 'epoch', execute_batch_end=interval == 'step',
@@ -437,17 +433,6 @@ class _WarmupDecayScheduler(LambdaLRScheduler):
 
     def prepare(self):
         """Resolve arguments that need the running fit (e.g. the number of training steps)."""
-
-    def _total_steps(self, given):
-        if given is not None:
-            return given
-        loop = self.train_loop_obj
-        if self.interval == 'step':
-            return loop.get_num_training_steps()
-        if loop.num_epochs is None:
-            raise ValueError(f'{type(self).__name__}: the number of epochs is unknown (a train loader without len()); '
-                             f'pass num_training_steps')
-        return loop.num_epochs
 
     def lr_factor(self, t):
         w = self.num_warmup_steps
@@ -482,41 +467,55 @@ class ExponentialScheduler(_WarmupDecayScheduler):
         return self.gamma ** t
 
 
-class PolynomialScheduler(_WarmupDecayScheduler):
+class _DecayToMinScheduler(_WarmupDecayScheduler):
+    """Decay from lr to ``min_lr_factor`` x lr over the ``num_training_steps - num_warmup_steps`` steps after the
+    warm-up (``num_training_steps`` None: the whole fit, in updates or epochs per interval), then constant."""
+
+    def __init__(self, callback_name, num_training_steps, min_lr_factor, interval, num_warmup_steps,
+                 warmup_start_factor, optimizer_idx):
+        super().__init__(callback_name, interval, num_warmup_steps, warmup_start_factor, optimizer_idx)
+        self.num_training_steps = num_training_steps
+        self.min_lr_factor = min_lr_factor
+        self._decay_steps = None
+
+    def prepare(self):
+        self._decay_steps = max(1, self._total_steps() - self.num_warmup_steps)
+
+    def _total_steps(self):
+        if self.num_training_steps is not None:
+            return self.num_training_steps
+        loop = self.train_loop_obj
+        if self.interval == 'step':
+            return loop.get_num_training_steps()
+        if loop.num_epochs is None:
+            raise ValueError(f'{type(self).__name__}: the number of epochs is unknown (a train loader without len()); '
+                             f'pass num_training_steps')
+        return loop.num_epochs
+
+
+class PolynomialScheduler(_DecayToMinScheduler):
     """Polynomial decay ``(1 - t / T) ** power`` from lr to ``min_lr_factor`` x lr over the steps after an optional
     warm-up; ``num_training_steps`` None means the whole fit (updates or epochs, per interval)."""
 
     def __init__(self, num_training_steps=None, power=1., min_lr_factor=0., interval='step', num_warmup_steps=0,
                  warmup_start_factor=0., optimizer_idx=None):
-        super().__init__('Polynomial learning rate scheduler', interval, num_warmup_steps, warmup_start_factor,
-                         optimizer_idx)
-        self.num_training_steps = num_training_steps
+        super().__init__('Polynomial learning rate scheduler', num_training_steps, min_lr_factor, interval,
+                         num_warmup_steps, warmup_start_factor, optimizer_idx)
         self.power = power
-        self.min_lr_factor = min_lr_factor
-        self._decay_steps = None
-
-    def prepare(self):
-        self._decay_steps = max(1, self._total_steps(self.num_training_steps) - self.num_warmup_steps)
 
     def decay(self, t):
         remaining = 1. - min(t, self._decay_steps) / self._decay_steps
         return self.min_lr_factor + (1. - self.min_lr_factor) * remaining ** self.power
 
 
-class CosineScheduler(_WarmupDecayScheduler):
+class CosineScheduler(_DecayToMinScheduler):
     """Cosine decay from lr to ``min_lr_factor`` x lr over the steps after an optional warm-up (then constant);
     ``num_training_steps`` None means the whole fit (updates or epochs, per interval)."""
 
     def __init__(self, num_training_steps=None, min_lr_factor=0., interval='step', num_warmup_steps=0,
                  warmup_start_factor=0., optimizer_idx=None):
-        super().__init__('Cosine learning rate scheduler', interval, num_warmup_steps, warmup_start_factor,
-                         optimizer_idx)
-        self.num_training_steps = num_training_steps
-        self.min_lr_factor = min_lr_factor
-        self._decay_steps = None
-
-    def prepare(self):
-        self._decay_steps = max(1, self._total_steps(self.num_training_steps) - self.num_warmup_steps)
+        super().__init__('Cosine learning rate scheduler', num_training_steps, min_lr_factor, interval,
+                         num_warmup_steps, warmup_start_factor, optimizer_idx)
 
     def decay(self, t):
         cosine = 0.5 * (1. + math.cos(math.pi * min(t, self._decay_steps) / self._decay_steps))
@@ -567,7 +566,7 @@ class LRMonitor(AbstractCallback):
         if not self._active:
             return
         loop = self.train_loop_obj
-        groups = [(o, g, group['lr']) for o, optimizer in enumerate(_optimizer_list(loop.optimizer))
+        groups = [(o, g, group['lr']) for o, optimizer in enumerate(loop._optimizer_list)
                   for g, group in enumerate(getattr(optimizer, 'param_groups', ()))]
         if len(groups) == 1:
             loop.insert_metric_result_into_history('lr', float(groups[0][2]))

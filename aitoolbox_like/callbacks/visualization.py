@@ -10,8 +10,9 @@ import os
 
 import torch
 
+from ._common import check_int, import_matplotlib, new_figure
 from .abstract import AbstractExperimentCallback
-from .tensorboard import first_batch, unwrap_model
+from .tensorboard import experiment_log_dir, first_batch, unwrap_model
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +65,7 @@ class _ImageCallbackBase(AbstractExperimentCallback):
                  cloud_save_mode, bucket_name, cloud_dir_prefix):
         super().__init__(callback_name, project_name, experiment_name, local_model_result_folder_path,
                          cloud_save_mode, bucket_name, cloud_dir_prefix, execution_order=97, device_idx_execution=0)
-        if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
-            raise ValueError(f'every_n_epochs must be an int >= 1, got {every_n_epochs!r}')
+        check_int('every_n_epochs', every_n_epochs, 1)
         if not save_to_file and not save_to_tensorboard:
             raise ValueError(f'{callback_name}: save_to_file and save_to_tensorboard are both False, so nothing '
                              f'would be saved')
@@ -92,7 +92,7 @@ class _ImageCallbackBase(AbstractExperimentCallback):
         the curves."""
         if self.tb_writer is None:
             from .tensorboard import _summary_writer_class
-            log_dir = os.path.join(self.experiment_dir_path, 'tensorboard', f'{self.project_name}_{self.experiment_name}')
+            log_dir = experiment_log_dir(self)
             os.makedirs(log_dir, exist_ok=True)
             self.tb_writer = _summary_writer_class()(log_dir=log_dir)
         return self.tb_writer
@@ -214,10 +214,7 @@ class PredictionVisualization(_ImageCallbackBase):
         self.class_names = class_names
         self.ncols = ncols
         self.last_predictions = None
-        try:
-            import matplotlib.figure  # noqa: F401
-        except ImportError as exc:
-            raise ImportError('PredictionVisualization needs matplotlib: pip install aitoolbox_like[plots]') from exc
+        import_matplotlib('PredictionVisualization')
 
     def on_train_loop_registration(self):
         super().on_train_loop_registration()
@@ -294,11 +291,10 @@ def _label_name(label, class_names):
 
 def make_prediction_figure(images, predicted, true, class_names=None, ncols=4, title=None):
     """A matplotlib Figure: one panel per image, titled ``pred: <p> / true: <t>`` (green right, red wrong)."""
-    from matplotlib.figure import Figure
     n = images.shape[0]
     ncols = max(1, min(ncols, n))
     nrows = max(1, -(-n // ncols))
-    fig = Figure(figsize=(2.2 * ncols, 2.4 * nrows + (0.4 if title else 0)), dpi=100)
+    fig = new_figure(figsize=(2.2 * ncols, 2.4 * nrows + (0.4 if title else 0)), dpi=100)
     for i in range(nrows * ncols):
         ax = fig.add_subplot(nrows, ncols, i + 1)
         ax.axis('off')
