@@ -8,10 +8,11 @@ import logging
 import os
 import pickle
 import re
-import secrets
 from collections import OrderedDict
 
 import torch
+
+from .storage.local import write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -61,32 +62,12 @@ def _fsync_directory(directory):
 def atomic_torch_save(obj, path):
     """``torch.save(obj, path)`` such that ``path`` holds either the old file or the complete new one.
 
-    The temporary file lives in the target directory so ``os.replace`` is a same-filesystem rename.
+    The temporary file (``.<name>.<random>.tmp``) lives in the target directory so ``os.replace`` is a
+    same-filesystem rename; the target directory must exist.
     """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    base = os.path.basename(path)
-    while True:
-        tmp_path = os.path.join(directory, f'.{base}.{secrets.token_hex(6)}.tmp')
-        try:
-            # os.open with 0o666 (not mkstemp's 0o600) so the final file gets the usual umask mode.
-            fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            break
-        except FileExistsError:
-            continue
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_path)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_directory(directory)
+    path = os.path.abspath(os.fspath(path))
+    write_atomically(path, lambda f: torch.save(obj, f), temp_suffix='.tmp', make_parents=False)
+    _fsync_directory(os.path.dirname(path))
 
 
 def _describe_key(key):

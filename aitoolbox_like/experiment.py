@@ -16,6 +16,7 @@ import uuid
 import zipfile
 
 from .storage.base import join_key, validate_key_part
+from .storage.local import write_atomically, write_text_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,10 @@ def normalize_cloud_save_mode(cloud_save_mode):
     raise ValueError(f"cloud_save_mode must be 's3' (or 'aws_s3' / 'aws') or 'local', got {cloud_save_mode!r}")
 
 
+def _abs_folder(path):
+    return os.path.abspath(os.path.expanduser(os.fspath(path)))
+
+
 def hyperparams_to_json(hyperparams):
     """JSON text of the hyperparameters; values JSON cannot hold are written as their repr."""
     return json.dumps(hyperparams if hyperparams is not None else {}, default=repr, sort_keys=False, indent=2)
@@ -59,7 +64,7 @@ class Experiment:
         self.loop = loop
         self.project_name = validate_key_part(project_name, 'project_name')
         self.experiment_name = validate_key_part(experiment_name, 'experiment_name')
-        self.root = os.path.abspath(os.path.expanduser(os.fspath(local_model_result_folder_path)))
+        self.root = _abs_folder(local_model_result_folder_path)
         self.run_id = uuid.uuid4().hex
         self.claimed = False
         self.uploaders = {}
@@ -78,8 +83,8 @@ class Experiment:
         return f'{self.project_name}/{self.folder_name}'
 
     def matches(self, project_name, experiment_name, local_model_result_folder_path):
-        root = os.path.abspath(os.path.expanduser(os.fspath(local_model_result_folder_path)))
-        return (project_name, experiment_name, root) == (self.project_name, self.experiment_name, self.root)
+        return (project_name, experiment_name, _abs_folder(local_model_result_folder_path)) == \
+            (self.project_name, self.experiment_name, self.root)
 
     def adopt(self, experiment_timestamp):
         """Continue the experiment of a checkpoint: write to its folder again (resume)."""
@@ -147,7 +152,7 @@ class Experiment:
         hyperparams = hyperparams if hyperparams is not None else {}
         written = []
         json_path = os.path.join(folder, HYPERPARAMS_JSON)
-        _write_text_atomically(json_path, hyperparams_to_json(hyperparams))
+        write_text_atomically(json_path, hyperparams_to_json(hyperparams))
         written.append(json_path)
 
         script = hyperparams.get('experiment_file_path') if isinstance(hyperparams, dict) else None
@@ -165,7 +170,7 @@ class Experiment:
             zip_source_dirs(source_dirs, zip_path)
             written.append(zip_path)
         # Written last: its presence means the set is complete.
-        _write_text_atomically(txt_path, ''.join(f'{key}:\t{value}\n' for key, value in hyperparams.items()))
+        write_text_atomically(txt_path, ''.join(f'{key}:\t{value}\n' for key, value in hyperparams.items()))
         written.append(txt_path)
         if uploader is not None:
             for path in written:
@@ -173,33 +178,26 @@ class Experiment:
         return written
 
 
-def _write_text_atomically(path, text):
-    tmp = f'{path}.{uuid.uuid4().hex[:8]}.tmp'
-    with open(tmp, 'w', encoding='utf-8') as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def zip_source_dirs(source_dirs, zip_path):
     """Zip the given folders (each under its own name), skipping caches and VCS folders."""
     if isinstance(source_dirs, (str, os.PathLike)):
         source_dirs = [source_dirs]
-    tmp = f'{zip_path}.{uuid.uuid4().hex[:8]}.tmp'
-    with zipfile.ZipFile(tmp, 'w', zipfile.ZIP_DEFLATED) as archive:
-        for source in source_dirs:
-            source = os.path.abspath(os.path.expanduser(os.fspath(source)))
-            if not os.path.isdir(source):
-                logger.warning('source_dirs: %s is not a folder; not added to %s', source, SOURCE_ZIP)
-                continue
-            parent = os.path.dirname(source)
-            for dirpath, dirnames, filenames in os.walk(source):
-                dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-                for filename in sorted(filenames):
-                    path = os.path.join(dirpath, filename)
-                    archive.write(path, os.path.relpath(path, parent))
-    os.replace(tmp, zip_path)
+
+    def write(f):
+        with zipfile.ZipFile(f, 'w', zipfile.ZIP_DEFLATED) as archive:
+            for source in source_dirs:
+                source = os.path.abspath(os.path.expanduser(os.fspath(source)))
+                if not os.path.isdir(source):
+                    logger.warning('source_dirs: %s is not a folder; not added to %s', source, SOURCE_ZIP)
+                    continue
+                parent = os.path.dirname(source)
+                for dirpath, dirnames, filenames in os.walk(source):
+                    dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+                    for filename in sorted(filenames):
+                        path = os.path.join(dirpath, filename)
+                        archive.write(path, os.path.relpath(path, parent))
+
+    write_atomically(zip_path, write, make_parents=False)
     return zip_path
 
 

@@ -17,10 +17,12 @@ from .storage.base import validate_key_part
 from .train_loop import TrainLoop
 
 
-def _caller_file(depth):
+def _caller_file():
+    """The file of the code that created the tracking loop: the first caller outside this module (so the
+    subclasses' __init__ chains need no depth bookkeeping)."""
     frame = inspect.currentframe()
     try:
-        for _ in range(depth + 1):
+        while frame is not None and frame.f_globals.get('__name__') == __name__:
             frame = frame.f_back
         return os.path.abspath(frame.f_code.co_filename) if frame is not None else None
     finally:
@@ -52,17 +54,21 @@ class _TrackingMixin:
         self.source_dirs = source_dirs
         self.experiment_uploader = None
 
-    def _checkpoint_callback(self, rm_subopt_local_models, num_best_checkpoints_kept, iteration_save_freq):
+    def _register_checkpoint_callback(self, rm_subopt_local_models, num_best_checkpoints_kept, iteration_save_freq):
         if isinstance(iteration_save_freq, bool) or not isinstance(iteration_save_freq, int) or iteration_save_freq < 0:
             raise ValueError(f'iteration_save_freq must be an int >= 0 (0: checkpoint after every epoch), got '
                              f'{iteration_save_freq!r}')
+        self.rm_subopt_local_models = rm_subopt_local_models
+        self.iteration_save_freq = iteration_save_freq
         args = (self.project_name, self.experiment_name, self.local_model_result_folder_path, self.hyperparams)
         kwargs = dict(cloud_save_mode=self.cloud_save_mode, bucket_name=self.bucket_name,
                       cloud_dir_prefix=self.cloud_dir_prefix, rm_subopt_local_models=rm_subopt_local_models,
                       num_best_checkpoints_kept=num_best_checkpoints_kept)
         if iteration_save_freq == 0:
-            return ModelCheckpoint(*args, **kwargs)
-        return ModelIterationCheckpoint(iteration_save_freq, *args, **kwargs)
+            callback = ModelCheckpoint(*args, **kwargs)
+        else:
+            callback = ModelIterationCheckpoint(iteration_save_freq, *args, **kwargs)
+        self.callbacks_handler.register_callbacks([callback], cache_callbacks=True)
 
 
 class TrainLoopCheckpoint(_TrackingMixin, TrainLoop):
@@ -80,12 +86,8 @@ class TrainLoopCheckpoint(_TrackingMixin, TrainLoop):
                            collate_batch_pred_fn, pred_transform_fn, end_auto_eval, lazy_experiment_save,
                            print_callbacks, gpu_mode, cuda_device_idx, use_amp, progress_bar)
         self._set_tracking_attributes(project_name, experiment_name, local_model_result_folder_path, hyperparams,
-                                      cloud_save_mode, bucket_name, cloud_dir_prefix, source_dirs, _caller_file(1))
-        self.rm_subopt_local_models = rm_subopt_local_models
-        self.iteration_save_freq = iteration_save_freq
-        self.callbacks_handler.register_callbacks(
-            [self._checkpoint_callback(rm_subopt_local_models, num_best_checkpoints_kept, iteration_save_freq)],
-            cache_callbacks=True)
+                                      cloud_save_mode, bucket_name, cloud_dir_prefix, source_dirs, _caller_file())
+        self._register_checkpoint_callback(rm_subopt_local_models, num_best_checkpoints_kept, iteration_save_freq)
 
 
 class TrainLoopEndSave(_TrackingMixin, TrainLoop):
@@ -101,9 +103,8 @@ class TrainLoopEndSave(_TrackingMixin, TrainLoop):
         TrainLoop.__init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion,
                            collate_batch_pred_fn, pred_transform_fn, end_auto_eval, lazy_experiment_save,
                            print_callbacks, gpu_mode, cuda_device_idx, use_amp, progress_bar)
-        caller = getattr(self, '_tracking_caller_file', None) or _caller_file(1)
         self._set_tracking_attributes(project_name, experiment_name, local_model_result_folder_path, hyperparams,
-                                      cloud_save_mode, bucket_name, cloud_dir_prefix, source_dirs, caller)
+                                      cloud_save_mode, bucket_name, cloud_dir_prefix, source_dirs, _caller_file())
         self.val_result_package = val_result_package
         self.test_result_package = test_result_package
         self.check_if_result_packages_possible()
@@ -135,15 +136,10 @@ class TrainLoopCheckpointEndSave(TrainLoopEndSave):
                  collate_batch_pred_fn=append_predictions, pred_transform_fn=torch_cat_transf, end_auto_eval=True,
                  lazy_experiment_save=False, print_callbacks=False, gpu_mode='single', cuda_device_idx=None,
                  use_amp=False, progress_bar=None):
-        self._tracking_caller_file = _caller_file(1)
         TrainLoopEndSave.__init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion,
                                   project_name, experiment_name, local_model_result_folder_path, hyperparams,
                                   val_result_package, test_result_package, cloud_save_mode, bucket_name,
                                   cloud_dir_prefix, source_dirs, collate_batch_pred_fn, pred_transform_fn,
                                   end_auto_eval, lazy_experiment_save, print_callbacks, gpu_mode, cuda_device_idx,
                                   use_amp, progress_bar)
-        self.rm_subopt_local_models = rm_subopt_local_models
-        self.iteration_save_freq = iteration_save_freq
-        self.callbacks_handler.register_callbacks(
-            [self._checkpoint_callback(rm_subopt_local_models, num_best_checkpoints_kept, iteration_save_freq)],
-            cache_callbacks=True)
+        self._register_checkpoint_callback(rm_subopt_local_models, num_best_checkpoints_kept, iteration_save_freq)

@@ -5,7 +5,9 @@ import os
 from .. import loop_state
 from ..checkpoint import load_checkpoint
 from ..experiment import normalize_cloud_save_mode
+from ..storage.base import join_key
 from .abstract import AbstractExperimentCallback
+from .model_save import model_file_name
 
 logger = logging.getLogger(__name__)
 
@@ -81,33 +83,33 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
         self.loaded_from = source
 
     def _relative_path(self):
-        folder = f'{self.experiment_name}_{self.saved_experiment_timestamp}'
-        return f'{self.project_name}/{folder}/{self.saved_model_dir}', folder
+        return f'{self.project_name}/{self.experiment_name}_{self.saved_experiment_timestamp}/{self.saved_model_dir}'
 
     def _file_name(self):
-        name = f'model_{self.experiment_name}_{self.saved_experiment_timestamp}'
-        return f'{name}_E{self.epoch_num}.pth' if self.epoch_num is not None else f'{name}.pth'
+        """The file to load; None: the newest checkpoint of the folder (its ``latest`` pointer)."""
+        if self.epoch_num is None and self.saved_model_dir != 'model':
+            return None
+        return model_file_name(self.experiment_name, self.saved_experiment_timestamp, self.epoch_num)
 
     def _load(self):
-        rel_dir, _ = self._relative_path()
+        rel_dir = self._relative_path()
+        file_name = self._file_name()
         local_dir = os.path.join(self.local_model_result_folder_path, *rel_dir.split('/'))
-        path = self._local_file(local_dir)
+        path = self._local_file(local_dir, file_name)
         if path is not None:
             return load_checkpoint(path, map_location=self.map_location,
                                    allow_unsafe_pickle=self.allow_unsafe_pickle), path
         if self.cloud_save_mode and normalize_cloud_save_mode(self.cloud_save_mode) == 's3':
-            prefix = (self.cloud_dir_prefix or '').strip('/')
-            key = f'{prefix}/{rel_dir}' if prefix else rel_dir
-            target = f'{key}/{self._file_name()}' if self.epoch_num is not None or self.saved_model_dir == 'model' \
-                else key
+            target = join_key(self.cloud_dir_prefix, rel_dir, file_name)
             return loop_state.load_resume_checkpoint(self.train_loop_obj, f's3://{self.bucket_name}/{target}',
                                                      map_location=self.map_location,
                                                      allow_unsafe_pickle=self.allow_unsafe_pickle)
         raise FileNotFoundError(f'ModelLoadContinueTraining: no checkpoint found in {local_dir} (epoch_num='
                                 f'{self.epoch_num})')
 
-    def _local_file(self, local_dir):
-        if self.epoch_num is not None or self.saved_model_dir == 'model':
-            path = os.path.join(local_dir, self._file_name())
+    @staticmethod
+    def _local_file(local_dir, file_name):
+        if file_name is not None:
+            path = os.path.join(local_dir, file_name)
             return path if os.path.isfile(path) else None
         return loop_state.read_pointer(local_dir) or loop_state.find_checkpoint_in_dir(local_dir)

@@ -16,19 +16,27 @@ from .. import loop_state
 from ..checkpoint import atomic_torch_save
 from ..experiment import (ExperimentUploader, all_uploaders, get_experiment, get_uploader,
                           normalize_cloud_save_mode)
+from ..storage.base import validate_key_part
+from ..storage.local import write_text_atomically
 from .abstract import AbstractCallback
 
 logger = logging.getLogger(__name__)
 
 
 def _write_pointer(folder, name, target_file_name):
-    tmp = os.path.join(folder, f'.{name}.tmp')
-    with open(tmp, 'w', encoding='utf-8') as f:
-        f.write(target_file_name)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(folder, name))
-    return os.path.join(folder, name)
+    path = os.path.join(folder, name)
+    write_text_atomically(path, target_file_name)
+    return path
+
+
+def model_file_name(experiment_name, experiment_timestamp, epoch=None, iteration_idx=None):
+    """``model_<experiment>_<timestamp>[_E<epoch>[_ITER<idx>]].pth``: the saved model / checkpoint file names."""
+    name = f'model_{experiment_name}_{experiment_timestamp}'
+    if epoch is not None:
+        name += f'_E{epoch}'
+        if iteration_idx is not None:
+            name += f'_ITER{iteration_idx}'
+    return name + '.pth'
 
 
 class ExperimentSaverBase(AbstractCallback):
@@ -52,7 +60,6 @@ class ExperimentSaverBase(AbstractCallback):
         self.endpoint_url = endpoint_url
         self.experiment = None
         self.uploader = None
-        from ..storage.base import validate_key_part
         validate_key_part(project_name, 'project_name')
         validate_key_part(experiment_name, 'experiment_name')
 
@@ -83,13 +90,7 @@ class ExperimentSaverBase(AbstractCallback):
         return self.experiment.claim()
 
     def _model_file_name(self, epoch=None, iteration_idx=None):
-        loop = self.train_loop_obj
-        name = f'model_{self.experiment_name}_{loop.experiment_timestamp}'
-        if epoch is not None:
-            name += f'_E{epoch}'
-            if iteration_idx is not None:
-                name += f'_ITER{iteration_idx}'
-        return name + '.pth'
+        return model_file_name(self.experiment_name, self.train_loop_obj.experiment_timestamp, epoch, iteration_idx)
 
     def _save_state(self, subdir, file_name, mid_epoch=False, pointer=None):
         """Write the loop's full state atomically into ``<experiment>/<subdir>/<file_name>`` and upload it."""
@@ -180,8 +181,8 @@ class ModelCheckpoint(ExperimentSaverBase):
         return float(value) if isinstance(value, (int, float)) else None
 
     def _best_files(self):
-        ranked = sorted((s for s in self.scored if s[0] is not None),
-                        key=lambda s: s[0] if self._lower_is_better() else -s[0])
+        sign = 1 if self._lower_is_better() else -1
+        ranked = sorted((s for s in self.scored if s[0] is not None), key=lambda s: sign * s[0])
         return [s[2] for s in ranked]
 
     def on_epoch_end(self):
@@ -357,12 +358,7 @@ def _json_default(value):
 
 
 def _write_json(path, data):
-    tmp = f'{path}.tmp'
-    with open(tmp, 'w', encoding='utf-8') as f:
-        json.dump(data, f, default=_json_default, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomically(path, json.dumps(data, default=_json_default, indent=2))
 
 
 class WaitForUploads(AbstractCallback):

@@ -49,11 +49,16 @@ def _is_torch_tensor(obj):
     return cls.__module__.split('.')[0] == 'torch' and hasattr(obj, 'detach') and hasattr(obj, 'cpu')
 
 
-def _tensor_to_numpy(tensor):
+def _detached_cpu(tensor):
+    """The tensor detached on the CPU, bfloat16 widened to float32 (numpy has no bfloat16)."""
     tensor = tensor.detach().cpu()
     if str(tensor.dtype) == 'torch.bfloat16':
         tensor = tensor.float()
-    return tensor.numpy()
+    return tensor
+
+
+def _tensor_to_numpy(tensor):
+    return _detached_cpu(tensor).numpy()
 
 
 def _to_numpy(values, name='y'):
@@ -100,9 +105,7 @@ def _to_python(value):
     if isinstance(value, np.ndarray):
         return value.item() if value.ndim == 0 else value.tolist()
     if _is_torch_tensor(value):
-        value = value.detach().cpu()
-        if str(value.dtype) == 'torch.bfloat16':
-            value = value.float()
+        value = _detached_cpu(value)
         return value.item() if value.ndim == 0 else value.tolist()
     return value
 

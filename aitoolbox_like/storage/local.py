@@ -14,17 +14,21 @@ _PARTIAL_SUFFIX = '.partial'
 _PARTIAL_RE = re.compile(r'^\..+\.[0-9a-f]{12}\.partial$')
 
 
-def _temp_path_for(path):
-    return path.with_name(f'.{path.name}.{secrets.token_hex(6)}{_PARTIAL_SUFFIX}')
+def _temp_path_for(path, temp_suffix=_PARTIAL_SUFFIX):
+    return path.with_name(f'.{path.name}.{secrets.token_hex(6)}{temp_suffix}')
 
 
-def _write_atomically(path, write):
+def write_atomically(path, write, temp_suffix=_PARTIAL_SUFFIX, make_parents=True):
     """Run ``write(file_object)`` into a sibling temp file, fsync it, then rename over ``path``.
 
-    Readers (and a crash) see the old file or the complete new one, never a half-written one.
+    Readers (and a crash) see the old file or the complete new one, never a half-written one; a failed
+    write leaves no temp file behind. The temp file is ``.<name>.<12 hex digits><temp_suffix>``.
+    ``make_parents=False``: a missing parent folder is an error (FileNotFoundError).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_path_for(path)
+    path = Path(os.path.abspath(os.fspath(path)))
+    if make_parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_path_for(path, temp_suffix)
     try:
         with open(tmp, 'xb') as f:
             write(f)
@@ -37,6 +41,12 @@ def _write_atomically(path, write):
         except FileNotFoundError:
             pass
         raise
+
+
+def write_text_atomically(path, text):
+    """Store ``text`` (UTF-8) in the file ``path`` with :func:`write_atomically`."""
+    data = text.encode('utf-8')
+    write_atomically(path, lambda f: f.write(data))
 
 
 class LocalStorage(Storage):
@@ -62,7 +72,7 @@ class LocalStorage(Storage):
     def save_file(self, local_path, key):
         target = self.path(key)
         with open(local_path, 'rb') as src:
-            _write_atomically(target, lambda dst: shutil.copyfileobj(src, dst, 1024 * 1024))
+            write_atomically(target, lambda dst: shutil.copyfileobj(src, dst, 1024 * 1024))
         logger.debug('Saved %s to %s', local_path, target)
 
     def load_file(self, key, local_path):
@@ -72,8 +82,7 @@ class LocalStorage(Storage):
         except FileNotFoundError:
             raise FileNotFoundError(f'No such key in storage: {self.uri(key)}') from None
         with src:
-            _write_atomically(Path(os.path.abspath(local_path)),
-                              lambda dst: shutil.copyfileobj(src, dst, 1024 * 1024))
+            write_atomically(local_path, lambda dst: shutil.copyfileobj(src, dst, 1024 * 1024))
         return local_path
 
     def exists(self, key):
@@ -104,8 +113,7 @@ class LocalStorage(Storage):
             pass
 
     def write_text(self, key, text):
-        data = text.encode('utf-8')
-        _write_atomically(self.path(key), lambda f: f.write(data))
+        write_text_atomically(self.path(key), text)
 
     def read_text(self, key):
         try:

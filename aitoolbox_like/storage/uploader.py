@@ -11,7 +11,7 @@ import queue
 import threading
 from dataclasses import dataclass
 
-from .base import StorageAuthError, StorageError
+from .base import StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +52,7 @@ _RETRYABLE_CLIENT_CODES = frozenset({'SlowDown', 'RequestTimeout', 'RequestTimeT
 
 def is_retryable(error, local_path=None):
     """Whether waiting and trying again might succeed."""
-    if isinstance(error, StorageAuthError):
-        return False
-    if isinstance(error, StorageError):
+    if isinstance(error, StorageError):     # StorageAuthError included: retrying cannot fix either
         return False
     if isinstance(error, FileNotFoundError) and local_path is not None and not os.path.exists(local_path):
         # The file to upload is gone; waiting will not bring it back.
