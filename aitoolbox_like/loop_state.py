@@ -429,14 +429,15 @@ def find_latest_local(experiment):
 
 
 def load_resume_checkpoint(loop, resume_from, experiment=None, callbacks=None, map_location='cpu',
-                           allow_unsafe_pickle=False):
+                           allow_unsafe_pickle=False, endpoint_url=None):
     """Load the checkpoint ``resume_from`` names: a file, an experiment folder, ``s3://bucket/key`` or 'latest'.
+    ``endpoint_url`` is the S3 endpoint (None: boto3's own resolution, e.g. AWS_ENDPOINT_URL_S3).
     Returns ``(checkpoint, source)``."""
     if isinstance(resume_from, dict):
         return resume_from, 'the given checkpoint dict'
     resume_from = os.fspath(resume_from)
     if resume_from.startswith('s3://'):
-        return _load_from_s3(resume_from, map_location, allow_unsafe_pickle)
+        return _load_from_s3(resume_from, map_location, allow_unsafe_pickle, endpoint_url)
     if resume_from == 'latest':
         if experiment is None:
             raise ValueError("fit(resume_from='latest') needs to know the experiment: use a TrainLoopCheckpoint (or "
@@ -474,14 +475,14 @@ def _pointer_target(storage, pointer_key):
     return f'{pointer_key.rsplit("/", 1)[0]}/{name}'
 
 
-def _load_from_s3(uri, map_location, allow_unsafe_pickle):
+def _load_from_s3(uri, map_location, allow_unsafe_pickle, endpoint_url=None):
     from .storage.s3 import S3Storage
     bucket, _, key = uri[len('s3://'):].partition('/')
     key = key.strip('/')
     if not bucket or not key:
         raise ValueError(f'resume_from={uri!r}: expected s3://bucket/key/of/checkpoint.pth or s3://bucket/<experiment '
                          f'folder>')
-    storage = S3Storage(bucket)
+    storage = S3Storage(bucket, endpoint_url=endpoint_url)
     if key.endswith(('.pth', '.pt')) or storage.exists(key) and not key.endswith(LATEST_POINTER):
         return _download_and_load(storage, key, map_location, allow_unsafe_pickle)
     for pointer in (key if key.endswith(LATEST_POINTER) else None, f'{key}/{CHECKPOINT_DIR}/{LATEST_POINTER}',
@@ -493,11 +494,10 @@ def _load_from_s3(uri, map_location, allow_unsafe_pickle):
 
 
 def _find_latest_in_cloud(loop, experiment, callbacks):
-    from .experiment import normalize_cloud_save_mode
+    from .experiment import is_s3_mode
     details = None
     for cb in _saving_callbacks(loop, callbacks):
-        mode = getattr(cb, 'cloud_save_mode', None)
-        if mode and normalize_cloud_save_mode(mode) == 's3' and getattr(cb, 'bucket_name', None):
+        if is_s3_mode(getattr(cb, 'cloud_save_mode', None)) and getattr(cb, 'bucket_name', None):
             details = (cb.bucket_name, cb.cloud_dir_prefix or '', getattr(cb, 'endpoint_url', None))
             break
     if details is None:

@@ -4,7 +4,7 @@ import os
 
 from .. import loop_state
 from ..checkpoint import load_checkpoint
-from ..experiment import normalize_cloud_save_mode
+from ..experiment import is_s3_mode
 from ..storage.base import join_key
 from .abstract import AbstractExperimentCallback
 from .model_save import model_file_name
@@ -31,8 +31,9 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
         custom_local_loader_class: not supported (AIToolbox's loader classes are replaced by one function).
         project_name, experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
             cloud_dir_prefix: as for every experiment callback; taken from a tracking TrainLoop when None.
-        **kwargs: ``map_location`` (default 'cpu'), ``allow_unsafe_pickle`` (default False: a checkpoint that
-            holds pickled Python objects is refused; only set it for files you trust).
+        **kwargs: ``endpoint_url`` (S3-compatible endpoint; None: boto3's own resolution), ``map_location``
+            (default 'cpu'), ``allow_unsafe_pickle`` (default False: a checkpoint that holds pickled Python
+            objects is refused; only set it for files you trust).
     """
 
     def __init__(self, saved_experiment_timestamp, saved_model_dir='checkpoint_model', epoch_num=None,
@@ -99,11 +100,12 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
         if path is not None:
             return load_checkpoint(path, map_location=self.map_location,
                                    allow_unsafe_pickle=self.allow_unsafe_pickle), path
-        if self.cloud_save_mode and normalize_cloud_save_mode(self.cloud_save_mode) == 's3':
+        if is_s3_mode(self.cloud_save_mode):
             target = join_key(self.cloud_dir_prefix, rel_dir, file_name)
             return loop_state.load_resume_checkpoint(self.train_loop_obj, f's3://{self.bucket_name}/{target}',
                                                      map_location=self.map_location,
-                                                     allow_unsafe_pickle=self.allow_unsafe_pickle)
+                                                     allow_unsafe_pickle=self.allow_unsafe_pickle,
+                                                     endpoint_url=self.endpoint_url)
         raise FileNotFoundError(f'ModelLoadContinueTraining: no checkpoint found in {local_dir} (epoch_num='
                                 f'{self.epoch_num})')
 

@@ -209,3 +209,29 @@ def test_result_callbacks_upload_to_s3_without_a_saving_callback(s3_env, tmp_pat
     remote = S3Storage(bucket, 'res').load_file(f'proj/plots_{loop.experiment_timestamp}/results/results.csv',
                                                 tmp_path / 'remote.csv')
     assert open(remote, 'rb').read() == open(local_csv, 'rb').read()
+
+
+def test_model_load_from_s3_uses_the_explicit_endpoint(s3_server, tmp_path, monkeypatch):
+    """A custom endpoint given only as an argument (no AWS_ENDPOINT_URL_S3) serves saving and loading alike."""
+    import shutil
+
+    from aitoolbox_like.callbacks.model_load import ModelLoadContinueTraining
+    from aitoolbox_like.callbacks.model_save import ModelCheckpoint
+    monkeypatch.delenv('AWS_ENDPOINT_URL_S3', raising=False)
+    monkeypatch.delenv('AWS_ENDPOINT_URL', raising=False)
+    monkeypatch.setattr(ExperimentUploader, 'storage_options', {'max_attempts': 1})
+    bucket = make_bucket(s3_server)
+    endpoint = dict(cloud_save_mode='s3', bucket_name=bucket, cloud_dir_prefix='ep', endpoint_url=s3_server.endpoint_url)
+
+    model, train, val, test, optimizer = make_parts(seed=0)
+    first = TrainLoop(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), progress_bar=False)
+    first.fit(num_epochs=2, callbacks=[ModelCheckpoint('proj', 'exp', str(tmp_path / 'a'), {}, **endpoint)])
+    shutil.rmtree(tmp_path / 'a')                        # only the bucket is left
+
+    model, train, val, test, optimizer = make_parts(seed=5)
+    resumed = TrainLoop(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), progress_bar=False)
+    resumed.fit(num_epochs=2, callbacks=[ModelLoadContinueTraining(
+        first.experiment_timestamp, project_name='proj', experiment_name='exp',
+        local_model_result_folder_path=str(tmp_path / 'b'), **endpoint)])
+    assert_same_weights(weights(resumed.model), weights(first.model))
+    assert resumed.total_iteration_idx == first.total_iteration_idx
