@@ -47,6 +47,11 @@ def _abs_folder(path):
     return os.path.abspath(os.path.expanduser(os.fspath(path)))
 
 
+def is_s3_mode(cloud_save_mode):
+    """True when files go to S3 (any of AIToolbox's S3 aliases); False for the local-only modes."""
+    return normalize_cloud_save_mode(cloud_save_mode) == 's3'
+
+
 def hyperparams_to_json(hyperparams):
     """JSON text of the hyperparameters; values JSON cannot hold are written as their repr."""
     return json.dumps(hyperparams if hyperparams is not None else {}, default=repr, sort_keys=False, indent=2)
@@ -306,7 +311,7 @@ class ExperimentUploader:
 def get_uploader(loop, experiment, cloud_save_mode, bucket_name, cloud_dir_prefix='', endpoint_url=None):
     """The loop's uploader for this bucket/prefix (created once), or None for local-only saving or on a
     rank other than 0 (only rank 0 writes)."""
-    if normalize_cloud_save_mode(cloud_save_mode) != 's3' or not loop.is_main_process():
+    if not is_s3_mode(cloud_save_mode) or not loop.is_main_process():
         return None
     key = (bucket_name, (cloud_dir_prefix or '').strip('/'), endpoint_url)
     uploader = experiment.uploaders.get(key)

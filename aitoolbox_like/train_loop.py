@@ -156,8 +156,9 @@ class TrainLoop:
         return self.global_rank == 0
 
     @property
-    def _optimizer_list(self):
-        # Read per update (not cached) so a callback may swap loop.optimizer during training.
+    def optimizers(self):
+        """The optimizers the loop steps, in optimizer_idx order (one unless a MultiOptimizer is used).
+        Derived from ``optimizer`` on every read, so a callback may swap ``loop.optimizer`` during training."""
         optimizer = self.optimizer
         return optimizer.optimizer_list if isinstance(optimizer, MultiOptimizer) else (optimizer,)
 
@@ -342,7 +343,7 @@ class TrainLoop:
             self._optimizer_update(hooks)
 
     def _optimizer_update(self, hooks):
-        optimizers = self._optimizer_list
+        optimizers = self.optimizers
         uses_scaler = self._amp.uses_scaler
         if uses_scaler:
             for optimizer in optimizers:     # once, so callbacks see and clip the real gradients

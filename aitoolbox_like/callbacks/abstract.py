@@ -159,12 +159,12 @@ class AbstractExperimentCallback(AbstractCallback):
         """Queue files written inside the local experiment folder for upload to the same keys in the cloud
         experiment folder, when this callback has an S3 ``cloud_save_mode``. One background uploader per loop
         serves every callback; training does not wait, and the end of fit waits for pending uploads."""
+        from ..experiment import get_experiment, get_uploader, is_s3_mode
         loop = self.train_loop_obj
-        if not paths or self.cloud_save_mode in (None, 'local') or not loop.is_main_process():
+        if not paths or not is_s3_mode(self.cloud_save_mode) or not loop.is_main_process():
             return
         uploader = getattr(loop, 'experiment_uploader', None)
         if uploader is None:
-            from ..experiment import get_experiment, get_uploader
             experiment = get_experiment(loop, self.project_name, self.experiment_name,
                                         self.local_model_result_folder_path)
             uploader = get_uploader(loop, experiment, self.cloud_save_mode, self.bucket_name, self.cloud_dir_prefix)

@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 def _optimizer_params(loop, optimizer_idx):
     """Parameters that the optimizer being stepped updates (all model parameters for a duck-typed optimizer
     without param_groups)."""
-    optimizer = loop._optimizer_list[optimizer_idx]
+    optimizer = loop.optimizers[optimizer_idx]
     groups = getattr(optimizer, 'param_groups', None)
     if groups is None:
         return list(loop.model.parameters())

@@ -63,10 +63,6 @@ class ExperimentSaverBase(AbstractCallback):
         validate_key_part(project_name, 'project_name')
         validate_key_part(experiment_name, 'experiment_name')
 
-    @property
-    def cloud_enabled(self):
-        return normalize_cloud_save_mode(self.cloud_save_mode) == 's3'
-
     def on_train_loop_registration(self):
         loop = self.train_loop_obj
         if not callable(getattr(loop.optimizer, 'state_dict', None)):

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ._common import check_int
 from ._common import is_number as _is_number
 from .abstract import AbstractExperimentCallback
+from ..experiment import is_s3_mode
 from .performance_eval import history_series
 
 logger = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
 
     def upload_to_cloud(self):
         """Upload the event files (only with an S3 cloud_save_mode)."""
-        if not self.cloud_save_mode or self.cloud_save_mode == 'local':
+        if not is_s3_mode(self.cloud_save_mode):
             return
         self.tb_writer.flush()
         paths = [os.path.join(root, name) for root, _, names in os.walk(self.log_dir) for name in names]
@@ -220,7 +221,7 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
     def log_learning_rates(self, step):
         """``learning_rate/group_<i>`` of each param group (``learning_rate/optimizer_<k>_group_<i>`` for a
         MultiOptimizer)."""
-        optimizers = self.train_loop_obj._optimizer_list
+        optimizers = self.train_loop_obj.optimizers
         for k, opt in enumerate(optimizers):
             for i, group in enumerate(getattr(opt, 'param_groups', [])):
                 if 'lr' not in group:

@@ -114,7 +114,7 @@ class GeneralLRSchedulerCallback(AbstractScheduler, AbstractCallback):
 
     def _resolve_optimizer(self):
         loop = self.train_loop_obj
-        optimizers = loop._optimizer_list
+        optimizers = loop.optimizers
         idx = self.optimizer_idx
         who = f'{type(self).__name__}'
         if idx is None:
@@ -566,7 +566,7 @@ class LRMonitor(AbstractCallback):
         if not self._active:
             return
         loop = self.train_loop_obj
-        groups = [(o, g, group['lr']) for o, optimizer in enumerate(loop._optimizer_list)
+        groups = [(o, g, group['lr']) for o, optimizer in enumerate(loop.optimizers)
                   for g, group in enumerate(getattr(optimizer, 'param_groups', ()))]
         if len(groups) == 1:
             loop.insert_metric_result_into_history('lr', float(groups[0][2]))
