@@ -18,6 +18,7 @@ from ..experiment import (ExperimentUploader, all_uploaders, get_experiment, get
                           normalize_cloud_save_mode)
 from ..storage.base import validate_key_part
 from ..storage.local import write_text_atomically
+from ._common import lower_is_better
 from .abstract import AbstractCallback
 
 logger = logging.getLogger(__name__)
@@ -164,16 +165,11 @@ class ModelCheckpoint(ExperimentSaverBase):
     def _lower_is_better(self):
         if self.mode != 'auto':
             return self.mode == 'min'
-        name = self._monitor_name().lower()
-        return 'loss' in name or 'error' in name
+        return lower_is_better(self._monitor_name())
 
     def _current_score(self):
         loop = self.train_loop_obj
-        name = self._monitor_name()
-        values = loop.train_history.get(name)
-        if not values or loop.train_history.get_epochs(name)[-1] != loop.epoch:
-            return None
-        value = values[-1]
+        value = loop.train_history.value_in_epoch(self._monitor_name(), loop.epoch)
         return float(value) if isinstance(value, (int, float)) else None
 
     def _best_files(self):
