@@ -11,6 +11,8 @@ import os
 import pickle
 import shutil
 import tempfile
+import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -23,7 +25,13 @@ from .model import TTModel
 
 logger = logging.getLogger(__name__)
 
+
+class DDPWorkerError(RuntimeError):
+    """A spawned DDP process failed. The message holds the traceback of the process that failed first: when one
+    rank raises, the others typically fail next with a connection error that only hides the cause."""
+
 _RESULT_FILE = 'ddp_result.pt'
+_FAILURE_FILE = 'failure_rank{}.txt'
 _LOOP_STATE_ATTRS = ('epoch', 'iteration', 'total_iteration_idx', 'num_epochs', 'num_iterations', 'grad_accumulation',
                      'early_stop', '_epochs_completed')
 
@@ -124,16 +132,52 @@ def _fit_spawned(loop, num_nodes, node_rank, num_gpus, backend, init_method, set
                         f"module-level functions instead of lambdas, or start the script with torchrun.") from exc
     result_dir = tempfile.mkdtemp(prefix='aitoolbox_like_ddp_')
     try:
-        mp.spawn(_spawn_entry, args=(payload, rendezvous, result_dir), nprocs=num_gpus, join=True)
+        try:
+            mp.spawn(_spawn_entry, args=(payload, rendezvous, result_dir), nprocs=num_gpus, join=True)
+        except Exception as exc:
+            first = _first_failure(result_dir)
+            if first is None:
+                raise
+            rank, trace = first
+            raise DDPWorkerError(f'the DDP process of rank {rank} failed first (errors of the other processes '
+                                 f'follow from it):\n{trace}') from exc
         _load_worker_result(loop, os.path.join(result_dir, _RESULT_FILE))
     finally:
         shutil.rmtree(result_dir, ignore_errors=True)
     return loop.model
 
 
+def _first_failure(result_dir):
+    """``(rank, traceback text)`` of the earliest failure a spawned process recorded, or None."""
+    failures = []
+    for name in os.listdir(result_dir):
+        if name.startswith('failure_rank'):
+            with open(os.path.join(result_dir, name), encoding='utf-8') as f:
+                when, trace = f.read().split('\n', 1)
+            failures.append((float(when), int(name[len('failure_rank'):-len('.txt')]), trace))
+    return min(failures)[1:] if failures else None
+
+
+def _record_failure(result_dir, global_rank):
+    """Write the exception being handled, with the time, so the parent can report the root cause rather than
+    the first exit it sees. Called before the process group is torn down (which makes the other ranks fail)."""
+    path = os.path.join(result_dir, _FAILURE_FILE.format(global_rank))
+    if not os.path.exists(path):
+        with open(path, 'w', encoding='utf-8') as f:
+            f.write(f'{time.time()!r}\n{traceback.format_exc()}')
+
+
 def _spawn_entry(local_rank, payload, rendezvous, result_dir):
-    loop, settings = pickle.loads(payload)
     global_rank = rendezvous['node_rank'] * rendezvous['num_gpus'] + local_rank
+    try:
+        _run_spawned_rank(local_rank, global_rank, payload, rendezvous, result_dir)
+    except BaseException:
+        _record_failure(result_dir, global_rank)       # failures before the process group existed
+        raise
+
+
+def _run_spawned_rank(local_rank, global_rank, payload, rendezvous, result_dir):
+    loop, settings = pickle.loads(payload)
     if rendezvous['init_method'] == 'env://':
         os.environ['MASTER_ADDR'] = rendezvous['master_addr']
         os.environ['MASTER_PORT'] = rendezvous['master_port']
@@ -150,6 +194,9 @@ def _spawn_entry(local_rank, payload, rendezvous, result_dir):
         if local_rank == 0:     # weights are identical on every rank; the first process of each machine reports
             _save_worker_result(loop, os.path.join(result_dir, _RESULT_FILE))
         dist.barrier()
+    except BaseException:
+        _record_failure(result_dir, global_rank)
+        raise
     finally:
         dist.destroy_process_group()
 
