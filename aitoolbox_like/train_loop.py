@@ -44,23 +44,32 @@ from .predictions import append_predictions, batch_size_of, combine_prediction_m
 logger = logging.getLogger(__name__)
 
 GPU_MODES = ('single', 'ddp')
+# Accepted at construction (AIToolbox code passes it) and refused with a pointer to 'ddp' when the loop is used.
+_UNSUPPORTED_GPU_MODES = {'dp': "gpu_mode='dp' (single-process DataParallel) is not supported: use gpu_mode='ddp' "
+                                "(DistributedDataParallel, one process per GPU; see docs/distributed.md)"}
 
 
 class TrainLoop:
     """Train a TTModel (or ModelWrap) with an optimizer and a criterion, extended by callbacks.
 
+    Construction accepts ``None`` for the loaders, the optimizer and the criterion (a loop that only
+    predicts, or whose optimizer a callback sets later); each method checks what it is about to use:
+    ``fit`` checks the loaders and the optimizer before the first step, ``predict_on_*`` /
+    ``evaluate_loss_on_*`` the loader they read.
+
     Args:
         model: TTModel, TTBasicModel or ModelWrap.
-        train_loader, validation_loader, test_loader: DataLoaders (validation/test may be None).
-        optimizer: a torch optimizer, a MultiOptimizer, or any object with step() and zero_grad().
-        criterion: passed to the model's get_loss (may be None if the model does not need one).
+        train_loader, validation_loader, test_loader: DataLoaders or any iterables of batches, or None.
+        optimizer: a torch optimizer, a MultiOptimizer, any object with step() and zero_grad(), or None.
+        criterion: passed to the model's get_loss: any callable, or None if the model does not need one.
         collate_batch_pred_fn: how one batch's predictions are added to the collected list.
         pred_transform_fn: how the collected list becomes the final predictions (default torch.cat).
         end_auto_eval (bool or int): compute 'loss'/'val_loss' after every epoch (True), never (False)
             or every k epochs (int k); also controls the end-of-training test loss.
         lazy_experiment_save (bool): for tracking loops: create experiment folders only when first used.
         print_callbacks (bool): print the registered callbacks at the start of fit.
-        gpu_mode: 'single' or 'ddp' (DistributedDataParallel; see docs/distributed.md).
+        gpu_mode: 'single' or 'ddp' (DistributedDataParallel; see docs/distributed.md). AIToolbox's 'dp' is
+            accepted here and refused when the loop is used.
         cuda_device_idx (int or None): which GPU in 'single' mode (CPU when CUDA is unavailable).
         use_amp: False, True / 'fp16' (CUDA, with GradScaler), 'bf16' (CPU or CUDA), or a dict of
             GradScaler arguments.
@@ -73,18 +82,8 @@ class TrainLoop:
                  gpu_mode='single', cuda_device_idx=None, use_amp=False, progress_bar=None):
         self.model, self._feed = resolve_model(model)
         self.batch_model_feed_def = model.batch_model_feed_def if isinstance(model, ModelWrap) else None
-        # In DDP the loaders may be built inside each process by InMultiProcessDataLoad.
-        if (train_loader is None and gpu_mode != 'ddp') or (train_loader is not None
-                                                             and not hasattr(train_loader, '__iter__')):
-            raise TypeError(f'train_loader must be an iterable of batches (e.g. a torch DataLoader), '
-                            f'got {type(train_loader).__qualname__}')
-        missing = [m for m in ('step', 'zero_grad') if not callable(getattr(optimizer, m, None))]
-        if missing:
-            raise TypeError(f'optimizer ({type(optimizer).__qualname__}) has no {" or ".join(missing)}(); pass a '
-                            f'torch.optim optimizer or aitoolbox_like.MultiOptimizer([...])')
-        if gpu_mode not in GPU_MODES:
-            hint = " ('dp' / DataParallel is not supported: use 'ddp')" if gpu_mode == 'dp' else ''
-            raise ValueError(f'gpu_mode must be one of {GPU_MODES}, got {gpu_mode!r}{hint}')
+        if gpu_mode not in GPU_MODES and gpu_mode not in _UNSUPPORTED_GPU_MODES:
+            raise ValueError(f'gpu_mode must be one of {GPU_MODES}, got {gpu_mode!r}')
         if isinstance(end_auto_eval, bool) or end_auto_eval is None:
             end_auto_eval = bool(end_auto_eval)
         elif not isinstance(end_auto_eval, int) or end_auto_eval < 1:
@@ -190,6 +189,10 @@ class TrainLoop:
                              f'num_iterations={num_iterations})')
         if grad_accumulation < 1:
             raise ValueError('grad_accumulation must be >= 1')
+        self._check_usable()
+        # What can be judged before any process starts; the rest once callbacks are registered (a callback
+        # may build the loaders in each DDP process or set the optimizer).
+        self._check_fit_inputs(final=False)
         self._resume_from = resume_from       # read (in every DDP process) at the start of _train
         try:
             if self.gpu_mode == 'ddp':
@@ -215,6 +218,7 @@ class TrainLoop:
         self._add_default_progress_bar()
         if self.print_callbacks:
             self.callbacks_handler.print_registered_callback_names()
+        self._check_fit_inputs(final=False, need_train_loader=True)
 
         self.model.to(self.device)
         if isinstance(self.criterion, torch.nn.Module):
@@ -225,6 +229,7 @@ class TrainLoop:
         try:
             try:
                 self.callbacks_handler.execute_train_begin()
+                self._check_fit_inputs(final=True, need_train_loader=True)
                 self._train_epochs()
             except StopTraining as stop:
                 logger.info('Training stopped by a callback: %s', stop or 'StopTraining')
@@ -237,6 +242,42 @@ class TrainLoop:
             self.callbacks_handler.execute_exception(exc)
             raise
         return self.model
+
+    def _check_usable(self):
+        reason = _UNSUPPORTED_GPU_MODES.get(self.gpu_mode)
+        if reason:
+            raise ValueError(reason)
+
+    def _check_fit_inputs(self, final, need_train_loader=False):
+        """What fit is about to use, checked before the first step so that a mistake never costs an epoch.
+        Construction accepts None pieces (AIToolbox code builds loops that way), so the checks live here.
+        ``final`` is the last check before the first batch: pieces a callback could still have set
+        (the optimizer) must exist by then."""
+        for name in ('train_loader', 'validation_loader', 'test_loader'):
+            loader = getattr(self, name)
+            if loader is not None and (not hasattr(loader, '__iter__') or isinstance(loader, (str, bytes))):
+                raise TypeError(f'{name} must be an iterable of batches (e.g. a torch DataLoader) or None, got '
+                                f'{type(loader).__qualname__}: TrainLoop(model, train_loader, validation_loader, '
+                                f'test_loader, optimizer, criterion)')
+        if need_train_loader and self.train_loader is None:
+            raise ValueError("fit() needs a train_loader, but the TrainLoop was given train_loader=None: pass a "
+                             "DataLoader as the TrainLoop's second argument (with gpu_mode='ddp' it may instead be "
+                             "built in each process: fit(..., in_process_data_load=InMultiProcessDataLoad(...)))")
+        optimizer = self.optimizer
+        if optimizer is None:
+            if final:
+                raise ValueError('fit() needs an optimizer, but the TrainLoop has optimizer=None: pass one as the '
+                                 "TrainLoop's fifth argument, e.g. torch.optim.SGD(model.parameters(), lr=0.1), or set "
+                                 'train_loop_obj.optimizer from a callback before training starts '
+                                 '(on_train_loop_registration or on_train_begin)')
+            return
+        if isinstance(optimizer, type):
+            raise TypeError(f'optimizer is the class {optimizer.__qualname__}, not an optimizer: pass an instance, '
+                            f'e.g. {optimizer.__qualname__}(model.parameters(), lr=...)')
+        missing = [m for m in ('step', 'zero_grad') if not callable(getattr(optimizer, m, None))]
+        if missing:
+            raise TypeError(f'optimizer ({type(optimizer).__qualname__}) has no {" or ".join(missing)}(); pass a '
+                            f'torch.optim optimizer or aitoolbox_like.MultiOptimizer([...])')
 
     def _epochs_for_iterations(self, num_iterations):
         try:
@@ -331,7 +372,10 @@ class TrainLoop:
                     loss = self._feed.get_loss(batch_data, self.criterion, self.device)
             else:
                 loss = self._feed.get_loss(batch_data, self.criterion, self.device)
-            self.loss_batch_accum.append(loss.detach())
+            try:
+                self.loss_batch_accum.append(loss.detach())
+            except AttributeError:
+                self.loss_batch_accum.append(_loss_value(loss))
             if self.grad_accumulation > 1:
                 loss = loss / self.grad_accumulation
             if self._amp.uses_scaler:
@@ -392,8 +436,12 @@ class TrainLoop:
         return self.epoch % self.end_auto_eval == 0
 
     def auto_execute_end_of_epoch(self):
-        if self.loss_batch_accum:
-            self._insert_loss('accumulated_loss', self.parse_loss(self.loss_batch_accum))
+        readable = [loss for loss in self.loss_batch_accum if loss is not None]
+        if readable:
+            self._insert_loss('accumulated_loss', self.parse_loss(readable))
+        elif self.loss_batch_accum:
+            logger.warning("Epoch %d: the model's get_loss returned %s, which has no detach(), item() or float(), "
+                           "so 'accumulated_loss' is not recorded", self.epoch, type(self.loss_batch_accum[0]))
         else:
             logger.warning('Epoch %d had no training batches', self.epoch)
         if self._auto_eval_due():
@@ -426,7 +474,8 @@ class TrainLoop:
         if isinstance(loss_record[0], MultiLoss):
             names = list(loss_record[0].keys())
             return MultiLoss({name: self.parse_loss([ml[name] for ml in loss_record]) for name in names})
-        mean = torch.stack([loss.reshape(()) for loss in loss_record]).double().mean()
+        # Duck-typed losses were recorded as Python floats (see _loss_value).
+        mean = torch.stack([torch.as_tensor(loss, dtype=torch.float64).reshape(()) for loss in loss_record]).mean()
         if self.world_size > 1:
             self._check_collective_allowed('parse_loss')
             mean = mean.to(self._collective_device())
@@ -461,6 +510,7 @@ class TrainLoop:
         """Loss of the model over a loader, in eval mode without gradients: the mean of the per-batch
         losses weighted by batch size (so a smaller last batch does not skew it)."""
         self._check_collective_allowed('evaluate_model_loss')
+        self._prepare_model_for_evaluation()
         was_training = self.model.training
         self.model.eval()
         weighted_sum, num_samples = None, 0
@@ -486,6 +536,13 @@ class TrainLoop:
             return loss._map(torch.Tensor.cpu) if move_to_cpu else loss
         loss = self._reduce_mean(weighted_sum, num_samples)
         return loss.cpu() if move_to_cpu else loss
+
+    def _prepare_model_for_evaluation(self):
+        # A loop built only to predict or evaluate never ran fit, which is where the model moves to the device.
+        self._check_usable()
+        self.model.to(self.device)
+        if isinstance(self.criterion, torch.nn.Module):
+            self.criterion.to(self.device)
 
     def _reduce_mean(self, weighted_sum, num_samples):
         if self.world_size == 1:
@@ -514,6 +571,7 @@ class TrainLoop:
     def predict_with_model(self, data_loader, execute_callbacks=False, move_to_cpu=False, dataset_info=None):
         """Run the model over a loader in eval mode: returns ``(y_pred, y_true, metadata)``."""
         self._check_collective_allowed('predict_with_model')
+        self._prepare_model_for_evaluation()
         was_training = self.model.training
         self.model.eval()
         y_pred, y_true, metadata_list = [], [], []
@@ -526,11 +584,12 @@ class TrainLoop:
                             y_pred_batch, y_true_batch, metadata_batch, dataset_info)
                     y_pred = self.collate_batch_pred_fn(y_pred_batch, y_pred)
                     y_true = self.collate_batch_pred_fn(y_true_batch, y_true)
-                    if metadata_batch:
+                    if metadata_batch is not None:
                         metadata_list.append(metadata_batch)
         finally:
             self.model.train(was_training)
         y_pred, y_true = self.pred_transform_fn(y_pred), self.pred_transform_fn(y_true)
+        # As in AIToolbox, batches that return {} give {}; None only when every batch returned None.
         metadata = combine_prediction_metadata_batches(metadata_list) if metadata_list else None
         if self.world_size > 1:     # every rank predicted its share; all get the whole set in dataset order
             y_pred, y_true, metadata = distributed.gather_predictions(data_loader, y_pred, y_true, metadata)
@@ -598,6 +657,17 @@ class TrainLoop:
         total_batches = self.num_iterations or per_epoch * self.num_epochs
         full_epochs, rest = divmod(total_batches, per_epoch)
         return full_epochs * math.ceil(per_epoch / self.grad_accumulation) + math.ceil(rest / self.grad_accumulation)
+
+
+def _loss_value(loss):
+    """The number of a loss object that is not a tensor (AIToolbox users return duck-typed losses that only
+    support backward()); None when it cannot be read. Reading it syncs with the device, but only for such losses."""
+    for read in (lambda: loss.item(), lambda: float(loss)):
+        try:
+            return float(read())
+        except (AttributeError, TypeError, ValueError):
+            continue
+    return None
 
 
 def _cpu(value):

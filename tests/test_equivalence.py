@@ -144,8 +144,14 @@ def test_bf16_autocast_on_cpu_trains():
     assert not tl.amp_scaler.is_enabled()
 
 
-def test_fp16_on_cpu_is_a_clear_error():
-    model, opt = make(0, 0.0, torch.optim.SGD)
+def test_fp16_without_cuda_warns_and_trains_in_full_precision():
+    # AIToolbox's behaviour: the same script runs on a CPU-only machine, in full precision.
+    ref_model, ref_opt = make(4, 0.0, torch.optim.SGD)
+    hand_written_loop(ref_model, loaders()[0], ref_opt, nn.CrossEntropyLoss(), num_epochs=2)
+    model, opt = make(4, 0.0, torch.optim.SGD)
     train, val, test = loaders()
-    with pytest.raises(ValueError, match="use_amp='bf16'"):
-        TrainLoop(model, train, val, test, opt, nn.CrossEntropyLoss(), use_amp=True)
+    with pytest.warns(UserWarning, match="needs a CUDA device.*full precision.*use_amp='bf16'"):
+        tl = TrainLoop(model, train, val, test, opt, nn.CrossEntropyLoss(), use_amp=True)
+    tl.fit(num_epochs=2)
+    assert not tl.amp_scaler.is_enabled() and not tl.use_amp
+    assert state_equal(ref_model.state_dict(), model.state_dict())

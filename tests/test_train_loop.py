@@ -37,10 +37,17 @@ def test_plain_module_gets_a_type_error_that_says_what_to_do():
 def test_bad_arguments_are_clear_errors():
     model = MLP()
     train, val, test = loaders()
+    # Construction accepts anything AIToolbox code passes; fit refuses it before a batch is trained.
     with pytest.raises(TypeError, match='optimizer .* has no step'):
-        TrainLoop(model, train, val, test, object(), nn.CrossEntropyLoss())
-    with pytest.raises(ValueError, match="'dp' / DataParallel is not supported"):
-        TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss(), gpu_mode='dp')
+        TrainLoop(model, train, val, test, object(), nn.CrossEntropyLoss()).fit(num_epochs=1)
+    with pytest.raises(TypeError, match=r'optimizer is the class SGD.*pass an instance'):
+        TrainLoop(model, train, val, test, torch.optim.SGD, nn.CrossEntropyLoss()).fit(num_epochs=1)
+    with pytest.raises(ValueError, match=r"gpu_mode='dp'.*not supported: use gpu_mode='ddp'"):
+        TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss(), gpu_mode='dp').fit(num_epochs=1)
+    with pytest.raises(ValueError, match=r"gpu_mode='dp'.*not supported"):
+        TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss(), gpu_mode='dp').predict_on_test_set()
+    with pytest.raises(ValueError, match='gpu_mode must be one of'):
+        TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss(), gpu_mode='dpp')
     tl = TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss())
     with pytest.raises(ValueError, match='exactly one of num_epochs and num_iterations'):
         tl.fit(num_epochs=1, num_iterations=3)

@@ -12,7 +12,7 @@ scikit-learn and torchmetrics are imported only when a metric is computed / a To
 
 from .abstract import AbstractResultPackage, MultipleResultPackageWrapper, PreCalculatedResultPackage
 from .basic import (BinaryClassificationResultPackage, ClassificationResultPackage, GeneralResultPackage,
-                    RegressionResultPackage, TorchMetricsPackage)
+                    HFEvaluateResultPackage, RegressionResultPackage, TorchMetricsPackage)
 from .metrics import (AbstractBaseMetric, AccuracyMetric, F1ScoreMetric, MeanAbsoluteErrorMetric,
                       MeanSquaredErrorMetric, PrecisionMetric, PrecisionRecallCurveAUCMetric, R2ScoreMetric,
                       RecallMetric, ROCAUCMetric)
@@ -20,7 +20,7 @@ from .metrics import (AbstractBaseMetric, AccuracyMetric, F1ScoreMetric, MeanAbs
 __all__ = [
     'AbstractResultPackage', 'PreCalculatedResultPackage', 'MultipleResultPackageWrapper',
     'GeneralResultPackage', 'ClassificationResultPackage', 'BinaryClassificationResultPackage',
-    'RegressionResultPackage', 'TorchMetricsPackage',
+    'RegressionResultPackage', 'TorchMetricsPackage', 'HFEvaluateResultPackage',
     'AbstractBaseMetric', 'AccuracyMetric', 'F1ScoreMetric', 'PrecisionMetric', 'RecallMetric', 'ROCAUCMetric',
     'PrecisionRecallCurveAUCMetric', 'MeanSquaredErrorMetric', 'MeanAbsoluteErrorMetric', 'R2ScoreMetric',
 ]

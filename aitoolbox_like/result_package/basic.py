@@ -246,9 +246,13 @@ class TorchMetricsPackage(AbstractResultPackage):
             if len(torch_metrics) == 0:
                 raise ValueError('torch_metrics is empty: give at least one torchmetrics metric.')
             torch_metrics = torchmetrics.MetricCollection(torch_metrics)
-        if not isinstance(torch_metrics, (torchmetrics.Metric, torchmetrics.MetricCollection)):
-            raise TypeError(f'torch_metrics must be a torchmetrics.Metric, a torchmetrics.MetricCollection, or a '
-                            f'dict / list of metrics; got {type(torch_metrics).__name__}.')
+        # Duck typing: the package only calls update / compute / reset, so any object with torchmetrics'
+        # methods works (a user's own metric class need not subclass torchmetrics.Metric).
+        missing = [m for m in ('update', 'compute', 'reset') if not callable(getattr(torch_metrics, m, None))]
+        if missing:
+            raise TypeError(f'torch_metrics must be a torchmetrics.Metric / MetricCollection, a dict / list of them, '
+                            f'or an object with update(), compute() and reset(); got {type(torch_metrics).__name__} '
+                            f'without {", ".join(missing)}().')
         self.metric = torch_metrics
 
     def _metric_device(self):
@@ -283,3 +287,35 @@ class TorchMetricsPackage(AbstractResultPackage):
     def metric_reset(self):
         """Reset the metric's state"""
         self.metric.reset()
+
+
+class HFEvaluateResultPackage(AbstractResultPackage):
+    def __init__(self, hf_evaluate_metric, use_models_additional_results=True, **kwargs):
+        """Result package around a `HuggingFace Evaluate <https://huggingface.co/docs/evaluate>`_ metric.
+
+        Only the metric's ``compute(references=..., predictions=..., **inputs)`` is called, so any object with
+        that method works (``evaluate`` itself is not imported). Result names get the suffix ``'_HFEvaluate'``
+        as in AIToolbox.
+
+        Args:
+            hf_evaluate_metric: an ``evaluate.EvaluationModule`` (e.g. ``evaluate.load('accuracy')``) or any
+                object with a ``compute(references, predictions, **kwargs)`` method
+            use_models_additional_results (bool): also pass the model's prediction metadata (the
+                ``additional_results`` given to ``prepare_result_package``) to ``compute``
+            **kwargs: extra inputs to ``compute`` known before predicting (kept as package metadata)
+        """
+        if not callable(getattr(hf_evaluate_metric, 'compute', None)):
+            raise TypeError(f'hf_evaluate_metric must have a compute(references=..., predictions=...) method, e.g. '
+                            f'evaluate.load("accuracy"); got {type(hf_evaluate_metric).__name__}')
+        AbstractResultPackage.__init__(self, pkg_name='HuggingFace Evaluate metrics', **kwargs)
+        self.metric = hf_evaluate_metric
+        self.use_models_additional_results = use_models_additional_results
+
+    def prepare_results_dict(self):
+        inputs = dict(self.package_metadata)
+        if self.use_models_additional_results:
+            inputs.update((self.additional_results or {}).get('additional_results') or {})
+        result = self.metric.compute(references=self.y_true, predictions=self.y_predicted, **inputs)
+        if isinstance(result, dict):
+            result = {f'{name}_HFEvaluate': value for name, value in result.items()}
+        return result

@@ -1,0 +1,150 @@
+"""AIToolbox 1.8.0's module layout, mapped onto aitoolbox_like: the only place that knows it.
+
+Each key is an AIToolbox module path relative to ``aitoolbox`` (``''`` is ``aitoolbox`` itself). Its value is
+either the name of one of our modules, which is then importable under the AIToolbox path as the very same
+module object, or a dict of the names that AIToolbox module offers, each mapped to the module of ours that
+defines it (the alias module is then built from those names, lazily). A key with other keys below it is a
+package. ``UNSUPPORTED`` names import, and raise a clear error when used.
+
+Both ``aitoolbox.<key>`` (under ``python -m aitoolbox_like.compat`` / ``install()``) and
+``aitoolbox_like.<key>`` (code where ``aitoolbox`` was replaced by ``aitoolbox_like``) resolve from here.
+"""
+from typing import Dict, Union
+
+_CB = 'aitoolbox_like.callbacks'
+_SCHED = 'aitoolbox_like.callbacks.train_schedule'
+_SAVERS = 'aitoolbox_like.experiment.savers'
+_LOADER = 'aitoolbox_like.experiment.model_loader'
+_REPORTING = 'aitoolbox_like.experiment.reporting'
+
+
+class Unsupported:
+    """A name AIToolbox has and we deliberately do not implement; using it raises ``reason``."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+_KERAS = Unsupported('Keras models are not supported by aitoolbox_like (it trains PyTorch models only)')
+_GCS = Unsupported("Google Cloud Storage is not supported: save to S3 (cloud_save_mode='s3', any S3-compatible "
+                   "endpoint) or locally")
+
+Target = Union[str, Unsupported]
+Alias = Union[str, Dict[str, Target]]
+
+
+def _names(module: str, *names: str) -> Dict[str, Target]:
+    return {name: module for name in names}
+
+
+_TORCHTRAIN_EXPORTS: Dict[str, Target] = {
+    **_names('aitoolbox_like.model', 'TTModel', 'MultiGPUModelWrap', 'ModelWrap', 'AbstractModelFeedDefinition'),
+    **_names('aitoolbox_like.parallel', 'TTDataParallel'),
+    **_names('aitoolbox_like.train_loop', 'TrainLoop'),
+    **_names('aitoolbox_like.tracking', 'TrainLoopCheckpoint', 'TrainLoopEndSave', 'TrainLoopCheckpointEndSave'),
+    **_names('aitoolbox_like.multi_loss_optim', 'MultiLoss', 'MultiOptimizer'),
+    **_names('aitoolbox_like.datasets', 'BasicDataset'),
+}
+
+_CALLBACKS_EXPORTS: Dict[str, Target] = {
+    **_names(f'{_CB}.abstract', 'AbstractCallback', 'AbstractExperimentCallback'),
+    **_names(f'{_CB}.basic', 'EarlyStopping', 'ThresholdEarlyStopping', 'EmailNotification', 'TerminateOnNaN',
+             'AllPredictionsSame', 'LogUpload'),
+    **_names(f'{_CB}.performance_eval', 'ModelPerformanceEvaluation', 'ModelPerformancePrintReport',
+             'ModelTrainHistoryFileWriter', 'ModelTrainHistoryPlot'),
+    **_names(f'{_CB}.gradient', 'GradNormClip', 'GradValueClip'),
+    **_names(f'{_CB}.tensorboard', 'TensorboardFullTracking', 'TensorboardTrainHistoryMetric'),
+    **_names(f'{_CB}.wandb', 'WandBTracking'),
+    **_names(_SCHED, 'LinearWithWarmupScheduler', 'ReduceLROnPlateauScheduler', 'ReduceLROnPlateauMetricScheduler'),
+}
+
+_EXPERIMENT_EXPORTS: Dict[str, Target] = _names(
+    'aitoolbox_like.result_package.basic', 'BinaryClassificationResultPackage', 'ClassificationResultPackage',
+    'RegressionResultPackage')
+
+_BASIC_SCHEDULERS = _names(_SCHED, 'AbstractScheduler', 'GeneralLRSchedulerCallback', 'ReduceLROnPlateauScheduler',
+                           'ReduceLROnPlateauMetricScheduler', 'LambdaLRScheduler', 'StepLRScheduler',
+                           'MultiStepLRScheduler')
+_WARMUP_SCHEDULERS = _names(_SCHED, 'ConstantWithWarmupScheduler', 'CosineWithWarmupScheduler',
+                            'HardRestartsCosineWithWarmupScheduler', 'LinearWithWarmupScheduler')
+
+MODULES: Dict[str, Alias] = {
+    '': {**_TORCHTRAIN_EXPORTS, **_CALLBACKS_EXPORTS, **_EXPERIMENT_EXPORTS},
+
+    # ---- torchtrain
+    'torchtrain': dict(_TORCHTRAIN_EXPORTS),
+    'torchtrain.model': 'aitoolbox_like.model',
+    'torchtrain.parallel': 'aitoolbox_like.parallel',
+    'torchtrain.model_predict': 'aitoolbox_like.model_predict',
+    'torchtrain.multi_loss_optim': 'aitoolbox_like.multi_loss_optim',
+    'torchtrain.data': {},
+    'torchtrain.data.batch_model_feed_defs': _names('aitoolbox_like.model', 'AbstractModelFeedDefinition'),
+    'torchtrain.data.dataset': 'aitoolbox_like.datasets',
+    'torchtrain.train_loop': _names('aitoolbox_like.tracking', 'TrainLoop', 'TrainLoopCheckpoint',
+                                    'TrainLoopEndSave', 'TrainLoopCheckpointEndSave'),
+    'torchtrain.train_loop.train_loop': 'aitoolbox_like.train_loop',
+    'torchtrain.train_loop.train_loop_tracking': 'aitoolbox_like.tracking',
+    'torchtrain.train_loop.components': {},
+    'torchtrain.train_loop.components.callback_handler': f'{_CB}.handler',
+    'torchtrain.train_loop.components.ddp_handler': {
+        'DDPHandler': Unsupported("DDPHandler is internal to AIToolbox's DDP mode; aitoolbox_like's DDP needs no "
+                                  "handler object: use TrainLoop(..., gpu_mode='ddp') and, for gathering, "
+                                  "aitoolbox_like.distributed.gather_predictions")},
+    'torchtrain.train_loop.components.message_passing': 'aitoolbox_like.message_passing',
+    'torchtrain.train_loop.components.model_prediction_store': {
+        'ModelPredictionStore': Unsupported("ModelPredictionStore is internal to AIToolbox's TrainLoop; "
+                                            "aitoolbox_like caches predictions itself (predict_on_*_set(force_"
+                                            "prediction=True) recomputes, purge_prediction_cache() forgets)")},
+    'torchtrain.train_loop.components.pred_collate_fns': 'aitoolbox_like.predictions',
+    'torchtrain.callbacks': dict(_CALLBACKS_EXPORTS),
+    **{f'torchtrain.callbacks.{name}': f'{_CB}.{name}'
+       for name in ('abstract', 'basic', 'ddp', 'gradient', 'model_load', 'model_save', 'performance_eval',
+                    'tensorboard', 'train_schedule', 'wandb')},
+    'torchtrain.schedulers': {},
+    'torchtrain.schedulers.basic': _BASIC_SCHEDULERS,
+    'torchtrain.schedulers.warmup': _WARMUP_SCHEDULERS,
+
+    # ---- experiment
+    'experiment': dict(_EXPERIMENT_EXPORTS),
+    'experiment.training_history': 'aitoolbox_like.history',
+    'experiment.result_package': {},
+    'experiment.result_package.abstract_result_packages': 'aitoolbox_like.result_package.abstract',
+    'experiment.result_package.basic_packages': 'aitoolbox_like.result_package.basic',
+    'experiment.result_package.torch_metrics_packages': _names('aitoolbox_like.result_package.basic',
+                                                               'TorchMetricsPackage'),
+    'experiment.result_package.hf_evaluate_packages': _names('aitoolbox_like.result_package.basic',
+                                                             'HFEvaluateResultPackage'),
+    'experiment.core_metrics': {},
+    'experiment.core_metrics.abstract_metric': _names('aitoolbox_like.result_package.metrics', 'AbstractBaseMetric'),
+    'experiment.core_metrics.classification': _names(
+        'aitoolbox_like.result_package.metrics', 'AccuracyMetric', 'ROCAUCMetric', 'PrecisionRecallCurveAUCMetric',
+        'F1ScoreMetric', 'PrecisionMetric', 'RecallMetric'),
+    'experiment.core_metrics.regression': _names('aitoolbox_like.result_package.metrics', 'MeanSquaredErrorMetric',
+                                                 'MeanAbsoluteErrorMetric'),
+    'experiment.local_load': {},
+    'experiment.local_load.local_model_load': _names(_LOADER, 'AbstractLocalModelLoader', 'PyTorchLocalModelLoader'),
+    'experiment.local_save': {},
+    'experiment.local_save.folder_create': _names(_SAVERS, 'ExperimentFolder'),
+    'experiment.local_save.local_model_save': {
+        **_names(_SAVERS, 'AbstractLocalModelSaver', 'BaseLocalModelSaver', 'PyTorchLocalModelSaver',
+                 'LocalSubOptimalModelRemover'),
+        'KerasLocalModelSaver': _KERAS},
+    'experiment.local_save.local_results_save': _names(_SAVERS, 'AbstractLocalResultsSaver', 'BaseLocalResultsSaver',
+                                                       'LocalResultsSaver'),
+    'experiment.experiment_saver': {
+        **_names(_SAVERS, 'AbstractExperimentSaver', 'BaseFullExperimentSaver', 'BaseFullExperimentS3Saver',
+                 'FullPyTorchExperimentS3Saver'),
+        'FullKerasExperimentS3Saver': _KERAS, 'FullKerasExperimentGoogleStorageSaver': _KERAS,
+        'BaseFullExperimentGoogleStorageSaver': _GCS, 'FullPyTorchExperimentGoogleStorageSaver': _GCS},
+    'experiment.local_experiment_saver': {
+        **_names(_SAVERS, 'BaseFullExperimentLocalSaver', 'FullPyTorchExperimentLocalSaver'),
+        'FullKerasExperimentLocalSaver': _KERAS},
+    'experiment.result_reporting': {},
+    'experiment.result_reporting.hyperparam_reporter': _names(_REPORTING, 'HyperParamSourceReporter'),
+    'experiment.result_reporting.report_generator': _names(_REPORTING, 'TrainingHistoryPlotter',
+                                                           'TrainingHistoryWriter', 'GradientPlotter'),
+}
+
+# Our own modules that AIToolbox's package __init__ files add names to, for code where ``aitoolbox`` was
+# renamed ``aitoolbox_like``: ``aitoolbox_like`` (AIToolbox's top level) and ``aitoolbox_like.experiment``.
+EXTENDED_OWN_MODULES = {'': 'aitoolbox_like', 'experiment': 'aitoolbox_like.experiment'}
