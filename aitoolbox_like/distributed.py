@@ -8,14 +8,15 @@ import inspect
 import logging
 import math
 import socket
-import types
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
+
+# ddp_launch builds the wrapper as distributed.TTDistributedDataParallel; it is defined in parallel.py.
+from .parallel import TTDistributedDataParallel  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -52,37 +53,6 @@ def skip_grad_sync(ddp_model, skip):
 
 
 # ---------------------------------------------------------------------------------------------- model
-
-
-class TTDistributedDataParallel(DistributedDataParallel):
-    """DistributedDataParallel for a TTModel.
-
-    ``get_loss`` / ``get_loss_eval`` / ``get_predictions`` run the TTModel's own methods with ``self``
-    being this wrapper, so ``self(x)`` inside them goes through DDP's forward and the gradients are
-    all-reduced. Other attributes the model's methods use (sub-modules, helper methods, plain attributes)
-    are looked up on the wrapped model; its helper methods are bound to the wrapper too, so that a helper
-    calling ``self(x)`` also goes through DDP.
-    """
-
-    def get_loss(self, batch_data, criterion, device):
-        return type(self.module).get_loss(self, batch_data, criterion, device)
-
-    def get_loss_eval(self, batch_data, criterion, device):
-        return type(self.module).get_loss_eval(self, batch_data, criterion, device)
-
-    def get_predictions(self, batch_data, device):
-        return type(self.module).get_predictions(self, batch_data, device)
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            pass
-        module = super().__getattr__('module')
-        attr = inspect.getattr_static(type(module), name, None)
-        if isinstance(attr, types.FunctionType):
-            return types.MethodType(attr, self)
-        return getattr(module, name)
 
 
 class DDPFeed:

@@ -1,5 +1,6 @@
 """The model contract the TrainLoop trains: how a batch becomes a loss and predictions."""
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 from torch import nn
@@ -49,6 +50,59 @@ class TTBasicModel(TTModel):
         *inputs, target = batch_data
         predicted = self(*_inputs_to_device(inputs, device))
         return predicted.detach(), target, None
+
+
+class TTBasicMultiGPUModel(TTBasicModel):
+    """A TTBasicModel whose training loss is computed inside ``forward``.
+
+    ``get_loss`` calls ``self(*inputs, targets=targets, criterion=criterion)``: every batch element but the
+    last is an input, the last is the target. Computing the loss inside ``forward`` means each device of a
+    multi-device wrapper returns only a scalar loss instead of its whole output (AIToolbox's reason for this
+    class; with ``gpu_mode='ddp'`` it works the same and costs nothing extra). ``get_predictions`` calls
+    ``self(*inputs)`` as TTBasicModel does.
+
+    ``forward`` must accept the two keywords and end like::
+
+        def forward(self, x, targets=None, criterion=None):
+            predictions = self.net(x)
+            if criterion is not None:
+                return criterion(predictions, targets)
+            return predictions
+    """
+
+    def get_loss(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
+        *inputs, target = batch_data
+        return self(*_inputs_to_device(inputs, device), targets=_to_device(target, device), criterion=criterion)
+
+
+class MultiGPUModelWrap(TTBasicMultiGPUModel):
+    """Make a plain ``nn.Module`` (whose ``forward`` returns predictions) trainable by the TrainLoop without
+    writing a TTModel: the batch is ``(*inputs, target)`` and the loss is ``criterion(model(*inputs), target)``,
+    computed inside ``forward`` (see :class:`TTBasicMultiGPUModel`).
+
+    Use it instead of ModelWrap when the model needs no feed definition. The wrapped model is
+    ``self.model``, so saved state_dict keys start with ``model.`` (as in AIToolbox).
+
+    Args:
+        model: the network; any ``nn.Module`` (a TTModel too: only its ``forward`` is used).
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f'MultiGPUModelWrap: model must be a torch.nn.Module, got {type(model).__qualname__}')
+        self.model = model
+
+    def forward(self, *input_data: Any, targets: Any = None, criterion: Any = None) -> Any:
+        """The wrapped model's output on ``input_data``, or ``criterion(output, targets)`` when a criterion is
+        given (the training loss)."""
+        predictions = self.model(*input_data)
+        if criterion is not None:
+            return criterion(predictions, targets)
+        return predictions
 
 
 class AbstractModelFeedDefinition(ABC):

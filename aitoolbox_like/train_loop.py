@@ -37,6 +37,7 @@ from .amp import AmpPolicy
 from .callbacks.abstract import StopTraining
 from .callbacks.handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError
 from .history import TrainingHistory
+from .message_passing import MessageService
 from .model import ModelWrap, resolve_model
 from .multi_loss_optim import MultiLoss, MultiOptimizer
 from .predictions import append_predictions, batch_size_of, combine_prediction_metadata_batches, torch_cat_transf
@@ -124,6 +125,7 @@ class TrainLoop:
         self.ddp_model = None           # the DistributedDataParallel wrapper while a DDP fit runs; model stays plain
         self.callbacks = []
         self.callbacks_handler = CallbacksHandler(self)
+        self.message_service = MessageService()     # callbacks pass data to each other through it (AIToolbox's)
 
         self._epochs_completed = 0      # the next fit starts at this epoch
         self._is_last_batch = False
@@ -238,6 +240,7 @@ class TrainLoop:
                 self.callbacks_handler.execute_train_end()
             except StopTraining:
                 pass
+            self.message_service.end_of_training_trigger()
         except BaseException as exc:
             self.callbacks_handler.execute_exception(exc)
             raise
@@ -321,6 +324,7 @@ class TrainLoop:
             self._epochs_completed = epoch + 1
             self.auto_execute_end_of_epoch()
             handler.execute_epoch_end()
+            self.message_service.end_of_epoch_trigger()
             if self._agree_on_early_stop():
                 logger.info('Early stopping after epoch %d', epoch)
                 break

@@ -51,6 +51,24 @@ class AbstractCallback:
         return self
 
     @property
+    def message_service(self):
+        """The loop's :class:`~aitoolbox_like.message_passing.MessageService`, through which callbacks pass
+        data to each other; None before registration.
+
+        Read from the loop on every access rather than copied at registration, so subclasses that override
+        register_train_loop_object without calling super() get it too. Assigning it (as AIToolbox callbacks
+        do in their own register_train_loop_object) pins that service for this callback.
+        """
+        pinned = self.__dict__.get('_message_service')
+        if pinned is not None:
+            return pinned
+        return getattr(self.__dict__.get('train_loop_obj'), 'message_service', None)
+
+    @message_service.setter
+    def message_service(self, service):
+        self.__dict__['_message_service'] = service
+
+    @property
     def state_key(self):
         """Name of this callback's state inside a checkpoint; subclasses add their distinguishing
         arguments so that two instances of one class keep separate state."""

@@ -1,0 +1,122 @@
+"""TTModel-aware parallel wrappers (AIToolbox's ``torchtrain.parallel``).
+
+A DistributedDataParallel wrapper hides the TTModel's ``get_loss`` / ``get_predictions`` and attributes behind
+``.module``; :class:`TTParallelBase` puts them back on the wrapper, so code written against the TTModel
+(``model.get_loss(...)``, ``model.some_attribute``) works on the wrapped model and its forward calls go through
+the wrapper (for DDP: the gradient all-reduce).
+"""
+import inspect
+import logging
+import types
+from typing import Any, Sequence
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_METHODS = ('get_loss', 'get_loss_eval', 'get_predictions')
+
+
+def _wrapped_module(wrapper: Any) -> Any:
+    # Read through __dict__: this runs inside __getattr__, where a normal attribute read could recurse
+    # (e.g. while a half-built object is unpickled or deep-copied).
+    state = wrapper.__dict__
+    modules = state.get('_modules')
+    if modules is not None and 'module' in modules:
+        return modules['module']
+    return state.get('module')
+
+
+class TTParallelBase:
+    """Mixin for a parallel wrapper (an object whose ``module`` is the TTModel) that exposes the TTModel's API.
+
+    - ``get_loss`` / ``get_loss_eval`` / ``get_predictions`` run the TTModel's own methods with ``self`` being
+      the wrapper, so ``self(x)`` inside them goes through the wrapper's forward.
+    - Any other attribute not found on the wrapper is looked up on the wrapped model at access time: its
+      plain attributes and sub-modules as they are now, its other methods bound to the wrapper (so a helper
+      method calling ``self(x)`` also goes through the wrapper).
+
+    Because the look-up is live, AIToolbox's ``transfer_model_attributes`` list is not needed: every model
+    attribute is reachable, and none is a stale copy.
+
+    Args:
+        module: the wrapped TTModel.
+        default_model_methods: the TTModel methods the wrapper runs on itself (AIToolbox's argument; the
+            default covers the loop's three).
+    """
+
+    def __init__(self, module: nn.Module, default_model_methods: Sequence[str] = DEFAULT_MODEL_METHODS):
+        self.default_model_methods = tuple(default_model_methods)
+
+    def _model_method(self, name: str):
+        module = _wrapped_module(self)
+        method = getattr(type(module), name, None)
+        if not isinstance(method, types.FunctionType):
+            raise AttributeError(f'{type(self).__name__}: the wrapped model ({type(module).__qualname__}) has no '
+                                 f'method {name}(); wrap a TTModel (or use ModelWrap, whose feed definition the '
+                                 f'TrainLoop calls with the wrapper)')
+        return types.MethodType(method, self)
+
+    def get_loss(self, batch_data: Any, criterion: Any, device: Any) -> Any:
+        """The wrapped TTModel's ``get_loss`` with the forward going through this wrapper."""
+        return self._model_method('get_loss')(batch_data, criterion, device)
+
+    def get_loss_eval(self, batch_data: Any, criterion: Any, device: Any) -> Any:
+        """The wrapped TTModel's ``get_loss_eval`` with the forward going through this wrapper."""
+        return self._model_method('get_loss_eval')(batch_data, criterion, device)
+
+    def get_predictions(self, batch_data: Any, device: Any) -> Any:
+        """The wrapped TTModel's ``get_predictions`` with the forward going through this wrapper."""
+        return self._model_method('get_predictions')(batch_data, device)
+
+    def __getattr__(self, name: str) -> Any:
+        parent_getattr = getattr(super(), '__getattr__', None)
+        if parent_getattr is not None:
+            try:
+                return parent_getattr(name)
+            except AttributeError:
+                pass
+        module = _wrapped_module(self)
+        # Dunder look-ups (copy, pickle, numpy protocols) must see the wrapper as it is, not the model.
+        if module is None or (name.startswith('__') and name.endswith('__')):
+            raise AttributeError(f'{type(self).__name__!r} object has no attribute {name!r}')
+        attr = inspect.getattr_static(type(module), name, None)
+        if isinstance(attr, types.FunctionType):
+            return types.MethodType(attr, self)
+        return getattr(module, name)
+
+
+class TTDistributedDataParallel(TTParallelBase, DistributedDataParallel):
+    """``torch.nn.parallel.DistributedDataParallel`` for a TTModel: the TrainLoop wraps the model with it in
+    ``gpu_mode='ddp'`` (pass DDP arguments with ``fit(..., ddp_model_args={...})``).
+
+    ``get_loss`` / ``get_loss_eval`` / ``get_predictions`` and every attribute of the TTModel are available on
+    the wrapper (see :class:`TTParallelBase`); the loss computed through it all-reduces the gradients.
+
+    Args:
+        module: the TTModel, already on its device.
+        default_model_methods: see :class:`TTParallelBase`.
+        **kwargs: arguments of ``DistributedDataParallel`` (``device_ids``, ``find_unused_parameters``, ...).
+    """
+
+    def __init__(self, module: nn.Module, default_model_methods: Sequence[str] = DEFAULT_MODEL_METHODS, **kwargs):
+        DistributedDataParallel.__init__(self, module, **kwargs)
+        TTParallelBase.__init__(self, module, default_model_methods)
+
+
+_DATA_PARALLEL_UNSUPPORTED = (
+    "TTDataParallel (single-process multi-GPU torch.nn.DataParallel) is not supported: train with "
+    "TrainLoop(..., gpu_mode='ddp'), which runs one process per GPU with DistributedDataParallel "
+    "(see docs/distributed.md); the TrainLoop wraps the model itself, so do not wrap it by hand.")
+
+
+class TTDataParallel(TTParallelBase, nn.DataParallel):
+    """AIToolbox's DataParallel wrapper: kept so that code importing it still imports, but it cannot be built.
+
+    Single-process DataParallel is slower than DistributedDataParallel and is not supported; constructing this
+    class raises ``NotImplementedError`` pointing to ``gpu_mode='ddp'``.
+    """
+
+    def __init__(self, module: nn.Module, default_model_methods: Sequence[str] = DEFAULT_MODEL_METHODS, **kwargs):
+        raise NotImplementedError(_DATA_PARALLEL_UNSUPPORTED)
