@@ -59,15 +59,35 @@ def _fsync_directory(directory):
         os.close(fd)
 
 
-def atomic_torch_save(obj, path):
+def atomic_torch_save(obj, path, temp_dir=None):
     """``torch.save(obj, path)`` such that ``path`` holds either the old file or the complete new one.
 
-    The temporary file (``.<name>.<random>.tmp``) lives in the target directory so ``os.replace`` is a
-    same-filesystem rename; the target directory must exist.
+    The temporary file (``.<name>.<random>.tmp``) lives in the target directory, or in ``temp_dir`` (same
+    filesystem), so ``os.replace`` is a same-filesystem rename; the target directory must exist.
     """
     path = os.path.abspath(os.fspath(path))
-    write_atomically(path, lambda f: torch.save(obj, f), temp_suffix='.tmp', make_parents=False)
+    write_atomically(path, lambda f: torch.save(obj, f), temp_suffix='.tmp', make_parents=False, temp_dir=temp_dir)
     _fsync_directory(os.path.dirname(path))
+
+
+def load_model_weights(model, state_dict, source='checkpoint'):
+    """``model.load_state_dict(state_dict)`` (strict), with a CheckpointError that names the missing and the
+    unexpected keys when the checkpoint was saved from a different model."""
+    try:
+        model.load_state_dict(state_dict)
+    except RuntimeError as error:
+        model_keys = set(model.state_dict())
+        saved_keys = set(state_dict)
+        details = []
+        if saved_keys - model_keys:
+            details.append(f'unexpected {sorted(saved_keys - model_keys)[:5]}')
+        if model_keys - saved_keys:
+            details.append(f'missing {sorted(model_keys - saved_keys)[:5]}')
+        if not details:
+            details.append(str(error).splitlines()[-1].strip())
+        raise CheckpointError(f'{source} was saved from a different model than {type(model).__qualname__}: '
+                              f'{"; ".join(details)}') from None
+    return model
 
 
 def _describe_key(key):

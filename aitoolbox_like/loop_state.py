@@ -33,15 +33,15 @@ import tempfile
 
 import torch
 
-from .checkpoint import FORMAT_VERSION, CheckpointError, check_weights_only_safe, load_checkpoint
+from .checkpoint import FORMAT_VERSION, CheckpointError, check_weights_only_safe, load_checkpoint, load_model_weights
+from .experiment import BEST_POINTER, CHECKPOINT_DIR, LATEST_POINTER, LEGACY_LATEST_POINTER  # noqa: F401
+from .experiment import read_pointer  # noqa: F401  (kept importable from this module)
 from .multi_loss_optim import MultiLoss
+from .storage.base import join_key, validate_key
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_KIND = 'aitoolbox_like.train_state'
-CHECKPOINT_DIR = 'checkpoint_model'
-LATEST_POINTER = 'latest'
-BEST_POINTER = 'best'
 
 
 # ---------------------------------------------------------------------------------------------- RNG
@@ -233,20 +233,7 @@ def apply_checkpoint(loop, checkpoint, source='checkpoint', restore_rng=True, re
 
 
 def _load_model(loop, state_dict, source):
-    try:
-        loop.model.load_state_dict(state_dict)
-    except RuntimeError as error:
-        model_keys = set(loop.model.state_dict())
-        saved_keys = set(state_dict)
-        details = []
-        if saved_keys - model_keys:
-            details.append(f'unexpected {sorted(saved_keys - model_keys)[:5]}')
-        if model_keys - saved_keys:
-            details.append(f'missing {sorted(model_keys - saved_keys)[:5]}')
-        if not details:
-            details.append(str(error).splitlines()[-1].strip())
-        raise CheckpointError(f'{source} was saved from a different model than {type(loop.model).__qualname__}: '
-                              f'{"; ".join(details)}') from None
+    load_model_weights(loop.model, state_dict, source)
 
 
 def _apply_aitoolbox_checkpoint(loop, checkpoint):
@@ -387,24 +374,16 @@ def set_pending_resume(loop, checkpoint, source):
 # ---------------------------------------------------------------------------------------------- locating
 
 
-def read_pointer(folder):
-    """The checkpoint file a 'latest' pointer in ``folder`` names, or None."""
-    try:
-        with open(os.path.join(folder, LATEST_POINTER), encoding='utf-8') as f:
-            name = f.read().strip().rsplit('/', 1)[-1]
-    except OSError:
-        return None
-    path = os.path.join(folder, name)
-    return path if name and os.path.isfile(path) else None
-
-
 def find_checkpoint_in_dir(path):
-    """The newest complete checkpoint in an experiment folder or its checkpoint_model folder."""
-    for folder in (os.path.join(path, CHECKPOINT_DIR), path):
-        found = read_pointer(folder)
-        if found:
-            return found
-    for folder in (os.path.join(path, CHECKPOINT_DIR), path):
+    """The newest complete checkpoint of an experiment folder, given the folder itself or its checkpoint_model
+    folder: the one its ``latest_checkpoint.txt`` names, else (a run that died before writing any pointer, or a
+    folder of checkpoints from elsewhere) the newest checkpoint file."""
+    path = os.path.normpath(path)
+    experiment_dir = os.path.dirname(path) if os.path.basename(path) == CHECKPOINT_DIR else path
+    found = read_pointer(experiment_dir, LATEST_POINTER)
+    if found:
+        return found
+    for folder in dict.fromkeys((os.path.join(experiment_dir, CHECKPOINT_DIR), path)):
         if os.path.isdir(folder):
             files = [os.path.join(folder, f) for f in os.listdir(folder)
                      if f.endswith(('.pth', '.pt')) and not f.startswith('.')]
@@ -471,8 +450,18 @@ def _download_and_load(storage, key, map_location, allow_unsafe_pickle):
 
 
 def _pointer_target(storage, pointer_key):
-    name = storage.read_text(pointer_key).strip().rsplit('/', 1)[-1]
-    return f'{pointer_key.rsplit("/", 1)[0]}/{name}'
+    """The key of the checkpoint a cloud pointer names. A root pointer holds the path inside the experiment
+    folder; a legacy ``checkpoint_model/latest`` holds a key whose last part is the file name."""
+    folder, _, name = pointer_key.rpartition('/')
+    text = storage.read_text(pointer_key).strip()
+    if name == LEGACY_LATEST_POINTER:
+        return join_key(folder, text.rsplit('/', 1)[-1])
+    try:
+        validate_key(text, 'pointer target')
+    except ValueError:
+        raise CheckpointError(f'{storage.uri(pointer_key)} does not name a file inside its experiment folder '
+                              f'({text!r})') from None
+    return join_key(folder, text)
 
 
 def _load_from_s3(uri, map_location, allow_unsafe_pickle, endpoint_url=None):
@@ -483,14 +472,17 @@ def _load_from_s3(uri, map_location, allow_unsafe_pickle, endpoint_url=None):
         raise ValueError(f'resume_from={uri!r}: expected s3://bucket/key/of/checkpoint.pth or s3://bucket/<experiment '
                          f'folder>')
     storage = S3Storage(bucket, endpoint_url=endpoint_url)
-    if key.endswith(('.pth', '.pt')) or storage.exists(key) and not key.endswith(LATEST_POINTER):
+    is_pointer = key.rsplit('/', 1)[-1] in (LATEST_POINTER, LEGACY_LATEST_POINTER)
+    if key.endswith(('.pth', '.pt')) or not is_pointer and storage.exists(key):
         return _download_and_load(storage, key, map_location, allow_unsafe_pickle)
-    for pointer in (key if key.endswith(LATEST_POINTER) else None, f'{key}/{CHECKPOINT_DIR}/{LATEST_POINTER}',
-                    f'{key}/{LATEST_POINTER}'):
-        if pointer and storage.exists(pointer):
+    experiment_key = key[:-len(CHECKPOINT_DIR) - 1] if key.endswith(f'/{CHECKPOINT_DIR}') else key
+    candidates = [key] if is_pointer else [f'{experiment_key}/{LATEST_POINTER}',
+                                           f'{experiment_key}/{CHECKPOINT_DIR}/{LEGACY_LATEST_POINTER}']
+    for pointer in candidates:
+        if storage.exists(pointer):
             return _download_and_load(storage, _pointer_target(storage, pointer), map_location, allow_unsafe_pickle)
-    raise FileNotFoundError(f'resume_from={uri!r}: no checkpoint there (neither a file nor a folder with a '
-                            f'{CHECKPOINT_DIR}/{LATEST_POINTER} pointer)')
+    raise FileNotFoundError(f'resume_from={uri!r}: no checkpoint there (neither a file nor an experiment folder '
+                            f'with a {LATEST_POINTER} pointer)')
 
 
 def _find_latest_in_cloud(loop, experiment, callbacks):
@@ -504,9 +496,14 @@ def _find_latest_in_cloud(loop, experiment, callbacks):
         return None
     from .storage.s3 import S3Storage
     storage = S3Storage(details[0], details[1], endpoint_url=details[2])
-    suffix = f'/{CHECKPOINT_DIR}/{LATEST_POINTER}'
-    pointers = [k for k in storage.list(f'{experiment.project_name}/{experiment.experiment_name}_')
-                if k.endswith(suffix)]
+    # {experiment folder key: its pointer}; the root pointer wins over a legacy one of the same folder.
+    pointers = {}
+    for key in storage.list(f'{experiment.project_name}/{experiment.experiment_name}_'):
+        parts = key.split('/')
+        if len(parts) == 3 and parts[2] == LATEST_POINTER:
+            pointers['/'.join(parts[:2])] = key
+        elif len(parts) == 4 and parts[2:] == [CHECKPOINT_DIR, LEGACY_LATEST_POINTER]:
+            pointers.setdefault('/'.join(parts[:2]), key)
     if not pointers:
         return None
-    return _download_and_load(storage, _pointer_target(storage, max(pointers)), 'cpu', False)
+    return _download_and_load(storage, _pointer_target(storage, pointers[max(pointers)]), 'cpu', False)

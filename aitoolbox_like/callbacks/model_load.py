@@ -4,10 +4,9 @@ import os
 
 from .. import loop_state
 from ..checkpoint import load_checkpoint
-from ..experiment import is_s3_mode
+from ..experiment import is_s3_mode, model_file_name
 from ..storage.base import join_key
 from .abstract import AbstractExperimentCallback
-from .model_save import model_file_name
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +22,8 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
     Args:
         saved_experiment_timestamp (str): timestamp of the experiment folder to load from.
         saved_model_dir (str): 'checkpoint_model' (checkpoints) or 'model' (the model saved at the end).
-        epoch_num (int or None): load the checkpoint of this epoch; None: the latest one (``latest`` pointer).
+        epoch_num (int or None): load the checkpoint of this epoch; None: the latest one (named by
+            ``latest_checkpoint.txt`` at the root of the experiment folder).
         ignore_saved_schedulers (bool): do not restore the schedulers' state.
         ignore_missing_saved_schedulers (bool): accepted for AIToolbox compatibility (missing scheduler state
             is never an error here: schedulers without saved state start fresh).
@@ -114,4 +114,4 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
         if file_name is not None:
             path = os.path.join(local_dir, file_name)
             return path if os.path.isfile(path) else None
-        return loop_state.read_pointer(local_dir) or loop_state.find_checkpoint_in_dir(local_dir)
+        return loop_state.find_checkpoint_in_dir(local_dir)

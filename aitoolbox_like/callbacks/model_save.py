@@ -6,39 +6,20 @@ uploader (training does not wait for the network). Checkpoints hold the full tra
 (aitoolbox_like.loop_state) so ``fit(resume_from=...)`` continues exactly where a run stopped.
 """
 import copy
-import json
 import logging
 import os
 
-import torch
-
 from .. import loop_state
 from ..checkpoint import atomic_torch_save
-from ..experiment import (ExperimentUploader, all_uploaders, get_experiment, get_uploader,
-                          normalize_cloud_save_mode)
+from ..experiment import (BEST_POINTER, CHECKPOINT_DIR, LATEST_POINTER, MODEL_DIR, RESULTS_DIR, ExperimentUploader,
+                          all_uploaders, get_experiment, get_uploader, normalize_cloud_save_mode, write_pointer)
+from ..experiment import model_file_name  # noqa: F401  (kept importable from this module, where it used to live)
+from ..experiment.savers import result_package_labels, write_experiment_results
 from ..storage.base import validate_key_part
-from ..storage.local import write_text_atomically
 from ._common import lower_is_better
 from .abstract import AbstractCallback
 
 logger = logging.getLogger(__name__)
-
-
-def _write_pointer(folder, name, target_file_name):
-    path = os.path.join(folder, name)
-    write_text_atomically(path, target_file_name)
-    return path
-
-
-def model_file_name(experiment_name, experiment_timestamp, epoch=None, iteration_idx=None):
-    """``model_<experiment>_<timestamp>[_E<epoch>[_ITER<idx>]].pth``: the saved model / checkpoint file names."""
-    name = f'model_{experiment_name}_{experiment_timestamp}'
-    if epoch is not None:
-        name += f'_E{epoch}'
-        if iteration_idx is not None:
-            name += f'_ITER{iteration_idx}'
-    return name + '.pth'
-
 
 class ExperimentSaverBase(AbstractCallback):
     """What the saving callbacks share: the experiment folder, the hyperparameter files and the uploader."""
@@ -96,10 +77,10 @@ class ExperimentSaverBase(AbstractCallback):
         checkpoint = loop_state.build_checkpoint(loop, self.hyperparams, mid_epoch=mid_epoch)
         folder = self.experiment.subdir(subdir)
         path = os.path.join(folder, file_name)
-        atomic_torch_save(checkpoint, path)
+        atomic_torch_save(checkpoint, path, temp_dir=self.experiment.dir_path)
         if pointer:
             # After the file is complete: a reader following the pointer always finds a whole checkpoint.
-            _write_pointer(folder, pointer, file_name)
+            write_pointer(self.experiment.dir_path, pointer, path)
         if self.uploader is not None:
             self.uploader.upload_experiment_file(path, latest_pointer_name=pointer)
         return path
@@ -108,8 +89,9 @@ class ExperimentSaverBase(AbstractCallback):
 class ModelCheckpoint(ExperimentSaverBase):
     """Save the full training state after every epoch into ``<experiment>/checkpoint_model/``.
 
-    Files are ``model_<experiment>_<timestamp>_E<epoch>.pth``; the text file ``latest`` names the newest
-    complete one (resume with ``fit(resume_from=...)``), ``best`` the one with the best ``monitor`` value.
+    Files are ``model_<experiment>_<timestamp>_E<epoch>.pth``; the text files ``latest_checkpoint.txt`` and
+    ``best_checkpoint.txt`` at the root of the experiment folder name the newest complete one (resume with
+    ``fit(resume_from=...)``) and the one with the best ``monitor`` value.
 
     Args:
         project_name, experiment_name (str): folder names (plain names, no path separators).
@@ -189,8 +171,8 @@ class ModelCheckpoint(ExperimentSaverBase):
         if not mid_epoch:
             self.scored = [s for s in self.scored if s[2] != file_name] + [[self._current_score(), loop.epoch,
                                                                              file_name]]
-        path = self._save_state(loop_state.CHECKPOINT_DIR, file_name, mid_epoch=mid_epoch,
-                                pointer=loop_state.LATEST_POINTER)
+        path = self._save_state(CHECKPOINT_DIR, file_name, mid_epoch=mid_epoch,
+                                pointer=LATEST_POINTER)
         self.latest_checkpoint_path = path
         if not mid_epoch:
             self._update_best(os.path.dirname(path))
@@ -201,7 +183,7 @@ class ModelCheckpoint(ExperimentSaverBase):
     def _update_best(self, folder):
         best = self._best_files()
         if best:
-            pointer = _write_pointer(folder, loop_state.BEST_POINTER, best[0])
+            pointer = write_pointer(self.experiment.dir_path, BEST_POINTER, os.path.join(folder, best[0]))
             if self.uploader is not None:
                 # Queued after the checkpoint it names, so the cloud pointer never runs ahead of the file.
                 self.uploader.upload_experiment_file(pointer)
@@ -305,29 +287,15 @@ class ModelTrainEndSave(ExperimentSaverBase):
 
     def _save_experiment(self, packages):
         loop = self.train_loop_obj
-        model_path = self._save_state('model', self._model_file_name())
-        results_dir = self.experiment.subdir('results')
-        suffix = f'{self.experiment_name}_{loop.experiment_timestamp}'
-        results = {
-            'experiment_name': self.experiment_name,
-            'experiment_results_local_path': results_dir,
-            'results': self.result_package.get_results(),
-            'hyperparameters': self.hyperparams,
-            'training_history': loop.train_history.get_train_history(),
-        }
-        results_path = os.path.join(results_dir, f'results_hyperParams_hist_{suffix}.json')
-        _write_json(results_path, results)
+        model_path = self._save_state(MODEL_DIR, self._model_file_name())
         labels = {}
         for package, y_true, y_pred in packages:
-            try:
-                labels[package.pkg_name] = {'y_true': torch.as_tensor(y_true), 'y_predicted': torch.as_tensor(y_pred)}
-            except (TypeError, ValueError, RuntimeError):
-                logger.debug('%s: predictions are not tensor-like; not saved as labels', package.pkg_name)
-        files = [model_path, results_path]
-        if labels:
-            labels_path = os.path.join(results_dir, f'true_pred_labels_{suffix}.pt')
-            atomic_torch_save(labels, labels_path)
-            files.append(labels_path)
+            labels.update(result_package_labels(package.pkg_name, y_true, y_pred))
+        saved = write_experiment_results(
+            self.experiment.subdir(RESULTS_DIR), self.experiment_name, loop.experiment_timestamp,
+            results=self.result_package.get_results(), hyperparameters=self.hyperparams,
+            training_history=loop.train_history, labels=labels, temp_dir=self.experiment.dir_path)
+        files = [model_path] + [path for _, path in saved]
         for package, _, _ in packages:
             for _, path in (package.get_additional_results_dump_paths() or []):
                 if os.path.isfile(path):
@@ -339,18 +307,6 @@ class ModelTrainEndSave(ExperimentSaverBase):
                 except ValueError:
                     logger.warning('%s is outside the experiment folder; not uploaded', path)
         return files
-
-
-def _json_default(value):
-    if hasattr(value, 'tolist'):
-        return value.tolist()
-    if hasattr(value, 'item'):
-        return value.item()
-    return repr(value)
-
-
-def _write_json(path, data):
-    write_text_atomically(path, json.dumps(data, default=_json_default, indent=2))
 
 
 class WaitForUploads(AbstractCallback):

@@ -45,11 +45,18 @@ def _resolve(name: str, target: Target, alias: str) -> Any:
     return getattr(importlib.import_module(target), name)
 
 
+_UNSUPPORTED_CLASSES: Dict[str, type] = {}
+
+
 def _unsupported(name: str, reason: str, alias: str) -> type:
-    def refuse(*args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(f'{alias}.{name}: {reason}')
-    # A class, so that subclassing in user code still imports; using it raises.
-    return type(name, (), {'__init__': refuse, '__doc__': f'Not supported: {reason}', '__module__': alias})
+    """A class standing for an AIToolbox name we do not implement: it imports (and can be subclassed), and
+    using it raises. One class per name, whichever path (aitoolbox.X or aitoolbox_like.X) reached it."""
+    if name not in _UNSUPPORTED_CLASSES:
+        def refuse(*args: Any, **kwargs: Any) -> None:
+            raise NotImplementedError(f'{name}: {reason}')
+        _UNSUPPORTED_CLASSES[name] = type(name, (), {'__init__': refuse, '__doc__': f'Not supported: {reason}',
+                                                     '__module__': __name__})
+    return _UNSUPPORTED_CLASSES[name]
 
 
 class _NamesModule(types.ModuleType):

@@ -26,8 +26,6 @@ class Unsupported:
 
 
 _KERAS = Unsupported('Keras models are not supported by aitoolbox_like (it trains PyTorch models only)')
-_GCS = Unsupported("Google Cloud Storage is not supported: save to S3 (cloud_save_mode='s3', any S3-compatible "
-                   "endpoint) or locally")
 
 Target = Union[str, Unsupported]
 Alias = Union[str, Dict[str, Target]]
@@ -134,8 +132,8 @@ MODULES: Dict[str, Alias] = {
     'experiment.experiment_saver': {
         **_names(_SAVERS, 'AbstractExperimentSaver', 'BaseFullExperimentSaver', 'BaseFullExperimentS3Saver',
                  'FullPyTorchExperimentS3Saver'),
-        'FullKerasExperimentS3Saver': _KERAS, 'FullKerasExperimentGoogleStorageSaver': _KERAS,
-        'BaseFullExperimentGoogleStorageSaver': _GCS, 'FullPyTorchExperimentGoogleStorageSaver': _GCS},
+        **_names(_SAVERS, 'BaseFullExperimentGoogleStorageSaver', 'FullPyTorchExperimentGoogleStorageSaver'),
+        'FullKerasExperimentS3Saver': _KERAS, 'FullKerasExperimentGoogleStorageSaver': _KERAS},
     'experiment.local_experiment_saver': {
         **_names(_SAVERS, 'BaseFullExperimentLocalSaver', 'FullPyTorchExperimentLocalSaver'),
         'FullKerasExperimentLocalSaver': _KERAS},

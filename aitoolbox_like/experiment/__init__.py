@@ -3,8 +3,13 @@
 Local layout (the same keys in the cloud, under ``<cloud_dir_prefix>/``), as in AIToolbox::
 
     <local folder>/<project>/<experiment>_<timestamp>/
-        checkpoint_model/   model/   results/
-        hyperparams_list.txt   hyperparams.json   <script>.py   source_code.zip
+        checkpoint_model/   model/   results/          only the files AIToolbox writes there
+        hyperparams_list.txt   <script>.py   source_code.zip
+        hyperparams.json   latest_checkpoint.txt   best_checkpoint.txt   .aitoolbox_like_run     ours
+
+Our own bookkeeping stays at the root, so a script that lists ``checkpoint_model/``, ``model/`` or
+``results/`` and loads every file finds only saved models and results; temporary files of atomic writes
+are created at the root too, so a crash mid-write leaves nothing partial inside those folders.
 
 One :class:`Experiment` per TrainLoop (``loop._experiment``) so every callback writes to the same folder.
 """
@@ -15,8 +20,8 @@ import shutil
 import uuid
 import zipfile
 
-from .storage.base import join_key, validate_key_part
-from .storage.local import write_atomically, write_text_atomically
+from ..storage.base import join_key, validate_key, validate_key_part
+from ..storage.local import write_atomically, write_text_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +32,14 @@ MARKER_FILE = '.aitoolbox_like_run'
 HYPERPARAMS_TXT = 'hyperparams_list.txt'
 HYPERPARAMS_JSON = 'hyperparams.json'
 SOURCE_ZIP = 'source_code.zip'
+CHECKPOINT_DIR = 'checkpoint_model'
+MODEL_DIR = 'model'
+RESULTS_DIR = 'results'
+# Root files naming a checkpoint by its path inside the experiment folder ('checkpoint_model/<file>').
+LATEST_POINTER = 'latest_checkpoint.txt'
+BEST_POINTER = 'best_checkpoint.txt'
+# Where versions before the root pointers kept them (content: the bare file name, or a full cloud key).
+LEGACY_LATEST_POINTER = 'latest'
 _SKIP_DIRS = {'__pycache__', '.git', '.hg', '.svn', '.ipynb_checkpoints', '.venv', 'venv', '.mypy_cache',
               '.pytest_cache'}
 
@@ -55,6 +68,81 @@ def is_s3_mode(cloud_save_mode):
 def hyperparams_to_json(hyperparams):
     """JSON text of the hyperparameters; values JSON cannot hold are written as their repr."""
     return json.dumps(hyperparams if hyperparams is not None else {}, default=repr, sort_keys=False, indent=2)
+
+
+def model_file_name(experiment_name, experiment_timestamp, epoch=None, iteration_idx=None):
+    """``model_<experiment>_<timestamp>[_E<epoch>[_ITER<idx>]].pth``: AIToolbox's saved model / checkpoint names."""
+    name = f'model_{experiment_name}_{experiment_timestamp}'
+    if epoch is not None:
+        name += f'_E{epoch}'
+        if iteration_idx is not None:
+            name += f'_ITER{iteration_idx}'
+    return name + '.pth'
+
+
+def pointer_text(experiment_dir, target_path):
+    """How a pointer names ``target_path``: its '/'-separated path inside the experiment folder."""
+    rel = os.path.relpath(os.path.abspath(target_path), os.path.abspath(experiment_dir)).replace(os.sep, '/')
+    validate_key(rel, 'pointer target')      # refuses a target outside the experiment folder ('..')
+    return rel
+
+
+def write_pointer(experiment_dir, pointer_name, target_path):
+    """Atomically (re)write the root file ``pointer_name`` to name ``target_path``; returns the pointer's path.
+
+    Call it only once the target file is complete: a reader following a pointer must find a whole file.
+    """
+    path = os.path.join(experiment_dir, pointer_name)
+    write_text_atomically(path, pointer_text(experiment_dir, target_path))
+    return path
+
+
+def read_pointer(experiment_dir, pointer_name=LATEST_POINTER):
+    """The existing file the pointer ``pointer_name`` of an experiment folder names, or None.
+
+    Folders saved before the pointers moved to the root (``checkpoint_model/latest``) are read too.
+    """
+    target = None
+    try:
+        with open(os.path.join(experiment_dir, pointer_name), encoding='utf-8') as f:
+            text = f.read().strip()
+        validate_key(text, 'pointer target')
+        target = os.path.join(experiment_dir, *text.split('/'))
+    except (OSError, ValueError):
+        if pointer_name == LATEST_POINTER:
+            try:
+                with open(os.path.join(experiment_dir, CHECKPOINT_DIR, LEGACY_LATEST_POINTER), encoding='utf-8') as f:
+                    name = f.read().strip().rsplit('/', 1)[-1]
+            except OSError:
+                name = ''
+            if name and name not in ('.', '..'):
+                target = os.path.join(experiment_dir, CHECKPOINT_DIR, name)
+    return target if target is not None and os.path.isfile(target) else None
+
+
+def write_hyperparams_text(path, hyperparams, sort_names=False):
+    """``hyperparams_list.txt``: one ``name:<TAB>value`` line per hyperparameter (AIToolbox's format)."""
+    names = sorted(hyperparams) if sort_names else list(hyperparams)
+    write_text_atomically(path, ''.join(f'{name}:\t{hyperparams[name]}\n' for name in names))
+    return path
+
+
+def copy_experiment_script(folder, hyperparams):
+    """Copy ``hyperparams['experiment_file_path']`` (the training script) into ``folder``; its new path, or None
+    (with a warning saying why) when there is nothing to copy."""
+    script = hyperparams.get('experiment_file_path') if isinstance(hyperparams, dict) else None
+    if not script:
+        logger.warning("hyperparams has no 'experiment_file_path'; the experiment script was not copied into %s "
+                       "(set hyperparams['experiment_file_path'] to the training script, e.g. in a notebook)", folder)
+        return None
+    if not os.path.isfile(script):
+        logger.warning("hyperparams['experiment_file_path'] = %r is not a file; the experiment script was not "
+                       'copied into the experiment folder', script)
+        return None
+    target = os.path.join(folder, os.path.basename(script))
+    with open(script, 'rb') as src:
+        write_atomically(target, lambda dst: shutil.copyfileobj(src, dst))
+    return target
 
 
 class Experiment:
@@ -162,20 +250,16 @@ class Experiment:
 
         script = hyperparams.get('experiment_file_path') if isinstance(hyperparams, dict) else None
         if script:
-            if os.path.isfile(script):
-                target = os.path.join(folder, os.path.basename(script))
-                shutil.copyfile(script, target)
+            target = copy_experiment_script(folder, hyperparams)
+            if target is not None:
                 written.append(target)
-            else:
-                logger.warning("hyperparams['experiment_file_path'] = %r is not a file; the experiment script was "
-                               'not copied into the experiment folder', script)
         source_dirs = hyperparams.get('source_dirs_paths') if isinstance(hyperparams, dict) else None
         if source_dirs:
             zip_path = os.path.join(folder, SOURCE_ZIP)
             zip_source_dirs(source_dirs, zip_path)
             written.append(zip_path)
         # Written last: its presence means the set is complete.
-        write_text_atomically(txt_path, ''.join(f'{key}:\t{value}\n' for key, value in hyperparams.items()))
+        write_hyperparams_text(txt_path, hyperparams)
         written.append(txt_path)
         if uploader is not None:
             for path in written:
@@ -242,10 +326,10 @@ class ExperimentUploader:
     wait_timeout_s = 1800.0
 
     def __init__(self, experiment, bucket_name, cloud_dir_prefix='', endpoint_url=None, storage=None):
-        from .storage import BackgroundUploader
+        from ..storage import BackgroundUploader
         self.experiment = experiment
         if storage is None:
-            from .storage.s3 import S3Storage
+            from ..storage.s3 import S3Storage
             storage = S3Storage(bucket_name, cloud_dir_prefix or '', endpoint_url=endpoint_url,
                                 **self.storage_options)
         self.storage = storage
@@ -256,7 +340,7 @@ class ExperimentUploader:
 
     def _check_access(self):
         # Fail at the start of fit, not after the first epoch: a wrong key or a missing bucket shows here.
-        from .storage import StorageError
+        from ..storage import StorageError
         try:
             self.storage.exists(join_key(self.experiment.project_name, '.aitoolbox_like_access_check'))
         except StorageError as error:
@@ -274,14 +358,16 @@ class ExperimentUploader:
     def upload_experiment_file(self, local_path, latest_pointer_name=None):
         """Queue ``local_path`` (inside the local experiment folder) for upload to the same relative key.
 
-        With ``latest_pointer_name``, a pointer object of that name in the same cloud folder is set to the
-        file's key once the file is completely uploaded.
+        With ``latest_pointer_name``, the pointer object of that name at the root of the cloud experiment folder
+        is set to the file (its path inside the experiment folder, as the local pointer) once the file is
+        completely uploaded, so the cloud pointer never names a missing or partial object.
         """
         key = self.key_for(local_path)
-        pointer = None
+        pointer = text = None
         if latest_pointer_name:
-            pointer = join_key(key.rsplit('/', 1)[0], latest_pointer_name)
-        self.uploader.submit(local_path, key, latest_pointer_key=pointer)
+            pointer = join_key(self.experiment.key_prefix, latest_pointer_name)
+            text = pointer_text(self.experiment.dir_path, local_path)
+        self.uploader.submit(local_path, key, latest_pointer_key=pointer, latest_pointer_text=text)
         return key
 
     @property
@@ -320,7 +406,7 @@ def get_uploader(loop, experiment, cloud_save_mode, bucket_name, cloud_dir_prefi
         experiment.uploaders[key] = uploader
         if getattr(loop, 'experiment_uploader', None) is None:
             loop.experiment_uploader = uploader
-        from .callbacks.model_save import WaitForUploads
+        from ..callbacks.model_save import WaitForUploads
         if not any(isinstance(cb, WaitForUploads) for cb in loop.callbacks):
             loop.callbacks_handler.register_callbacks([WaitForUploads()])
     return uploader
@@ -329,3 +415,12 @@ def get_uploader(loop, experiment, cloud_save_mode, bucket_name, cloud_dir_prefi
 def all_uploaders(loop):
     experiment = getattr(loop, '_experiment', None)
     return list(experiment.uploaders.values()) if experiment is not None else []
+
+
+def __getattr__(name):
+    # AIToolbox's aitoolbox.experiment package exported a few result packages; code where aitoolbox was renamed
+    # aitoolbox_like imports them from here (the names live in the compat alias table).
+    from .. import compat
+    value = compat.extra_attribute(__name__, name)
+    globals()[name] = value
+    return value

@@ -14,21 +14,24 @@ _PARTIAL_SUFFIX = '.partial'
 _PARTIAL_RE = re.compile(r'^\..+\.[0-9a-f]{12}\.partial$')
 
 
-def _temp_path_for(path, temp_suffix=_PARTIAL_SUFFIX):
-    return path.with_name(f'.{path.name}.{secrets.token_hex(6)}{temp_suffix}')
+def _temp_path_for(path, temp_suffix=_PARTIAL_SUFFIX, temp_dir=None):
+    folder = path.parent if temp_dir is None else Path(os.path.abspath(os.fspath(temp_dir)))
+    return folder / f'.{path.name}.{secrets.token_hex(6)}{temp_suffix}'
 
 
-def write_atomically(path, write, temp_suffix=_PARTIAL_SUFFIX, make_parents=True):
-    """Run ``write(file_object)`` into a sibling temp file, fsync it, then rename over ``path``.
+def write_atomically(path, write, temp_suffix=_PARTIAL_SUFFIX, make_parents=True, temp_dir=None):
+    """Run ``write(file_object)`` into a temp file, fsync it, then rename it over ``path``.
 
     Readers (and a crash) see the old file or the complete new one, never a half-written one; a failed
-    write leaves no temp file behind. The temp file is ``.<name>.<12 hex digits><temp_suffix>``.
+    write leaves no temp file behind. The temp file is ``.<name>.<12 hex digits><temp_suffix>``, next to
+    ``path`` or in ``temp_dir``, which must be on the same filesystem (the rename is then atomic); the
+    experiment folder uses its root so that a crash leaves no stray file among the saved models.
     ``make_parents=False``: a missing parent folder is an error (FileNotFoundError).
     """
     path = Path(os.path.abspath(os.fspath(path)))
     if make_parents:
         path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_path_for(path, temp_suffix)
+    tmp = _temp_path_for(path, temp_suffix, temp_dir)
     try:
         with open(tmp, 'xb') as f:
             write(f)
@@ -43,10 +46,10 @@ def write_atomically(path, write, temp_suffix=_PARTIAL_SUFFIX, make_parents=True
         raise
 
 
-def write_text_atomically(path, text):
+def write_text_atomically(path, text, temp_dir=None):
     """Store ``text`` (UTF-8) in the file ``path`` with :func:`write_atomically`."""
     data = text.encode('utf-8')
-    write_atomically(path, lambda f: f.write(data))
+    write_atomically(path, lambda f: f.write(data), temp_dir=temp_dir)
 
 
 class LocalStorage(Storage):

@@ -24,6 +24,8 @@ class UploadJob:
     key: str
     latest_pointer_key: str = None
     delete_local_after: bool = False
+    # What the pointer object says; None: the uploaded object's key.
+    latest_pointer_text: str = None
 
 
 @dataclass
@@ -114,12 +116,13 @@ class BackgroundUploader:
         with self._lock:
             return self._pending
 
-    def submit(self, local_path, key, latest_pointer_key=None, delete_local_after=False):
-        """Queue ``local_path`` for upload to ``key``; then point ``latest_pointer_key`` at ``key``.
+    def submit(self, local_path, key, latest_pointer_key=None, delete_local_after=False, latest_pointer_text=None):
+        """Queue ``local_path`` for upload to ``key``; then point ``latest_pointer_key`` at it.
 
-        Blocks while the queue is full.
+        The pointer object holds ``latest_pointer_text`` (default: ``key``) and is written only after the
+        upload completed. Blocks while the queue is full.
         """
-        job = UploadJob(os.fspath(local_path), key, latest_pointer_key, delete_local_after)
+        job = UploadJob(os.fspath(local_path), key, latest_pointer_key, delete_local_after, latest_pointer_text)
         with self._lock:
             if self._closed:
                 raise RuntimeError('BackgroundUploader is closed; no more uploads can be submitted')
@@ -193,7 +196,9 @@ class BackgroundUploader:
             return
         if job.latest_pointer_key is not None:
             ok = self._attempt(job, job.latest_pointer_key,
-                               lambda: self.storage.write_text(job.latest_pointer_key, job.key))
+                               lambda: self.storage.write_text(job.latest_pointer_key,
+                                                               job.key if job.latest_pointer_text is None
+                                                               else job.latest_pointer_text))
             if not ok:
                 return
         if job.delete_local_after:

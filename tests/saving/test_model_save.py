@@ -39,7 +39,7 @@ def test_checkpoint_end_save_layout_after_three_epochs(tmp_path):
     folder = tmp_path / 'results' / 'proj' / f'exp_{ts}'
     assert _files(folder) == sorted([
         '.aitoolbox_like_run', 'hyperparams_list.txt', 'hyperparams.json', 'test_model_save.py', 'source_code.zip',
-        'checkpoint_model/best', 'checkpoint_model/latest',
+        'best_checkpoint.txt', 'latest_checkpoint.txt',
         *[f'checkpoint_model/model_exp_{ts}_E{e}.pth' for e in range(3)],
         f'model/model_exp_{ts}.pth',
         f'results/results_hyperParams_hist_exp_{ts}.json', f'results/true_pred_labels_exp_{ts}.pt'])
@@ -48,7 +48,7 @@ def test_checkpoint_end_save_layout_after_three_epochs(tmp_path):
     assert 'lr:\t0.01\n' in (folder / 'hyperparams_list.txt').read_text()
     assert json.loads((folder / 'hyperparams.json').read_text())['batch_size'] == 6
     assert zipfile.ZipFile(folder / 'source_code.zip').namelist() == ['mypkg/module.py']
-    assert (folder / 'checkpoint_model' / 'latest').read_text() == f'model_exp_{ts}_E2.pth'
+    assert (folder / 'latest_checkpoint.txt').read_text() == f'checkpoint_model/model_exp_{ts}_E2.pth'
 
     final = load_checkpoint(folder / 'model' / f'model_exp_{ts}.pth')
     assert_same_weights(final['model_state_dict'], weights(loop.model))
@@ -68,7 +68,8 @@ def test_best_pointer_and_suboptimal_removal_keep_the_best_and_the_newest(tmp_pa
     ts = loop.experiment_timestamp
     kept = sorted(f for f in os.listdir(folder) if f.endswith('.pth'))
     assert kept == sorted({f'model_exp_{ts}_E{e}.pth' for e in ranked[:2] + [4]})
-    assert open(os.path.join(folder, 'best')).read() == f'model_exp_{ts}_E{ranked[0]}.pth'
+    assert open(os.path.join(os.path.dirname(folder), 'best_checkpoint.txt')).read() == \
+        f'checkpoint_model/model_exp_{ts}_E{ranked[0]}.pth'
 
 
 def test_end_save_does_not_rename_the_users_result_package(tmp_path):
@@ -91,7 +92,7 @@ def test_runs_started_in_the_same_second_get_separate_folders(tmp_path):
     for seed, loop in enumerate(loops):
         folder = tmp_path / 'proj' / f'exp_{loop.experiment_timestamp}'
         assert f'seed:\t{seed}' in (folder / 'hyperparams_list.txt').read_text()
-        saved = load_checkpoint(folder / 'checkpoint_model' / (folder / 'checkpoint_model' / 'latest').read_text())
+        saved = load_checkpoint(folder / (folder / 'latest_checkpoint.txt').read_text())
         assert_same_weights(saved['model_state_dict'], weights(loop.model))
 
 

@@ -133,13 +133,13 @@ def test_sigkill_mid_epoch_then_resume_equals_the_uninterrupted_run(tmp_path, sc
     # Killed inside the optimizer step of batch 13 (epoch 1); the newest checkpoint is the one after batch 12.
     _run_script(tmp_path / 'out', tmp_path / 'killed.pt', '--epochs', 3, '--iter-freq', 4, '--kill-at-batch', 13,
                 expect_kill=True)
-    folder = next((tmp_path / 'out' / 'proj').iterdir()) / 'checkpoint_model'
-    assert (folder / 'latest').read_text().endswith('_E1_ITER12.pth')
+    folder = next((tmp_path / 'out' / 'proj').iterdir())
+    assert (folder / 'latest_checkpoint.txt').read_text().endswith('_E1_ITER12.pth')
 
     resumed = _run_script(tmp_path / 'out', tmp_path / 'resumed.pt', '--epochs', 3, '--iter-freq', 4, '--resume')
     assert_same_weights(resumed['weights'], script_reference['weights'])
     assert resumed['history']['train_history'] == script_reference['history']['train_history']
-    assert resumed['experiment_timestamp'] == folder.parent.name[len('run_'):]
+    assert resumed['experiment_timestamp'] == folder.name[len('run_'):]
 
 
 def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_path):
@@ -154,12 +154,14 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_pat
     caught_during_write = False
     deadline = time.monotonic() + 120
     try:
-        # Kill as soon as the second checkpoint (epoch 1) is being written: its temp file exists.
+        # Kill as soon as the second checkpoint (epoch 1) is being written: its temp file (created at the root of
+        # the experiment folder) exists.
         while process.poll() is None and time.monotonic() < deadline:
-            folders = list((out / 'proj').glob('run_*/checkpoint_model')) if (out / 'proj').exists() else []
+            folders = list((out / 'proj').glob('run_*')) if (out / 'proj').exists() else []
             if folders:
                 names = os.listdir(folders[0])
-                if 'latest' in names and any(n.startswith('.model_') and n.endswith('.tmp') for n in names):
+                if 'latest_checkpoint.txt' in names and any(n.startswith('.model_') and n.endswith('.tmp')
+                                                            for n in names):
                     process.send_signal(signal.SIGKILL)
                     caught_during_write = True
                     break
@@ -171,11 +173,13 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_pat
     assert caught_during_write, 'the run finished before a checkpoint write could be interrupted'
     assert process.returncode == -signal.SIGKILL
 
-    folder = next((out / 'proj').iterdir()) / 'checkpoint_model'
-    latest = (folder / 'latest').read_text()
+    experiment = next((out / 'proj').iterdir())
+    folder = experiment / 'checkpoint_model'
+    latest = (experiment / 'latest_checkpoint.txt').read_text()
     assert latest.endswith('_E0.pth')                  # the pointer still names the last complete checkpoint
-    assert load_checkpoint(folder / latest)['epoch'] == 0
+    assert load_checkpoint(experiment / latest)['epoch'] == 0
     assert not any(n.endswith('_E1.pth') for n in os.listdir(folder))     # no partial file under the real name
+    assert not any(n.startswith('.') for n in os.listdir(folder))         # the temp file is not in checkpoint_model
 
     resumed = _run_script(out, tmp_path / 'resumed.pt', '--epochs', 3, '--big-buffer', big, '--resume')
     assert_same_weights(resumed['weights'], reference['weights'])

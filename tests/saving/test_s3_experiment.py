@@ -48,12 +48,12 @@ def test_full_key_layout_after_three_epochs(s3_env, tmp_path):
     root = f'runs/v1/proj/exp_{ts}'
     assert _keys(s3_env, bucket) == sorted([
         f'{root}/hyperparams_list.txt', f'{root}/hyperparams.json', f'{root}/test_s3_experiment.py',
-        f'{root}/checkpoint_model/latest', f'{root}/checkpoint_model/best',
+        f'{root}/latest_checkpoint.txt', f'{root}/best_checkpoint.txt',
         *[f'{root}/checkpoint_model/model_exp_{ts}_E{e}.pth' for e in range(3)],
         f'{root}/model/model_exp_{ts}.pth',
         f'{root}/results/results_hyperParams_hist_exp_{ts}.json', f'{root}/results/true_pred_labels_exp_{ts}.pt'])
     storage = S3Storage(bucket, 'runs/v1')
-    assert storage.read_text(f'proj/exp_{ts}/checkpoint_model/latest').endswith(f'model_exp_{ts}_E2.pth')
+    assert storage.read_text(f'proj/exp_{ts}/latest_checkpoint.txt') == f'checkpoint_model/model_exp_{ts}_E2.pth'
     local = tmp_path / 'proj' / f'exp_{ts}' / 'checkpoint_model' / f'model_exp_{ts}_E2.pth'
     remote = storage.load_file(f'proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E2.pth', tmp_path / 'remote.pth')
     assert open(remote, 'rb').read() == local.read_bytes()
@@ -114,7 +114,7 @@ def test_uploads_survive_a_server_outage_during_training(s3_env, tmp_path):
     keys = _keys(s3_env, bucket)
     for epoch in range(4):
         assert f'runs/v1/proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E{epoch}.pth' in keys
-    assert S3Storage(bucket, 'runs/v1').read_text(f'proj/exp_{ts}/checkpoint_model/latest').endswith('_E3.pth')
+    assert S3Storage(bucket, 'runs/v1').read_text(f'proj/exp_{ts}/latest_checkpoint.txt').endswith('_E3.pth')
 
 
 def test_wrong_credentials_give_a_clear_error_without_the_secret(s3_env, tmp_path, monkeypatch, caplog):

@@ -1,0 +1,296 @@
+"""Reports written into the experiment folder: hyperparameter and source files, history plots and tables,
+gradient distributions (AIToolbox's ``result_reporting`` classes).
+
+Plots need matplotlib (``pip install aitoolbox_like[plots]``), not seaborn; they are drawn on standalone
+figures, so the global pyplot state (style, backend, open figures) is left alone and no display is needed.
+"""
+import csv
+import logging
+import math
+import numbers
+import os
+from collections.abc import Mapping
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..storage.base import join_key
+from . import (HYPERPARAMS_TXT, SOURCE_ZIP, copy_experiment_script, write_hyperparams_text, zip_source_dirs)
+from .savers import ExperimentFolder
+
+logger = logging.getLogger(__name__)
+
+
+def _import_matplotlib(who):
+    try:
+        import matplotlib.figure  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f'{who} needs matplotlib: pip install aitoolbox_like[plots]') from exc
+
+
+def _new_figure(**kwargs):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(**kwargs)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _history_series(training_history) -> Dict[str, Tuple[List, List]]:
+    """``{name: (epochs, values)}``, dict-valued metrics split into ``<name>_<key>``; each value keeps the epoch
+    it was recorded in when the history knows it (metrics computed every k epochs line up with the others)."""
+    series = {}
+    for name in list(training_history.keys()):
+        values = list(training_history[name])
+        epochs = training_history.get_epochs(name) if hasattr(training_history, 'get_epochs') else []
+        if len(epochs) != len(values):
+            epochs = list(range(len(values)))
+        if values and all(isinstance(v, Mapping) for v in values):
+            for key in dict.fromkeys(k for v in values for k in v):
+                pairs = [(e, v[key]) for e, v in zip(epochs, values) if key in v]
+                series[f'{name}_{key}'] = ([e for e, _ in pairs], [v for _, v in pairs])
+        else:
+            series[name] = (epochs, values)
+    return series
+
+
+def _safe_file_name(name) -> str:
+    return ''.join(c if c.isalnum() or c in '-_.' else '_' for c in str(name))
+
+
+def _check_format(file_format, allowed, argument='file_format'):
+    if file_format not in allowed:
+        raise ValueError(f'{argument}={file_format!r} is not supported; use one of {", ".join(map(repr, allowed))}')
+
+
+class HyperParamSourceReporter:
+    """Write the hyperparameters, the training script and the source folders into the experiment folder
+    (``hyperparams_list.txt``, ``<script>.py``, ``source_code.zip``); creates the folder.
+
+    Args:
+        project_name, experiment_name, experiment_timestamp: which experiment folder (plain names).
+        local_model_result_folder_path: root folder of the projects.
+    """
+
+    def __init__(self, project_name: str, experiment_name: str, experiment_timestamp: str,
+                 local_model_result_folder_path: str):
+        self.project_name = project_name
+        self.experiment_name = experiment_name
+        self.experiment_timestamp = experiment_timestamp
+        self.local_model_result_folder_path = os.path.expanduser(os.fspath(local_model_result_folder_path))
+        self.experiment_dir_path = ExperimentFolder.create_base_folder(project_name, experiment_name,
+                                                                       experiment_timestamp,
+                                                                       self.local_model_result_folder_path)
+        self.file_name = HYPERPARAMS_TXT
+        self.local_hyperparams_file_path = os.path.join(self.experiment_dir_path, self.file_name)
+
+    def save_hyperparams_to_text_file(self, hyperparams: Dict[str, Any], sort_names: bool = False) -> str:
+        """Write ``hyperparams_list.txt`` (one ``name:<TAB>value`` line each); returns its path."""
+        if not isinstance(hyperparams, Mapping):
+            raise TypeError(f'hyperparams must be a dict, got {type(hyperparams).__qualname__}')
+        return write_hyperparams_text(self.local_hyperparams_file_path, dict(hyperparams), sort_names)
+
+    def copy_to_cloud_storage(self, local_hyperparams_file_path: str, cloud_saver,
+                              file_name: Optional[str] = None) -> str:
+        """Upload a file of the experiment folder to ``<project>/<experiment>_<timestamp>/<file_name>`` in the
+        cloud; returns the key (relative to the storage's prefix).
+
+        Args:
+            local_hyperparams_file_path: the local file to upload.
+            cloud_saver: where to: an S3Storage (or any Storage), or a FullPyTorchExperimentS3Saver.
+            file_name: the name in the cloud; None: ``hyperparams_list.txt``.
+        """
+        storage = getattr(cloud_saver, 'storage', cloud_saver)
+        if not callable(getattr(storage, 'save_file', None)):
+            raise TypeError(f'cloud_saver must be an S3Storage or a FullPyTorchExperimentS3Saver, got '
+                            f'{type(cloud_saver).__qualname__}')
+        key = join_key(self.project_name, f'{self.experiment_name}_{self.experiment_timestamp}',
+                       self.file_name if file_name is None else file_name)
+        storage.save_file(local_hyperparams_file_path, key)
+        return key
+
+    def save_experiment_python_file(self, hyperparams: Dict[str, Any]) -> Optional[str]:
+        """Copy ``hyperparams['experiment_file_path']`` into the experiment folder; its new path, or None (with
+        a warning) when the key is missing or not a file."""
+        return copy_experiment_script(self.experiment_dir_path, hyperparams)
+
+    def save_experiment_source_files(self, hyperparams: Dict[str, Any]) -> Optional[str]:
+        """Zip the folders of ``hyperparams['source_dirs_paths']`` into ``source_code.zip``; its path, or None
+        when no folders are listed."""
+        source_dirs = hyperparams.get('source_dirs_paths') if isinstance(hyperparams, Mapping) else None
+        if isinstance(source_dirs, (str, os.PathLike)):
+            source_dirs = [source_dirs]
+        if not source_dirs:
+            return None
+        return zip_source_dirs([os.path.expanduser(os.fspath(d)) for d in source_dirs],
+                               os.path.join(self.experiment_dir_path, SOURCE_ZIP))
+
+
+class TrainingHistoryPlotter:
+    """Plot every numeric metric of a training history against the epochs.
+
+    Args:
+        experiment_results_local_path: the folder the plots go into (usually ``<experiment>/results``).
+    """
+
+    def __init__(self, experiment_results_local_path: str):
+        self.experiment_results_local_path = experiment_results_local_path
+
+    def generate_report(self, training_history, plots_folder_name: str = 'plots',
+                        file_format: str = 'png') -> List[List[str]]:
+        """One ``<plots_folder_name>/<metric>.png`` per metric with at least two numeric values, or all of them
+        in ``<plots_folder_name>.pdf`` (file_format='pdf'). Returns ``[[path inside the results folder, local
+        path], ...]``."""
+        _check_format(file_format, ('png', 'pdf'))
+        _import_matplotlib('TrainingHistoryPlotter')
+        figures = [(name, self.plot_performance_curve(name, values, epochs))
+                   for name, (epochs, values) in _history_series(training_history).items()
+                   if sum(_is_number(v) for v in values) > 1]
+        os.makedirs(self.experiment_results_local_path, exist_ok=True)
+        if file_format == 'png':
+            folder = os.path.join(self.experiment_results_local_path, plots_folder_name)
+            os.makedirs(folder, exist_ok=True)
+            paths = []
+            for name, fig in figures:
+                file_name = f'{_safe_file_name(name)}.png'
+                fig.savefig(os.path.join(folder, file_name))
+                paths.append([os.path.join(plots_folder_name, file_name), os.path.join(folder, file_name)])
+            return paths
+        from matplotlib.backends.backend_pdf import PdfPages
+        file_name = f'{plots_folder_name}.pdf'
+        path = os.path.join(self.experiment_results_local_path, file_name)
+        with PdfPages(path) as pdf:
+            for _, fig in figures:
+                pdf.savefig(fig)
+        return [[file_name, path]]
+
+    @staticmethod
+    def plot_performance_curve(metric_name: str, result_history: Sequence, epochs: Optional[Sequence] = None):
+        """A matplotlib Figure of one metric, titled with its lowest and highest value and their epochs."""
+        epochs = list(range(len(result_history))) if epochs is None else list(epochs)
+        points = [(e, float(v)) for e, v in zip(epochs, result_history) if _is_number(v)]
+        fig = _new_figure(figsize=(8, 5), dpi=100)
+        ax = fig.add_subplot()
+        ax.plot([e for e, _ in points], [v for _, v in points], marker='o')
+        ax.set_xlabel('Epoch')
+        ax.set_ylabel(str(metric_name))
+        ax.grid(True, alpha=0.3)
+        finite = [(e, v) for e, v in points if math.isfinite(v)]
+        if finite:
+            low, high = min(finite, key=lambda p: p[1]), max(finite, key=lambda p: p[1])
+            ax.set_title(f'{metric_name}\nmax: {high[1]:.5g} (epoch {high[0]})   min: {low[1]:.5g} (epoch {low[0]})')
+        else:
+            ax.set_title(f'{metric_name}\n(no finite values)')
+        fig.tight_layout()
+        return fig
+
+
+class TrainingHistoryWriter:
+    """Append the latest value of every metric to a text, TSV or CSV file.
+
+    Args:
+        experiment_results_local_path: the folder the file goes into (usually ``<experiment>/results``).
+    """
+
+    def __init__(self, experiment_results_local_path: str):
+        self.experiment_results_local_path = experiment_results_local_path
+        self.metric_name_cols: Optional[List[str]] = None
+
+    def generate_report(self, training_history, epoch: int, file_name: str, results_folder_name: str = '',
+                        file_format: str = 'txt') -> Tuple[str, str]:
+        """Append the metrics of ``epoch`` to ``<results_folder_name>/<file_name>``.
+
+        'txt' writes a human-readable block; 'tsv' / 'csv' a row under an ``Epoch`` + metric names header (a new
+        header after a ``NEW_METRICS_DETECTED`` row when the metrics change). Returns ``(path inside the results
+        folder, local path)``.
+        """
+        _check_format(file_format, ('txt', 'tsv', 'csv'))
+        folder = os.path.join(self.experiment_results_local_path, results_folder_name or '')
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, file_name)
+        latest = {name: values[-1] for name, (_, values) in _history_series(training_history).items() if values}
+        if file_format == 'txt':
+            with open(path, 'a') as f:
+                f.write(f'============================\nEpoch: {epoch}\n============================\n')
+                for name, value in latest.items():
+                    f.write(f'{name}:\t{value}\n')
+                f.write('\n\n')
+        else:
+            with open(path, 'a', newline='') as f:
+                writer = csv.writer(f, delimiter='\t' if file_format == 'tsv' else ',')
+                names = list(latest)
+                if self.metric_name_cols is None:
+                    self.metric_name_cols = names
+                    writer.writerow(['Epoch'] + names)
+                elif sorted(names) != sorted(self.metric_name_cols):
+                    self.metric_name_cols = names
+                    writer.writerow(['NEW_METRICS_DETECTED'])
+                    writer.writerow(['Epoch'] + names)
+                writer.writerow([epoch] + [latest.get(name, '') for name in self.metric_name_cols])
+        return os.path.join(results_folder_name or '', file_name), path
+
+
+class GradientPlotter:
+    """Plot the distribution of each layer's gradients.
+
+    Args:
+        experiment_grad_results_local_path: the folder the plots go into.
+    """
+
+    def __init__(self, experiment_grad_results_local_path: str):
+        self.experiment_grad_results_local_path = experiment_grad_results_local_path
+
+    def generate_report(self, model_layer_gradients: Sequence, grad_plots_folder_name: str = 'grad_plots',
+                        file_format: str = 'png') -> List[List[str]]:
+        """One ``<grad_plots_folder_name>/layer_<i>.png`` per layer with gradients, or all of them in
+        ``<grad_plots_folder_name>.pdf``. Layers whose gradient is None are skipped (logged). Returns
+        ``[[path inside the folder, local path], ...]``."""
+        _check_format(file_format, ('png', 'pdf'))
+        _import_matplotlib('GradientPlotter')
+        figures = list(self.generate_dist_plots(model_layer_gradients))
+        os.makedirs(self.experiment_grad_results_local_path, exist_ok=True)
+        if file_format == 'png':
+            folder = os.path.join(self.experiment_grad_results_local_path, grad_plots_folder_name)
+            os.makedirs(folder, exist_ok=True)
+            paths = []
+            for layer_name, fig in figures:
+                file_name = f'layer_{_safe_file_name(layer_name)}.png'
+                fig.savefig(os.path.join(folder, file_name))
+                paths.append([os.path.join(grad_plots_folder_name, file_name), os.path.join(folder, file_name)])
+            return paths
+        from matplotlib.backends.backend_pdf import PdfPages
+        file_name = f'{grad_plots_folder_name}.pdf'
+        path = os.path.join(self.experiment_grad_results_local_path, file_name)
+        with PdfPages(path) as pdf:
+            for _, fig in figures:
+                pdf.savefig(fig)
+        return [[file_name, path]]
+
+    @staticmethod
+    def generate_dist_plots(model_layer_gradients: Sequence, layer_names: Optional[Sequence] = None):
+        """Yield ``(layer name, Figure)`` for every layer with gradients."""
+        for i, gradients in enumerate(model_layer_gradients):
+            layer_name = i if layer_names is None else layer_names[i]
+            if gradients is None:
+                logger.info('GradientPlotter: layer %s has no gradients; not plotted', layer_name)
+                continue
+            yield layer_name, GradientPlotter.plot_gradient_distribution(gradients, layer_name)
+
+    @staticmethod
+    def plot_gradient_distribution(gradients, layer_name, bins: int = 100):
+        """A histogram Figure of one layer's (flattened) gradients, titled with their mean and std."""
+        import numpy as np
+        if hasattr(gradients, 'detach'):
+            gradients = gradients.detach().float().cpu().numpy()
+        values = np.asarray(gradients, dtype=np.float64).reshape(-1)
+        fig = _new_figure(figsize=(8, 5), dpi=100)
+        ax = fig.add_subplot()
+        ax.hist(values, bins=bins)
+        ax.set_xlabel('Gradient magnitude')
+        ax.set_ylabel('count')
+        ax.set_title(f'Gradient distribution for layer {layer_name}\n'
+                     f'mean: {values.mean():.5g}   std: {values.std():.5g}')
+        fig.tight_layout()
+        return fig
