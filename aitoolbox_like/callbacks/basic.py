@@ -1,14 +1,25 @@
-"""General-purpose callbacks: stopping rules, data subsets, timing, progress, function hooks."""
+"""General-purpose callbacks: stopping rules, data subsets, timing, progress, function hooks, email reports and
+log upload."""
+import html
 import itertools
 import logging
 import math
+import os
+import shutil
 import time
+from email.mime.application import MIMEApplication
+from email.mime.multipart import MIMEMultipart
+from email.mime.text import MIMEText
+from email.utils import formataddr
 
 import torch
 
+from ..experiment import get_experiment, is_s3_mode
 from ..multi_loss_optim import MultiLoss
+from ..storage.local import write_atomically
 from ._common import check_int, lower_is_better
-from .abstract import AbstractCallback, StopTraining
+from .abstract import AbstractCallback, AbstractExperimentCallback, StopTraining
+from .performance_eval import ModelTrainHistoryFileWriter, ModelTrainHistoryPlot
 
 logger = logging.getLogger(__name__)
 
@@ -517,3 +528,264 @@ class ProgressBar(AbstractCallback):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+# ---------------------------------------------------------------------------------------------- notifications
+
+
+def _import_boto3(who):
+    try:
+        import boto3
+        import botocore.config
+    except ImportError as exc:
+        raise ImportError(f'{who} needs boto3: pip install aitoolbox_like[s3]') from exc
+    return boto3, botocore.config
+
+
+class SESSender:
+    """Sends HTML emails with attachments through AWS Simple Email Service (``send_raw_email``).
+
+    Credentials, and optionally an endpoint (``AWS_ENDPOINT_URL_SES``) and retries (``AWS_MAX_ATTEMPTS``,
+    ``AWS_RETRY_MODE``), come from the usual boto3 configuration. The boto3 client is created at the first
+    send, so the sender can be pickled before training (DDP launch).
+
+    Args:
+        sender_name (str): name shown as the sender.
+        sender_email (str): sender address (verified in SES).
+        recipient_email (str or list of str): recipient address(es).
+        aws_region (str): SES region.
+    """
+
+    CHARSET = 'UTF-8'
+    # Seconds; botocore's defaults (60 s) would hold training up for minutes on an unreachable endpoint.
+    connect_timeout_s = 10
+    read_timeout_s = 30
+
+    def __init__(self, sender_name: str, sender_email: str, recipient_email, aws_region: str = 'eu-west-1'):
+        _import_boto3('SESSender')
+        self.sender_name = sender_name
+        self.sender_email = sender_email
+        self.recipient_email = recipient_email
+        self.aws_region = aws_region
+        self._client = None
+
+    @property
+    def sender(self) -> str:
+        return formataddr((self.sender_name, self.sender_email))
+
+    @property
+    def recipients(self) -> list:
+        return [self.recipient_email] if isinstance(self.recipient_email, str) else list(self.recipient_email)
+
+    @property
+    def client(self):
+        if self._client is None:
+            boto3, config = _import_boto3('SESSender')
+            self._client = boto3.client('ses', region_name=self.aws_region, config=config.Config(
+                connect_timeout=self.connect_timeout_s, read_timeout=self.read_timeout_s))
+        return self._client
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state['_client'] = None
+        return state
+
+    def build_message(self, subject: str, body: str, attachment_file_paths=None):
+        """The MIME message: an HTML part (``body`` inside <html><body>) and one attachment per existing file
+        (a missing file is skipped with a warning)."""
+        message = MIMEMultipart('mixed')
+        message['Subject'] = subject
+        message['From'] = self.sender
+        message['To'] = ', '.join(self.recipients)
+        alternative = MIMEMultipart('alternative')
+        html_text = f'<html>\n<head></head>\n<body>\n{body}\n</body>\n</html>\n'
+        alternative.attach(MIMEText(html_text, 'html', self.CHARSET))
+        message.attach(alternative)
+        for path in attachment_file_paths or []:
+            try:
+                with open(path, 'rb') as f:
+                    part = MIMEApplication(f.read())
+            except OSError as error:
+                logger.warning('Email attachment %s skipped: %s', path, error)
+                continue
+            part.add_header('Content-Disposition', 'attachment', filename=os.path.basename(path))
+            message.attach(part)
+        return message
+
+    def send_email(self, subject: str, body: str, attachment_file_paths=None) -> str:
+        """Send the email; returns SES's MessageId. Errors (botocore's) are raised to the caller."""
+        message = self.build_message(subject, body, attachment_file_paths)
+        response = self.client.send_raw_email(Source=self.sender, Destinations=self.recipients,
+                                              RawMessage={'Data': message.as_bytes()})
+        return response.get('MessageId', '')
+
+
+class EmailNotification(AbstractCallback):
+    """Email a report after every epoch and at the end of training, through AWS SES (needs boto3:
+    ``pip install aitoolbox_like[s3]``).
+
+    The epoch email lists the latest value of every history metric; the end-of-training email also lists the
+    hyperparameters of a tracking TrainLoop. Files written by ModelTrainHistoryPlot and
+    ModelTrainHistoryFileWriter in the same epoch are attached. A failed send never stops training: the first
+    failure is logged as an error with its reason, and the end of training reports how many failed.
+
+    Args:
+        sender_name (str): name shown as the sender.
+        sender_email (str): sender address (verified in SES).
+        recipient_email (str): where the emails go.
+        project_name (str or None): for the subject (None: the tracking TrainLoop's, else 'default_project').
+        experiment_name (str or None): for the subject (None: the tracking TrainLoop's, else 'experiment').
+        aws_region (str): SES region.
+    """
+
+    def __init__(self, sender_name, sender_email, recipient_email, project_name=None, experiment_name=None,
+                 aws_region='eu-west-1'):
+        super().__init__('Send email to notify about the state of training', execution_order=98,
+                         device_idx_execution=0)
+        _import_boto3('EmailNotification')       # a missing extra fails here, not after the first epoch
+        self.project_name = project_name
+        self.experiment_name = experiment_name
+        self.ses_sender = None
+        self.sender_name = sender_name
+        self.sender_email = sender_email
+        self.recipient_email = recipient_email
+        self.aws_region = aws_region
+        self.sent_count = 0
+        self.failed_count = 0
+
+    def on_train_loop_registration(self):
+        loop = self.train_loop_obj
+        # A plain TrainLoop has no names; AIToolbox raised an error, the subject uses the defaults instead.
+        if self.project_name is None:
+            self.project_name = getattr(loop, 'project_name', None) or AbstractExperimentCallback.DEFAULT_PROJECT_NAME
+        if self.experiment_name is None:
+            self.experiment_name = getattr(loop, 'experiment_name', None) or AbstractExperimentCallback.DEFAULT_EXPERIMENT_NAME
+        self.ses_sender = SESSender(self.sender_name, self.sender_email, self.recipient_email, self.aws_region)
+
+    def on_epoch_end(self):
+        epoch = self.train_loop_obj.epoch
+        subject = f'End of epoch {epoch} report: {self.project_name}: {self.experiment_name}'
+        body = f'<h2>End of epoch {epoch}</h2>\n{self.get_metric_list_html()}'
+        self._send(subject, body)
+
+    def on_train_end(self):
+        subject = f'End of training: {self.project_name}: {self.experiment_name}'
+        body = (f'<h2>End of training at epoch {self.train_loop_obj.epoch}</h2>\n{self.get_metric_list_html()}\n'
+                f'<h3>Used hyper parameters:</h3>\n{self.get_hyperparams_html()}')
+        self._send(subject, body)
+        if self.failed_count > 1:
+            logger.warning('EmailNotification: %d of %d emails could not be sent (the first failure was logged)',
+                           self.failed_count, self.failed_count + self.sent_count)
+
+    def get_metric_list_html(self) -> str:
+        """HTML list of the latest value of every history metric."""
+        items = [f'<li><p>{html.escape(str(name))}: {html.escape(str(values[-1]))}</p></li>'
+                 for name, values in self.train_loop_obj.train_history.items() if len(values) > 0]
+        return '<ul>' + '\n'.join(items) + '</ul>'
+
+    def get_hyperparams_html(self) -> str:
+        """HTML list of the tracking TrainLoop's hyperparameters, or 'Not given'."""
+        hyperparams = getattr(self.train_loop_obj, 'hyperparams', None)
+        if not isinstance(hyperparams, dict):
+            return 'Not given'
+        items = [f'<li><p>{html.escape(str(name))}: {html.escape(str(value))}</p></li>'
+                 for name, value in hyperparams.items()]
+        return '<ul>' + '\n'.join(items) + '</ul>'
+
+    def get_attachment_paths(self) -> list:
+        """Files the history plot / file writer callbacks of this loop wrote at their last call."""
+        paths = []
+        for callback in self.train_loop_obj.callbacks:
+            if isinstance(callback, (ModelTrainHistoryPlot, ModelTrainHistoryFileWriter)):
+                paths += [p for p in callback.last_written_files if os.path.isfile(p) and p not in paths]
+        return paths
+
+    def _send(self, subject, body):
+        try:
+            message_id = self.ses_sender.send_email(subject, body, self.get_attachment_paths())
+        except Exception as error:      # an email is a report: training goes on whatever went wrong
+            self.failed_count += 1
+            if self.failed_count == 1:
+                logger.error('EmailNotification could not send %r to %s via SES in %s (%s: %s); training goes '
+                             'on, later failures are only counted', subject, self.recipient_email, self.aws_region,
+                             type(error).__name__, error)
+            else:
+                logger.debug('EmailNotification failure %d: %s: %s', self.failed_count, type(error).__name__, error)
+            return False
+        self.sent_count += 1
+        logger.info('EmailNotification sent %r (SES MessageId %s)', subject, message_id)
+        return True
+
+
+class LogUpload(AbstractExperimentCallback):
+    """Upload a log file into the experiment's cloud folder after every epoch, at the end of training and when
+    training fails: ``<cloud_dir_prefix>/<project>/<experiment>_<timestamp>/<log file name>``.
+
+    The file is copied into the local experiment folder under its name (a consistent snapshot even while the
+    logger keeps writing) and the copy goes through the loop's shared background uploader, so training
+    does not wait for the network.
+
+    Args:
+        log_file_path (str): the log file (e.g. the file a logging.FileHandler writes, or a tmux/tee log).
+        fail_if_cloud_missing (bool): raise ValueError at registration when there is no S3 cloud_save_mode
+            (False: log a warning and only keep the log where it is).
+        project_name, experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
+            cloud_dir_prefix: the experiment (None: from the tracking TrainLoop; see AbstractExperimentCallback).
+    """
+
+    def __init__(self, log_file_path='~/project/training.log', fail_if_cloud_missing=True,
+                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
+                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None):
+        super().__init__('Upload logging file to cloud', project_name, experiment_name,
+                         local_model_result_folder_path, cloud_save_mode, bucket_name, cloud_dir_prefix,
+                         execution_order=1500, device_idx_execution=0)
+        self.log_file_path = os.path.abspath(os.path.expanduser(log_file_path))
+        self.log_filename = os.path.basename(self.log_file_path)
+        self.fail_if_cloud_missing = fail_if_cloud_missing
+        self.uploads_on = False
+        self._warned_missing = False
+
+    def on_train_loop_registration(self):
+        self.try_infer_experiment_details(infer_cloud_details=True)
+        self.uploads_on = is_s3_mode(self.cloud_save_mode)     # raises for GCS and unknown modes
+        if self.uploads_on:
+            return
+        message = (f'LogUpload: cloud_save_mode={self.cloud_save_mode!r} uploads nothing, so {self.log_file_path} '
+                   f"is not uploaded; use cloud_save_mode='s3' with a bucket_name")
+        if self.fail_if_cloud_missing:
+            raise ValueError(f'{message} (or fail_if_cloud_missing=False to train without the upload)')
+        logger.warning('%s; the log could be lost with this machine', message)
+
+    def on_epoch_end(self):
+        self.upload_log_file()
+
+    def on_train_end(self):
+        self.upload_log_file()
+
+    def on_exception(self, exception):
+        # The log of a failed run is the one most worth keeping.
+        try:
+            self.upload_log_file()
+        except Exception as error:
+            logger.error('LogUpload could not upload %s after %s: %s', self.log_file_path,
+                         type(exception).__name__, error)
+
+    def upload_log_file(self):
+        """Snapshot the log file into the experiment folder and queue its upload; returns the snapshot's path
+        (None when uploads are off or the log file does not exist yet, which is warned about once)."""
+        if not self.uploads_on:
+            return None
+        if not os.path.isfile(self.log_file_path):
+            if not self._warned_missing:
+                self._warned_missing = True
+                logger.warning('LogUpload: log file %s does not exist (yet); nothing uploaded', self.log_file_path)
+            return None
+        experiment = get_experiment(self.train_loop_obj, self.project_name, self.experiment_name,
+                                    self.local_model_result_folder_path)
+        snapshot = os.path.join(experiment.claim(), self.log_filename)
+        if os.path.abspath(snapshot) != self.log_file_path:
+            # Replaced atomically: an upload still reading the previous snapshot keeps reading a whole file.
+            with open(self.log_file_path, 'rb') as source:
+                write_atomically(snapshot, lambda target: shutil.copyfileobj(source, target, 1024 * 1024))
+        self.upload_experiment_files([snapshot])
+        return snapshot
