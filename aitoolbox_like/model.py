@@ -1,12 +1,15 @@
 """The model contract the TrainLoop trains: how a batch becomes a loss and predictions."""
+from __future__ import annotations
+
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
 
 
-def _to_device(data, device):
+def _to_device(data: Any, device: torch.device | str) -> Any:
     if isinstance(data, torch.Tensor):
         return data.to(device, non_blocking=True)
     if isinstance(data, (list, tuple)):
@@ -20,19 +23,19 @@ class TTModel(nn.Module, ABC):
     """An nn.Module that also says how to compute the loss and predictions of one batch."""
 
     @abstractmethod
-    def get_loss(self, batch_data, criterion, device):
+    def get_loss(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
         """Return the training loss of one batch (a scalar tensor, or a MultiLoss)."""
 
-    def get_loss_eval(self, batch_data, criterion, device):
+    def get_loss_eval(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
         """Loss used for evaluation; the training loss unless a model needs something else."""
         return self.get_loss(batch_data, criterion, device)
 
     @abstractmethod
-    def get_predictions(self, batch_data, device):
+    def get_predictions(self, batch_data: Any, device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
         """Return ``(y_pred, y_true, metadata)`` for one batch; metadata is a dict of lists or None."""
 
 
-def _inputs_to_device(inputs, device):
+def _inputs_to_device(inputs: Sequence[Any], device: torch.device | str) -> list[Any]:
     # The per-step path: plain tensors skip the generic recursion.
     return [x.to(device, non_blocking=True) if type(x) is torch.Tensor else _to_device(x, device) for x in inputs]
 
@@ -41,12 +44,14 @@ class TTBasicModel(TTModel):
     """A TTModel for the common case: the last element of the batch is the target and every other
     element is a positional input of ``forward``."""
 
-    def get_loss(self, batch_data, criterion, device):
+    def get_loss(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
+        """``criterion(self(*inputs), target)`` where the batch is ``(*inputs, target)``."""
         *inputs, target = batch_data
         predicted = self(*_inputs_to_device(inputs, device))
         return criterion(predicted, _to_device(target, device))
 
-    def get_predictions(self, batch_data, device):
+    def get_predictions(self, batch_data: Any, device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
+        """``(self(*inputs) detached, target, None)`` where the batch is ``(*inputs, target)``."""
         *inputs, target = batch_data
         predicted = self(*_inputs_to_device(inputs, device))
         return predicted.detach(), target, None
@@ -71,6 +76,7 @@ class TTBasicMultiGPUModel(TTBasicModel):
     """
 
     def get_loss(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
+        """The loss computed by ``forward``: ``self(*inputs, targets=target, criterion=criterion)``."""
         *inputs, target = batch_data
         return self(*_inputs_to_device(inputs, device), targets=_to_device(target, device), criterion=criterion)
 
@@ -90,7 +96,7 @@ class MultiGPUModelWrap(TTBasicMultiGPUModel):
         TypeError: ``model`` is not an ``nn.Module``.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f'MultiGPUModelWrap: model must be a torch.nn.Module, got {type(model).__qualname__}')
@@ -109,22 +115,24 @@ class AbstractModelFeedDefinition(ABC):
     """How a plain nn.Module is fed a batch, for models that cannot subclass TTModel."""
 
     @abstractmethod
-    def get_loss(self, model, batch_data, criterion, device):
-        pass
+    def get_loss(self, model: nn.Module, batch_data: Any, criterion: Any, device: torch.device) -> Any:
+        """Return the training loss of ``model`` on one batch (a scalar tensor, or a MultiLoss)."""
 
-    def get_loss_eval(self, model, batch_data, criterion, device):
+    def get_loss_eval(self, model: nn.Module, batch_data: Any, criterion: Any, device: torch.device) -> Any:
+        """Loss used for evaluation; the training loss unless the model needs something else."""
         return self.get_loss(model, batch_data, criterion, device)
 
     @abstractmethod
-    def get_predictions(self, model, batch_data, device):
-        pass
+    def get_predictions(self, model: nn.Module, batch_data: Any,
+                        device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
+        """Return ``(y_pred, y_true, metadata)`` of ``model`` for one batch; metadata is a dict or None."""
 
 
 class ModelWrap:
     """Adapt a plain nn.Module: ``ModelWrap(model, batch_model_feed_def)``; the TrainLoop trains
     ``model`` and asks ``batch_model_feed_def`` for losses and predictions."""
 
-    def __init__(self, model, batch_model_feed_def):
+    def __init__(self, model: nn.Module, batch_model_feed_def: AbstractModelFeedDefinition) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f'ModelWrap: model must be a torch.nn.Module, got {type(model).__qualname__}')
         missing = [m for m in ('get_loss', 'get_predictions') if not callable(getattr(batch_model_feed_def, m, None))]
@@ -135,30 +143,47 @@ class ModelWrap:
         self.batch_model_feed_def = batch_model_feed_def
 
 
+class BatchFeed(Protocol):
+    """What the TrainLoop calls to turn a batch into a loss or predictions: a TTModel, or a ModelWrap's
+    feed definition bound to its model."""
+
+    def get_loss(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
+        """The training loss of one batch."""
+
+    def get_loss_eval(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
+        """The evaluation loss of one batch."""
+
+    def get_predictions(self, batch_data: Any, device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
+        """``(y_pred, y_true, metadata)`` of one batch."""
+
+
 class _BoundFeedDefinition:
     """Gives a wrapped model the TTModel call shape so the loop has one code path."""
 
-    def __init__(self, model, feed_def):
+    def __init__(self, model: nn.Module, feed_def: AbstractModelFeedDefinition) -> None:
         self._model = model
         self._feed_def = feed_def
 
-    def get_loss(self, batch_data, criterion, device):
+    def get_loss(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
         return self._feed_def.get_loss(self._model, batch_data, criterion, device)
 
-    def get_loss_eval(self, batch_data, criterion, device):
+    def get_loss_eval(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
         get_loss_eval = getattr(self._feed_def, 'get_loss_eval', None) or self._feed_def.get_loss
         return get_loss_eval(self._model, batch_data, criterion, device)
 
-    def get_predictions(self, batch_data, device):
+    def get_predictions(self, batch_data: Any, device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
         return self._feed_def.get_predictions(self._model, batch_data, device)
 
 
-def resolve_model(model):
+def resolve_model(model: TTModel | ModelWrap) -> tuple[nn.Module, BatchFeed]:
     """Return ``(nn.Module to train, object with get_loss/get_loss_eval/get_predictions)``."""
     if isinstance(model, ModelWrap):
         return model.model, _BoundFeedDefinition(model.model, model.batch_model_feed_def)
     if isinstance(model, TTModel):
         return model, model
+    if isinstance(model, nn.Module) and all(callable(getattr(model, m, None)) for m in ('get_loss', 'get_predictions')):
+        # A module with the TTModel methods without subclassing it: AIToolbox's TTDataParallel(model) wrapper.
+        return model, cast(BatchFeed, model)
     name = type(model).__qualname__
     if isinstance(model, nn.Module):
         raise TypeError(f'model is a plain torch.nn.Module ({name}); the TrainLoop needs to know how to get a loss '

@@ -4,7 +4,6 @@
 :class:`PyTorchModelPredictor` runs on a TrainLoop that has only a test loader, so predictions, losses,
 result packages and callbacks behave exactly as they do at the end of training.
 """
-import json
 import logging
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
@@ -12,25 +11,16 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 import torch
 
 from .callbacks.abstract import AbstractCallback
-from .checkpoint import atomic_torch_save
 from .experiment import Experiment, ExperimentUploader, is_s3_mode, normalize_cloud_save_mode
+from .experiment.savers import write_experiment_results
 from .history import TrainingHistory
 from .multi_loss_optim import MultiLoss
 from .storage.base import StorageError
-from .storage.local import write_text_atomically
 from .train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 
 Predictions = Tuple[Any, Any, Optional[Dict[str, Any]]]
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, 'tolist'):
-        return value.tolist()
-    if hasattr(value, 'item'):
-        return value.item()
-    return repr(value)
 
 
 class PyTorchModelPredictor:
@@ -53,7 +43,7 @@ class PyTorchModelPredictor:
         train_loop: the TrainLoop doing the work (its ``test_loader`` is ``data_loader``).
     """
 
-    def __init__(self, model: Any, data_loader: Any, callbacks: Optional[List[AbstractCallback]] = None):
+    def __init__(self, model: Any, data_loader: Any, callbacks: Optional[List[AbstractCallback]] = None) -> None:
         self.model = model
         self.data_loader = data_loader
         self.train_loop = TrainLoop(model, None, None, data_loader, None, None)
@@ -169,19 +159,23 @@ class PyTorchModelPredictor:
                        save_true_pred_labels: bool = False, endpoint_url: Optional[str] = None) -> List[str]:
         """Evaluate the model with a result package and save the results as an experiment.
 
-        Writes ``<local folder>/<project>/<experiment>_<timestamp>/results/results_hyperParams_hist_<experiment>_
-        <timestamp>.json`` (the results, and a history holding each metric once), with
-        ``save_true_pred_labels`` also ``true_pred_labels_<experiment>_<timestamp>.pt`` (``{'y_true',
-        'y_predicted'}``); with an S3 ``cloud_save_mode`` these and the package's additional result files are
-        uploaded to the same keys under ``s3://<bucket>/<cloud_dir_prefix>/`` before the method returns.
+        Writes AIToolbox's results file ``<local folder>/<project>/<experiment>_<timestamp>/results/
+        results_hyperParams_hist_<experiment>_<timestamp>.p``: a pickle of ``{'experiment_name',
+        'experiment_results_local_path', 'results', 'hyperparameters', 'training_history'}`` (a history holding
+        each metric once), with ``save_true_pred_labels`` also ``'y_true'`` and ``'y_predicted'``; and the
+        ``results/plots/`` folder (no plot: each metric has one value). With an S3 ``cloud_save_mode`` these and
+        the package's additional result files are uploaded to the same keys under
+        ``s3://<bucket>/<cloud_dir_prefix>/`` before the method returns.
 
         Args:
             result_package: an AbstractResultPackage.
-            project_name, experiment_name: names of the project and experiment folders.
+            project_name: name of the project folder.
+            experiment_name: name of the experiment folder.
             local_model_result_folder_path: folder under which the project folder is created.
             cloud_save_mode: 's3' (or 'aws_s3' / 'aws') uploads; 'local' / None keeps the files local only.
                 Google Cloud Storage ('gcs') is not supported.
-            bucket_name, cloud_dir_prefix: where in S3.
+            bucket_name: the S3 bucket.
+            cloud_dir_prefix: key prefix in the bucket.
             save_true_pred_labels: also save the targets and predictions.
             endpoint_url: an S3-compatible endpoint other than AWS (not in AIToolbox).
 
@@ -201,33 +195,22 @@ class PyTorchModelPredictor:
             project_name=project_name, experiment_name=experiment_name,
             experiment_timestamp=loop.experiment_timestamp, local_model_result_folder_path=experiment.root)
 
-        y_pred, y_true, _ = self._prepare_package(result_package)
-        results = result_package.get_results() or {}
+        self._prepare_package(result_package)
+        # As AIToolbox: a history holding each metric once, saved with the results by the results saver's path.
         history = TrainingHistory(has_validation=False)
-        for metric_name, value in results.items():
+        for metric_name, value in (result_package.get_results() or {}).items():
             history.insert_single_result_into_history(metric_name, value)
 
         results_dir = experiment.subdir('results')
-        suffix = f'{experiment_name}_{loop.experiment_timestamp}'
-        results_path = os.path.join(results_dir, f'results_hyperParams_hist_{suffix}.json')
-        write_text_atomically(results_path, json.dumps({
-            'experiment_name': experiment_name,
-            'experiment_results_local_path': results_dir,
-            'results': results,
-            'hyperparameters': {},
-            'training_history': history.get_train_history(),
-        }, default=_json_default, indent=2))
-        written = [results_path]
-        if save_true_pred_labels:
-            labels_path = os.path.join(results_dir, f'true_pred_labels_{suffix}.pt')
-            atomic_torch_save({'y_true': y_true, 'y_predicted': y_pred}, labels_path)
-            written.append(labels_path)
-        extra = [path for _, path in (result_package.get_additional_results_dump_paths() or []) if os.path.isfile(path)]
+        saved = write_experiment_results(results_dir, experiment_name, loop.experiment_timestamp, result_package,
+                                         training_history=history, save_true_pred_labels=save_true_pred_labels,
+                                         temp_dir=experiment.dir_path)
+        written = [path for _, path in saved if os.path.isfile(path)]
         logger.info('Evaluation results of %s saved in %s', experiment_name, results_dir)
 
         if is_s3_mode(cloud_save_mode):
-            self._upload(experiment, written + extra, bucket_name, cloud_dir_prefix, endpoint_url)
-        return written + extra
+            self._upload(experiment, written, bucket_name, cloud_dir_prefix, endpoint_url)
+        return written
 
     @staticmethod
     def _upload(experiment: Experiment, paths: List[str], bucket_name: str, cloud_dir_prefix: str,

@@ -5,6 +5,8 @@ A DistributedDataParallel wrapper hides the TTModel's ``get_loss`` / ``get_predi
 (``model.get_loss(...)``, ``model.some_attribute``) works on the wrapped model and its forward calls go through
 the wrapper (for DDP: the gradient all-reduce).
 """
+from __future__ import annotations
+
 import inspect
 import logging
 import types
@@ -46,10 +48,10 @@ class TTParallelBase:
             default covers the loop's three).
     """
 
-    def __init__(self, module: nn.Module, default_model_methods: Sequence[str] = DEFAULT_MODEL_METHODS):
+    def __init__(self, module: nn.Module, default_model_methods: Sequence[str] = DEFAULT_MODEL_METHODS) -> None:
         self.default_model_methods = tuple(default_model_methods)
 
-    def _model_method(self, name: str):
+    def _model_method(self, name: str) -> types.MethodType:
         module = _wrapped_module(self)
         method = getattr(type(module), name, None)
         if not isinstance(method, types.FunctionType):
@@ -100,23 +102,25 @@ class TTDistributedDataParallel(TTParallelBase, DistributedDataParallel):
         **kwargs: arguments of ``DistributedDataParallel`` (``device_ids``, ``find_unused_parameters``, ...).
     """
 
-    def __init__(self, module: nn.Module, default_model_methods: Sequence[str] = DEFAULT_MODEL_METHODS, **kwargs):
+    def __init__(self, module: nn.Module, default_model_methods: Sequence[str] = DEFAULT_MODEL_METHODS,
+                 **kwargs: Any) -> None:
         DistributedDataParallel.__init__(self, module, **kwargs)
         TTParallelBase.__init__(self, module, default_model_methods)
 
 
-_DATA_PARALLEL_UNSUPPORTED = (
-    "TTDataParallel (single-process multi-GPU torch.nn.DataParallel) is not supported: train with "
-    "TrainLoop(..., gpu_mode='ddp'), which runs one process per GPU with DistributedDataParallel "
-    "(see docs/distributed.md); the TrainLoop wraps the model itself, so do not wrap it by hand.")
-
-
 class TTDataParallel(TTParallelBase, nn.DataParallel):
-    """AIToolbox's DataParallel wrapper: kept so that code importing it still imports, but it cannot be built.
+    """``torch.nn.DataParallel`` for a TTModel (AIToolbox's ``gpu_mode='dp'``): one process splits each batch
+    over the visible GPUs; ``get_loss`` / ``get_predictions`` and the model's attributes stay reachable. Without
+    GPUs it simply runs the model. ``TrainLoop(..., gpu_mode='dp')`` wraps the model itself; for several GPUs
+    ``gpu_mode='ddp'`` (one process per GPU) is faster.
 
-    Single-process DataParallel is slower than DistributedDataParallel and is not supported; constructing this
-    class raises ``NotImplementedError`` pointing to ``gpu_mode='ddp'``.
+    Args:
+        module: the TTModel to wrap.
+        default_model_methods: the TTModel methods run through the wrapper.
+        **kwargs: arguments of ``torch.nn.DataParallel`` (``device_ids``, ``output_device``, ``dim``).
     """
 
-    def __init__(self, module: nn.Module, default_model_methods: Sequence[str] = DEFAULT_MODEL_METHODS, **kwargs):
-        raise NotImplementedError(_DATA_PARALLEL_UNSUPPORTED)
+    def __init__(self, module: nn.Module, default_model_methods: Sequence[str] = DEFAULT_MODEL_METHODS,
+                 **kwargs: Any) -> None:
+        nn.DataParallel.__init__(self, module, **kwargs)
+        TTParallelBase.__init__(self, module, default_model_methods)

@@ -1,9 +1,9 @@
 """PyTorchModelPredictor on a trained model: predictions equal model(x) in eval mode, the loss equals the
 hand-computed mean over samples, metrics and result packages match a hand computation, callbacks run, and
 evaluate_model writes (and uploads) the experiment results."""
-import json
 import logging
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from aitoolbox_like import AbstractCallback, ModelWrap, TTModel
+from aitoolbox_like.experiment.reporting import matplotlib_available
 from aitoolbox_like.model import AbstractModelFeedDefinition
 from aitoolbox_like.model_predict import PyTorchModelPredictor
 from aitoolbox_like.multi_loss_optim import MultiLoss
@@ -229,16 +230,20 @@ def test_evaluate_model_saves_results_and_labels_locally(model, data, tmp_path):
                                      cloud_save_mode='local', save_true_pred_labels=True)
     timestamp = predictor.train_loop.experiment_timestamp
     results_dir = tmp_path / 'proj' / f'exp_{timestamp}' / 'results'
-    assert sorted(paths) == sorted([str(results_dir / f'results_hyperParams_hist_exp_{timestamp}.json'),
-                                    str(results_dir / f'true_pred_labels_exp_{timestamp}.pt')])
-    with open(_results_file(paths)) as f:
-        saved = json.load(f)
+    # AIToolbox's results pickle, the labels inside it; plots/ is created, but a metric with one value has no plot.
+    assert paths == [str(results_dir / f'results_hyperParams_hist_exp_{timestamp}.p')]
+    assert sorted(os.listdir(results_dir)) == sorted([f'results_hyperParams_hist_exp_{timestamp}.p'] +
+                                                      (['plots'] if matplotlib_available() else []))
+    with open(_results_file(paths), 'rb') as f:
+        saved = pickle.load(f)
+    assert list(saved) == ['y_true', 'y_predicted', 'experiment_name', 'experiment_results_local_path', 'results',
+                           'hyperparameters', 'training_history']
     expected = manual_accuracy(model, dataset)
+    assert saved['experiment_name'] == 'exp' and saved['experiment_results_local_path'] == str(results_dir)
     assert saved['results'] == {'Accuracy': pytest.approx(expected)}
     assert saved['training_history']['Accuracy'] == [pytest.approx(expected)]
-    labels = torch.load(results_dir / f'true_pred_labels_exp_{timestamp}.pt')
-    assert np.array_equal(np.asarray(labels['y_true']), dataset.tensors[1].numpy())
-    np.testing.assert_allclose(np.asarray(labels['y_predicted']), eval_output(model, dataset).numpy(), rtol=1e-6)
+    assert np.array_equal(np.asarray(saved['y_true']), dataset.tensors[1].numpy())
+    np.testing.assert_allclose(np.asarray(saved['y_predicted']), eval_output(model, dataset).numpy(), rtol=1e-6)
 
     # A second evaluation of the same experiment does not overwrite the first.
     again = predictor.evaluate_model(ClassificationResultPackage(), 'proj', 'exp', str(tmp_path),

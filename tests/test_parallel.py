@@ -3,7 +3,7 @@
 - TTParallelBase puts the TTModel's API (get_loss / get_predictions, helpers, attributes) on a wrapper and runs
   the forward through the wrapper; checked in-process with a plain nn.Module wrapper and once with real DDP
   (2 gloo processes), where the gradients must be the average of both ranks' hand-computed gradients.
-- TTDataParallel imports but refuses to be built, pointing to gpu_mode='ddp'.
+- TTDataParallel (gpu_mode='dp') passes the TTModel's API through torch.nn.DataParallel.
 - TTBasicMultiGPUModel / MultiGPUModelWrap compute the loss in forward and train like a hand-written loop.
 """
 import copy
@@ -110,10 +110,12 @@ def test_wrapper_of_a_plain_module_explains_get_loss_is_missing():
         wrapper.get_loss(_batch(0), nn.MSELoss(), 'cpu')
 
 
-def test_data_parallel_imports_but_construction_points_to_ddp():
-    assert issubclass(TTDataParallel, nn.DataParallel) and issubclass(TTDataParallel, TTParallelBase)
-    with pytest.raises(NotImplementedError, match="gpu_mode='ddp'"):
-        TTDataParallel(ScaledRegressor())
+def test_data_parallel_wrapper_passes_the_tt_model_api_through():
+    model = ScaledRegressor()
+    wrapper = TTDataParallel(model)
+    assert isinstance(wrapper, nn.DataParallel) and wrapper.module is model
+    batch = _batch(0)
+    assert torch.equal(wrapper.get_loss(batch, nn.MSELoss(), 'cpu'), model.get_loss(batch, nn.MSELoss(), 'cpu'))
 
 
 def test_distributed_module_uses_the_one_ddp_wrapper():

@@ -337,7 +337,7 @@ def test_additional_results_dump_paths():
         BadFiles().get_additional_results_dump_paths()
 
 
-def test_add_gives_union_with_clashing_names_prefixed():
+def test_add_nests_each_package_s_results_under_its_name_as_aitoolbox():
     cls_pkg = ClassificationResultPackage()
     cls_pkg.prepare_result_package(Y_MC, LOGITS_MC)
     bin_pkg = BinaryClassificationResultPackage()
@@ -348,26 +348,27 @@ def test_add_gives_union_with_clashing_names_prefixed():
     combined = cls_pkg + bin_pkg + reg_pkg
     assert isinstance(combined, MultipleResultPackageWrapper)
     res = combined.get_results()
-    assert res['ClassificationResult_Accuracy'] == pytest.approx(6 / 8)
-    assert res['BinaryClassificationResult_Accuracy'] == pytest.approx(skm.accuracy_score(Y_BIN, L_BIN))
-    assert 'Accuracy' not in res
-    assert res['ROC_AUC'] == pytest.approx(skm.roc_auc_score(Y_BIN, P_BIN))
-    assert res['R2_score'] == pytest.approx(skm.r2_score(Y_REG, P_REG))
-    assert len(res) == 1 + 6 + 3 and len(combined) == 3
+    assert set(res) == {'ClassificationResult', 'BinaryClassificationResult', 'RegressionResult'}
+    assert res['ClassificationResult']['Accuracy'] == pytest.approx(6 / 8)
+    assert res['BinaryClassificationResult']['Accuracy'] == pytest.approx(skm.accuracy_score(Y_BIN, L_BIN))
+    assert res['BinaryClassificationResult']['ROC_AUC'] == pytest.approx(skm.roc_auc_score(Y_BIN, P_BIN))
+    assert res['RegressionResult']['R2_score'] == pytest.approx(skm.r2_score(Y_REG, P_REG))
+    assert [len(v) for v in res.values()] == [1, 6, 3] and len(combined) == 3
     assert '--> RegressionResult' in str(combined)
 
     # the combination is a snapshot: re-preparing the original does not change it
     cls_pkg.prepare_result_package(Y_MC, Y_MC)
-    assert combined.get_results()['ClassificationResult_Accuracy'] == pytest.approx(6 / 8)
+    assert combined.get_results()['ClassificationResult']['Accuracy'] == pytest.approx(6 / 8)
 
     # same package type twice, dicts and sum()
     cls_pkg2 = ClassificationResultPackage()
     cls_pkg2.prepare_result_package(Y_MC, Y_MC)
     res2 = (cls_pkg + cls_pkg2).get_results()
-    assert res2 == {'ClassificationResult_Accuracy': 1.0, 'ClassificationResult1_Accuracy': 1.0}
-    assert (cls_pkg + {'epoch_time': 3.5}).get_results() == {'Accuracy': 1.0, 'epoch_time': 3.5}
-    assert ({'epoch_time': 3.5} + cls_pkg).get_results() == {'epoch_time': 3.5, 'Accuracy': 1.0}
-    assert sum([cls_pkg, reg_pkg]).get_results()['Mean_absolute_error'] == pytest.approx(
+    assert res2 == {'ClassificationResult': {'Accuracy': 1.0}, 'ClassificationResult1': {'Accuracy': 1.0}}
+    with_dict = (cls_pkg + {'epoch_time': 3.5}).get_results()
+    assert list(with_dict.values()) == [{'Accuracy': 1.0}, {'epoch_time': 3.5}]
+    assert list(({'epoch_time': 3.5} + cls_pkg).get_results().values()) == [{'epoch_time': 3.5}, {'Accuracy': 1.0}]
+    assert sum([cls_pkg, reg_pkg]).get_results()['RegressionResult']['Mean_absolute_error'] == pytest.approx(
         skm.mean_absolute_error(Y_REG, P_REG))
     with pytest.raises(TypeError):
         cls_pkg + 'Accuracy'

@@ -8,13 +8,14 @@ uploader (training does not wait for the network). Checkpoints hold the full tra
 import copy
 import logging
 import os
+from typing import Any, Optional
 
 from .. import loop_state
 from ..checkpoint import atomic_torch_save
-from ..experiment import (BEST_POINTER, CHECKPOINT_DIR, LATEST_POINTER, MODEL_DIR, RESULTS_DIR, ExperimentUploader,
-                          all_uploaders, get_experiment, get_uploader, normalize_cloud_save_mode, write_pointer)
+from ..experiment import (BEST_POINTER, CHECKPOINT_DIR, LATEST_POINTER, MODEL_DIR, RESULTS_DIR, Experiment,
+                          ExperimentUploader, get_experiment, get_uploader, normalize_cloud_save_mode, write_pointer)
 from ..experiment import model_file_name  # noqa: F401  (kept importable from this module, where it used to live)
-from ..experiment.savers import result_package_labels, write_experiment_results
+from ..experiment.savers import write_experiment_results
 from ..storage.base import validate_key_part
 from ._common import lower_is_better
 from .abstract import AbstractCallback
@@ -23,6 +24,9 @@ logger = logging.getLogger(__name__)
 
 class ExperimentSaverBase(AbstractCallback):
     """What the saving callbacks share: the experiment folder, the hyperparameter files and the uploader."""
+
+    # Read by the loop before callbacks register (loop_state.prepare_fit): this callback names the experiment.
+    defines_experiment = True
 
     def __init__(self, callback_name, project_name, experiment_name, local_model_result_folder_path, hyperparams,
                  cloud_save_mode='s3', bucket_name='model-result', cloud_dir_prefix='', endpoint_url=None,
@@ -40,8 +44,9 @@ class ExperimentSaverBase(AbstractCallback):
         self.bucket_name = bucket_name
         self.cloud_dir_prefix = cloud_dir_prefix
         self.endpoint_url = endpoint_url
-        self.experiment = None
-        self.uploader = None
+        # Set at registration, before any hook that uses it runs.
+        self.experiment: Experiment = None  # type: ignore[assignment]  # None only until registration
+        self.uploader: Optional[ExperimentUploader] = None
         validate_key_part(project_name, 'project_name')
         validate_key_part(experiment_name, 'experiment_name')
 
@@ -94,11 +99,13 @@ class ModelCheckpoint(ExperimentSaverBase):
     ``fit(resume_from=...)``) and the one with the best ``monitor`` value.
 
     Args:
-        project_name, experiment_name (str): folder names (plain names, no path separators).
+        project_name (str): folder name (a plain name, no path separators).
+        experiment_name (str): folder name (a plain name, no path separators).
         local_model_result_folder_path (str): root folder of the projects.
         hyperparams (dict): saved as hyperparams_list.txt / hyperparams.json and in every checkpoint.
         cloud_save_mode (str): 's3' (or 'aws_s3' / 'aws') uploads to S3 too; 'local' keeps files local only.
-        bucket_name, cloud_dir_prefix (str): where in S3.
+        bucket_name (str): the S3 bucket.
+        cloud_dir_prefix (str): key prefix in the bucket.
         rm_subopt_local_models (bool or str): delete local epoch checkpoints that are not among the
             ``num_best_checkpoints_kept`` best by ``monitor`` (a str names the metric, as in AIToolbox). The newest
             checkpoint is always kept, so a run can resume. Cloud copies are kept.
@@ -224,7 +231,9 @@ class ModelIterationCheckpoint(ModelCheckpoint):
 
 class ModelTrainEndSave(ExperimentSaverBase):
     """At the end of training: save the final model (full state) into ``<experiment>/model/`` and evaluate the
-    result packages on the validation and/or test set, writing the results into ``<experiment>/results/``.
+    result packages on the validation and/or test set, writing the results into ``<experiment>/results/`` as
+    AIToolbox does: ``results_hyperParams_hist_<experiment>_<timestamp>.p`` (a pickle of the results,
+    hyperparameters, training history, ``y_true`` and ``y_predicted``) and ``plots/<metric>.png``.
 
     Runs on every process of a distributed run (predictions are gathered from all ranks); only rank 0 writes.
     """
@@ -243,7 +252,7 @@ class ModelTrainEndSave(ExperimentSaverBase):
                                 f'{type(package).__qualname__}')
         self.val_result_package = val_result_package
         self.test_result_package = test_result_package
-        self.result_package = None
+        self.result_package: Any = None
         self.saved_files = []
 
     def on_train_loop_registration(self):
@@ -277,29 +286,23 @@ class ModelTrainEndSave(ExperimentSaverBase):
                                            additional_results=additional)
             labelled = copy.copy(package)
             labelled.pkg_name = f'{package.pkg_name or type(package).__name__}{suffix}'
-            packages.append((labelled, y_true, y_pred))
+            packages.append(labelled)
         if len(packages) == 2:
-            self.result_package = packages[1][0] + packages[0][0]
+            self.result_package = packages[1] + packages[0]
         else:
-            self.result_package = packages[0][0]
+            self.result_package = packages[0]
         if loop.is_main_process():
-            self.saved_files = self._save_experiment(packages)
+            self.saved_files = self._save_experiment()
 
-    def _save_experiment(self, packages):
+    def _save_experiment(self):
         loop = self.train_loop_obj
         model_path = self._save_state(MODEL_DIR, self._model_file_name())
-        labels = {}
-        for package, y_true, y_pred in packages:
-            labels.update(result_package_labels(package.pkg_name, y_true, y_pred))
+        # AIToolbox's results files: the pickle (labels included) and plots/, then the packages' own files.
         saved = write_experiment_results(
             self.experiment.subdir(RESULTS_DIR), self.experiment_name, loop.experiment_timestamp,
-            results=self.result_package.get_results(), hyperparameters=self.hyperparams,
-            training_history=loop.train_history, labels=labels, temp_dir=self.experiment.dir_path)
-        files = [model_path] + [path for _, path in saved]
-        for package, _, _ in packages:
-            for _, path in (package.get_additional_results_dump_paths() or []):
-                if os.path.isfile(path):
-                    files.append(path)
+            self.result_package, training_history=loop.train_history, save_true_pred_labels=True,
+            temp_dir=self.experiment.dir_path)
+        files = [model_path] + [path for _, path in saved if os.path.isfile(path)]
         if self.uploader is not None:
             for path in files[1:]:
                 try:
@@ -307,27 +310,3 @@ class ModelTrainEndSave(ExperimentSaverBase):
                 except ValueError:
                     logger.warning('%s is outside the experiment folder; not uploaded', path)
         return files
-
-
-class WaitForUploads(AbstractCallback):
-    """Registered with the first cloud uploader: at the end of fit (or on an exception) waits for the pending
-    uploads, up to ExperimentUploader.wait_timeout_s, and reports the ones that failed
-    (``train_loop_obj.upload_failures``)."""
-
-    exception_wait_timeout_s = 120.0
-
-    def __init__(self):
-        super().__init__('Wait for experiment uploads', execution_order=100000, device_idx_execution=None)
-
-    def _wait(self, timeout):
-        failures = []
-        for uploader in all_uploaders(self.train_loop_obj):
-            failures += uploader.wait(timeout)
-        self.train_loop_obj.upload_failures = getattr(self.train_loop_obj, 'upload_failures', []) + failures
-        return failures
-
-    def on_train_end(self):
-        self._wait(ExperimentUploader.wait_timeout_s)
-
-    def on_exception(self, exception):
-        self._wait(min(ExperimentUploader.wait_timeout_s, self.exception_wait_timeout_s))

@@ -10,38 +10,19 @@
 import copy
 import csv
 import logging
-import math
 import os
 from collections.abc import Mapping
+from typing import Optional
 
-from ._common import check_int, import_matplotlib, new_figure
+from ..experiment.reporting import TrainingHistoryPlotter
+from ..experiment.reporting import history_series    # public here too: the tensorboard / wandb callbacks use it
+from ..message_passing import MessageHandling
+from ._common import check_int, import_matplotlib
 from ._common import is_number as _is_number
 from ._common import lower_is_better    # public in this module (AIToolbox-style import path)
 from .abstract import AbstractCallback, AbstractExperimentCallback
 
 logger = logging.getLogger(__name__)
-
-
-def history_series(train_history, metric_names=None):
-    """``{name: (epochs, values)}`` of the history, dict-valued metrics expanded to ``<name>_<key>``.
-
-    Each value keeps the epoch it was recorded in, so metrics computed every k epochs line up with the
-    others (AIToolbox used the list index as the epoch).
-    """
-    series = {}
-    names = train_history.keys() if metric_names is None else [m for m in metric_names if m in train_history]
-    for name in names:
-        values = list(train_history[name])
-        epochs = train_history.get_epochs(name) if hasattr(train_history, 'get_epochs') else []
-        if len(epochs) != len(values):
-            epochs = list(range(len(values)))
-        if values and all(isinstance(v, Mapping) for v in values):
-            for key in dict.fromkeys(k for v in values for k in v):
-                pairs = [(e, v[key]) for e, v in zip(epochs, values) if key in v]
-                series[f'{name}_{key}'] = ([e for e, _ in pairs], [v for _, v in pairs])
-        else:
-            series[name] = (epochs, values)
-    return series
 
 
 class ModelPerformanceEvaluation(AbstractCallback):
@@ -271,6 +252,7 @@ class TrainHistoryFormatter(AbstractCallback):
         """True when the input metric has a value not formatted yet; a missing input metric raises
         (strict) or warns, since it usually means the callback computing it runs after this one."""
         history = self.train_loop_obj.train_history
+        missing: Optional[KeyError]
         try:
             values = self.input_metric_getter(history)
         except KeyError as exc:
@@ -335,7 +317,9 @@ class ModelTrainHistoryBaseCB(AbstractExperimentCallback):
 
         The experiment details not given are inferred from a tracking TrainLoop, else default to
         ``./experiments/default_project/experiment_<timestamp>``. Runs on rank 0. The paths written by the
-        last call are in ``self.last_written_files``; with an S3 cloud_save_mode they are uploaded too.
+        last call are in ``self.last_written_files`` and, as in AIToolbox, posted on the loop's message service
+        under ``'<ModelTrainHistoryPlot|ModelTrainHistoryFileWriter>_results_file_local_paths'`` until the end of
+        the epoch; with an S3 cloud_save_mode they are uploaded too.
         """
         super().__init__(callback_name, project_name, experiment_name, local_model_result_folder_path,
                          cloud_save_mode, bucket_name, cloud_dir_prefix,
@@ -363,6 +347,13 @@ class ModelTrainHistoryBaseCB(AbstractExperimentCallback):
 
     def _upload_files(self, paths):
         self.upload_experiment_files(paths)
+
+    def _post_paths(self, key, paths):
+        """Post the written paths for the callbacks that run after this one in the same epoch (AIToolbox's
+        ``<Callback>_results_file_local_paths`` messages, read with ``message_service.read_messages(key)``)."""
+        service = self.message_service
+        if service is not None:     # None only outside a TrainLoop (a callback driven by hand)
+            service.write_message(key, list(paths), msg_handling_settings=MessageHandling.UNTIL_END_OF_EPOCH)
 
 
 class ModelTrainHistoryPlot(ModelTrainHistoryBaseCB):
@@ -400,58 +391,30 @@ class ModelTrainHistoryPlot(ModelTrainHistoryBaseCB):
             self.plot_current_train_history(prefix='train_end_')
 
     def plot_current_train_history(self, prefix=''):
-        """Write the plots of the current history; returns the written local paths."""
-        folder_name = f'{prefix}plots_epoch_{self.train_loop_obj.epoch}'
-        figures = [(name, make_metric_figure(name, epochs, values))
-                   for name, (epochs, values) in history_series(self.train_loop_obj.train_history).items()
-                   if sum(_is_number(v) for v in values) > 1]
-        os.makedirs(self.results_dir_path, exist_ok=True)
-        if self.file_format == 'png':
-            folder = os.path.join(self.results_dir_path, folder_name)
-            os.makedirs(folder, exist_ok=True)
-            paths = []
-            for name, fig in figures:
-                path = os.path.join(folder, f'{_safe_file_name(name)}.png')
-                fig.savefig(path)
-                paths.append(path)
-        else:
-            from matplotlib.backends.backend_pdf import PdfPages
-            path = os.path.join(self.results_dir_path, f'{folder_name}.pdf')
-            with PdfPages(path) as pdf:
-                for _, fig in figures:
-                    pdf.savefig(fig)
-            paths = [path]
+        """Write the plots of the current history; returns the written local paths.
+
+        The paths are also posted on the message service under ``'ModelTrainHistoryPlot_results_file_local_paths'``
+        until the end of the epoch (AIToolbox's message), for callbacks that run after this one.
+        """
+        plotter = TrainingHistoryPlotter(self.results_dir_path)
+        saved = plotter.generate_report(self.train_loop_obj.train_history,
+                                        plots_folder_name=f'{prefix}plots_epoch_{self.train_loop_obj.epoch}',
+                                        file_format=self.file_format)
+        paths = [path for _, path in saved]
         self.last_written_files = paths
+        self._post_paths('ModelTrainHistoryPlot_results_file_local_paths', paths)
         self._upload_files(paths)
         return paths
 
 
-def _safe_file_name(name):
-    return ''.join(c if c.isalnum() or c in '-_.' else '_' for c in str(name))
-
-
 def make_metric_figure(metric_name, epochs, values):
-    """A matplotlib Figure of one metric over the epochs, titled with its best value and epoch.
+    """A matplotlib Figure of one metric over the epochs, titled with its best value and epoch (the figure of
+    ModelTrainHistoryPlot and TrainingHistoryPlotter).
 
     Uses a standalone Figure (no pyplot), so it needs no display, leaves the global matplotlib state (style,
     backend, open figures) alone and is freed with the object.
     """
-    points = [(e, float(v)) for e, v in zip(epochs, values) if _is_number(v)]
-    fig = new_figure(figsize=(8, 5), dpi=100)
-    ax = fig.add_subplot()
-    ax.plot([e for e, _ in points], [v for _, v in points], marker='o')
-    ax.set_xlabel('Epoch')
-    ax.set_ylabel(metric_name)
-    ax.grid(True, alpha=0.3)
-    finite = [(e, v) for e, v in points if math.isfinite(v)]
-    if finite:
-        pick = min if lower_is_better(metric_name) else max
-        best_epoch, best_value = pick(finite, key=lambda p: p[1])
-        ax.set_title(f'{metric_name}\nbest: {best_value:.5g} at epoch {best_epoch}')
-    else:
-        ax.set_title(f'{metric_name}\n(no finite values)')
-    fig.tight_layout()
-    return fig
+    return TrainingHistoryPlotter.plot_performance_curve(metric_name, values, epochs)
 
 
 class ModelTrainHistoryFileWriter(ModelTrainHistoryBaseCB):
@@ -509,6 +472,7 @@ class ModelTrainHistoryFileWriter(ModelTrainHistoryBaseCB):
         else:
             self._write_row(path, epoch, current, '\t' if self.file_format == 'tsv' else ',')
         self.last_written_files = [path]
+        self._post_paths('ModelTrainHistoryFileWriter_results_file_local_paths', [path])
         self._upload_files([path])
         return path
 

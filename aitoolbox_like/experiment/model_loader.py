@@ -8,11 +8,16 @@ caller opts in to full unpickling for a file they trust::
     loader.load_model('digits', 'cnn', '2024-05-01_10-00-00', model_save_dir='model')
     model = loader.init_model(CNN())
 """
+from __future__ import annotations
+
 import abc
 import logging
 import os
 from collections import OrderedDict
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, TypeVar, cast
+
+import torch
+from torch import nn
 
 from ..checkpoint import CheckpointError, load_checkpoint, load_model_weights
 from . import CHECKPOINT_DIR, LATEST_POINTER, model_file_name, read_pointer
@@ -20,13 +25,17 @@ from .savers import ExperimentFolder
 
 logger = logging.getLogger(__name__)
 
+_ModuleT = TypeVar('_ModuleT', bound=nn.Module)
+_OptimizerT = TypeVar('_OptimizerT')
+_ListT = TypeVar('_ListT', bound=List[Any])
+
 
 class AbstractLocalModelLoader(abc.ABC):
     """Loads a saved model representation from the experiment folder layout."""
 
     @abc.abstractmethod
     def load_model(self, project_name: str, experiment_name: str, experiment_timestamp: str, model_save_dir: str,
-                   epoch_num: Optional[int] = None, **kwargs):
+                   epoch_num: Optional[int] = None, **kwargs: Any) -> Any:
         """Load and return the saved model representation."""
 
 
@@ -42,10 +51,10 @@ class PyTorchLocalModelLoader(AbstractLocalModelLoader):
             a file is refused with a CheckpointError that says so.
     """
 
-    def __init__(self, local_model_result_folder_path: str, allow_unsafe_pickle: bool = False):
+    def __init__(self, local_model_result_folder_path: str, allow_unsafe_pickle: bool = False) -> None:
         self.local_model_result_folder_path = os.path.expanduser(os.fspath(local_model_result_folder_path))
         self.allow_unsafe_pickle = allow_unsafe_pickle
-        self.model_representation: Optional[dict] = None
+        self.model_representation: Optional[Dict[str, Any]] = None
         self.model_path: Optional[str] = None
 
     def get_model_path(self, project_name: str, experiment_name: str, experiment_timestamp: str,
@@ -68,13 +77,17 @@ class PyTorchLocalModelLoader(AbstractLocalModelLoader):
                                 f'experiment_timestamp, model_save_dir ({CHECKPOINT_DIR!r} for checkpoints, '
                                 f"'model' for the model saved at the end of training) and epoch_num")
 
-    def load_model(self, project_name: str, experiment_name: str, experiment_timestamp: str,
-                   model_save_dir: str = CHECKPOINT_DIR, epoch_num: Optional[int] = None,
-                   map_location: Any = None) -> dict:
+    # AIToolbox's signature: the abstract method's **kwargs stand for loader-specific options, here map_location.
+    def load_model(  # type: ignore[override]
+            self, project_name: str, experiment_name: str, experiment_timestamp: str,
+            model_save_dir: str = CHECKPOINT_DIR, epoch_num: Optional[int] = None,
+            map_location: Any = None) -> Dict[str, Any]:
         """Load ``<experiment folder>/<model_save_dir>/model_<experiment>_<timestamp>[_E<epoch_num>].pth``.
 
         Args:
-            project_name, experiment_name, experiment_timestamp: which experiment folder.
+            project_name: which experiment folder (with experiment_name and experiment_timestamp).
+            experiment_name: see project_name.
+            experiment_timestamp: see project_name.
             model_save_dir: 'checkpoint_model' (checkpoints) or 'model' (the model saved at the end of training).
             epoch_num: the epoch of the checkpoint; None: the final model, or, in 'checkpoint_model', the newest
                 checkpoint (the one ``latest_checkpoint.txt`` names).
@@ -86,7 +99,7 @@ class PyTorchLocalModelLoader(AbstractLocalModelLoader):
         path = self.get_model_path(project_name, experiment_name, experiment_timestamp, model_save_dir, epoch_num)
         return self.load_model_from_path(path, map_location)
 
-    def load_model_from_path(self, model_path: str, map_location: Any = None) -> dict:
+    def load_model_from_path(self, model_path: str, map_location: Any = None) -> Dict[str, Any]:
         """Load a saved model file from anywhere (no experiment folder needed)."""
         representation = load_checkpoint(os.path.expanduser(os.fspath(model_path)), map_location=map_location,
                                          allow_unsafe_pickle=self.allow_unsafe_pickle)
@@ -105,7 +118,12 @@ class PyTorchLocalModelLoader(AbstractLocalModelLoader):
         if self.model_representation is None:
             raise ValueError('no model loaded yet: call load_model() or load_model_from_path() first')
 
-    def init_model(self, model, used_data_parallel: bool = False):
+    def _loaded_representation(self) -> Dict[str, Any]:
+        self.check_if_model_loaded()
+        # check_if_model_loaded raised if it were None.
+        return cast(Dict[str, Any], self.model_representation)
+
+    def init_model(self, model: _ModuleT, used_data_parallel: bool = False) -> _ModuleT:
         """Load the saved weights into ``model`` (strictly: every key must match) and return it.
 
         Args:
@@ -113,31 +131,29 @@ class PyTorchLocalModelLoader(AbstractLocalModelLoader):
             used_data_parallel: the weights were saved from a DataParallel / DDP wrapper (keys start with
                 ``module.``); the prefix is removed.
         """
-        self.check_if_model_loaded()
-        state_dict = self.model_representation['model_state_dict']
+        state_dict = self._loaded_representation()['model_state_dict']
         if used_data_parallel:
             state_dict = OrderedDict((k[len('module.'):] if k.startswith('module.') else k, v)
                                      for k, v in state_dict.items())
         return load_model_weights(model, state_dict, self.model_path or 'the loaded model')
 
-    def init_optimizer(self, optimizer, device: str = 'cuda'):
+    def init_optimizer(self, optimizer: _OptimizerT, device: str = 'cuda') -> _OptimizerT:
         """Load the saved optimizer state into ``optimizer`` (a torch optimizer or a MultiOptimizer) and return it.
 
         ``device`` is accepted for AIToolbox compatibility: torch moves the state to the parameters' devices.
         """
-        self.check_if_model_loaded()
-        state = self.model_representation.get('optimizer_state_dict')
+        state = self._loaded_representation().get('optimizer_state_dict')
         if state is None:
             raise CheckpointError(f'{self.model_path} holds no optimizer state')
         try:
-            optimizer.load_state_dict(state)
+            cast(Any, optimizer).load_state_dict(state)   # a torch optimizer or a MultiOptimizer
         except (ValueError, KeyError, IndexError, TypeError, RuntimeError) as error:
             raise CheckpointError(f'{self.model_path}: its optimizer state does not fit {type(optimizer).__name__} '
                                   f'({error}); was it saved with a different model or optimizer?') from error
         return optimizer
 
-    def init_scheduler(self, scheduler_callbacks_list: List, ignore_saved: bool = False,
-                       ignore_missing_saved: bool = False) -> List:
+    def init_scheduler(self, scheduler_callbacks_list: _ListT, ignore_saved: bool = False,
+                       ignore_missing_saved: bool = False) -> _ListT:
         """Load the saved scheduler states into the scheduler callbacks, in order, and return the list.
 
         Args:
@@ -145,8 +161,7 @@ class PyTorchLocalModelLoader(AbstractLocalModelLoader):
             ignore_saved: do not raise when the file has scheduler states but no schedulers are given.
             ignore_missing_saved: do not raise when schedulers are given but the file has no scheduler states.
         """
-        self.check_if_model_loaded()
-        saved = self.model_representation['schedulers_state_dict']
+        saved = self._loaded_representation()['schedulers_state_dict']
         schedulers = list(scheduler_callbacks_list)
         if schedulers and not saved:
             if ignore_missing_saved:
@@ -167,10 +182,9 @@ class PyTorchLocalModelLoader(AbstractLocalModelLoader):
             scheduler.load_state_dict(state)
         return scheduler_callbacks_list
 
-    def init_amp(self, amp_scaler):
+    def init_amp(self, amp_scaler: torch.amp.GradScaler) -> torch.amp.GradScaler:
         """Load the saved grad scaler state into ``amp_scaler`` (``torch.amp.GradScaler``) and return it."""
-        self.check_if_model_loaded()
-        state = self.model_representation.get('amp')
+        state = self._loaded_representation().get('amp')
         if not state:
             raise CheckpointError(f'{self.model_path} holds no grad scaler state: it was saved from a run without '
                                   f'fp16 AMP (use_amp=True); leave the scaler as it is')

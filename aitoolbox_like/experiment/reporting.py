@@ -4,29 +4,54 @@ gradient distributions (AIToolbox's ``result_reporting`` classes).
 Plots need matplotlib (``pip install aitoolbox_like[plots]``), not seaborn; they are drawn on standalone
 figures, so the global pyplot state (style, backend, open figures) is left alone and no display is needed.
 """
+from __future__ import annotations
+
 import csv
 import logging
 import math
 import numbers
 import os
-from collections.abc import Mapping
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Iterator, Mapping
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..storage.base import join_key
+from ..storage.local import write_atomically
 from . import (HYPERPARAMS_TXT, SOURCE_ZIP, copy_experiment_script, write_hyperparams_text, zip_source_dirs)
-from .savers import ExperimentFolder
+from .folder import ExperimentFolder
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from ..history import TrainingHistory
+    from ..storage.base import Storage
+    from .savers import BaseFullExperimentS3Saver
 
 logger = logging.getLogger(__name__)
 
+#: A training history as the reporters accept it: a TrainingHistory or a plain ``{metric: [values]}`` dict.
+HistoryMapping = Union['TrainingHistory', Mapping[str, Any]]
 
-def _import_matplotlib(who):
+
+def matplotlib_available() -> bool:
+    """Whether matplotlib (the ``plots`` extra) can be imported."""
+    try:
+        import matplotlib.figure  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def import_matplotlib(who: str) -> None:
+    """Fail early, with the install hint, when the ``plots`` extra is missing."""
     try:
         import matplotlib.figure  # noqa: F401
     except ImportError as exc:
         raise ImportError(f'{who} needs matplotlib: pip install aitoolbox_like[plots]') from exc
 
 
-def _new_figure(**kwargs):
+def new_figure(**kwargs: Any) -> Figure:
+    """A standalone matplotlib Figure with its own Agg canvas: no pyplot global state (style, backend, open
+    figures), no display needed, freed with the object."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     fig = Figure(**kwargs)
@@ -34,15 +59,29 @@ def _new_figure(**kwargs):
     return fig
 
 
-def _is_number(value) -> bool:
+def is_number(value: object) -> bool:
+    """A real number, not a bool (the values a metric plot can draw)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _history_series(training_history) -> Dict[str, Tuple[List, List]]:
-    """``{name: (epochs, values)}``, dict-valued metrics split into ``<name>_<key>``; each value keeps the epoch
-    it was recorded in when the history knows it (metrics computed every k epochs line up with the others)."""
-    series = {}
-    for name in list(training_history.keys()):
+def lower_is_better(metric_name: str) -> bool:
+    """Losses and errors improve downwards, everything else upwards."""
+    name = metric_name.lower()
+    return 'loss' in name or 'error' in name
+
+
+def history_series(training_history: HistoryMapping,
+                   metric_names: Optional[Sequence[str]] = None) -> Dict[str, Tuple[List, List]]:
+    """``{name: (epochs, values)}`` of the history (of ``metric_names`` only, when given), dict-valued metrics
+    expanded to ``<name>_<key>`` as AIToolbox's flattened history.
+
+    Each value keeps the epoch it was recorded in when the history knows it, so metrics computed every k epochs
+    line up with the others (AIToolbox used the list index as the epoch).
+    """
+    series: Dict[str, Tuple[List, List]] = {}
+    names = list(training_history.keys()) if metric_names is None \
+        else [m for m in metric_names if m in training_history]
+    for name in names:
         values = list(training_history[name])
         epochs = training_history.get_epochs(name) if hasattr(training_history, 'get_epochs') else []
         if len(epochs) != len(values):
@@ -56,13 +95,51 @@ def _history_series(training_history) -> Dict[str, Tuple[List, List]]:
     return series
 
 
-def _safe_file_name(name) -> str:
+def _safe_file_name(name: object) -> str:
     return ''.join(c if c.isalnum() or c in '-_.' else '_' for c in str(name))
 
 
-def _check_format(file_format, allowed, argument='file_format'):
+def _check_format(file_format: str, allowed: Sequence[str], argument: str = 'file_format') -> None:
     if file_format not in allowed:
         raise ValueError(f'{argument}={file_format!r} is not supported; use one of {", ".join(map(repr, allowed))}')
+
+
+def _png_writer(fig: Figure) -> Callable[[IO[bytes]], None]:
+    def write(f: IO[bytes]) -> None:
+        fig.savefig(f, format='png')
+    return write
+
+
+def _write_figures(figures: Sequence[Tuple[str, Figure]], base_dir: str, folder_name: str,
+                   file_format: str) -> List[List[str]]:
+    """``<base_dir>/<folder_name>/<name>.png`` per figure, or all of them in ``<base_dir>/<folder_name>.pdf``;
+    returns ``[[path inside base_dir, local path], ...]``.
+
+    Each file is written through a temp file and a rename, as every other file of the experiment folder: a
+    crash mid-write, or a reader such as the uploader, never sees a truncated image.
+    """
+    os.makedirs(base_dir, exist_ok=True)
+    if file_format == 'png':
+        folder = os.path.join(base_dir, folder_name)
+        os.makedirs(folder, exist_ok=True)
+        paths: List[List[str]] = []
+        for file_stem, fig in figures:
+            file_name = f'{file_stem}.png'
+            path = os.path.join(folder, file_name)
+            write_atomically(path, _png_writer(fig))
+            paths.append([os.path.join(folder_name, file_name), path])
+        return paths
+
+    def write_pdf(f: IO[bytes]) -> None:
+        from matplotlib.backends.backend_pdf import PdfPages
+        with PdfPages(f) as pdf:
+            for _, fig in figures:
+                pdf.savefig(fig)
+
+    file_name = f'{folder_name}.pdf'
+    path = os.path.join(base_dir, file_name)
+    write_atomically(path, write_pdf)
+    return [[file_name, path]]
 
 
 class HyperParamSourceReporter:
@@ -70,12 +147,14 @@ class HyperParamSourceReporter:
     (``hyperparams_list.txt``, ``<script>.py``, ``source_code.zip``); creates the folder.
 
     Args:
-        project_name, experiment_name, experiment_timestamp: which experiment folder (plain names).
+        project_name: which experiment folder (plain names; with experiment_name and experiment_timestamp).
+        experiment_name: see project_name.
+        experiment_timestamp: see project_name.
         local_model_result_folder_path: root folder of the projects.
     """
 
     def __init__(self, project_name: str, experiment_name: str, experiment_timestamp: str,
-                 local_model_result_folder_path: str):
+                 local_model_result_folder_path: str) -> None:
         self.project_name = project_name
         self.experiment_name = experiment_name
         self.experiment_timestamp = experiment_timestamp
@@ -92,7 +171,8 @@ class HyperParamSourceReporter:
             raise TypeError(f'hyperparams must be a dict, got {type(hyperparams).__qualname__}')
         return write_hyperparams_text(self.local_hyperparams_file_path, dict(hyperparams), sort_names)
 
-    def copy_to_cloud_storage(self, local_hyperparams_file_path: str, cloud_saver,
+    def copy_to_cloud_storage(self, local_hyperparams_file_path: str,
+                              cloud_saver: Union[Storage, BaseFullExperimentS3Saver],
                               file_name: Optional[str] = None) -> str:
         """Upload a file of the experiment folder to ``<project>/<experiment>_<timestamp>/<file_name>`` in the
         cloud; returns the key (relative to the storage's prefix).
@@ -102,7 +182,7 @@ class HyperParamSourceReporter:
             cloud_saver: where to: an S3Storage (or any Storage), or a FullPyTorchExperimentS3Saver.
             file_name: the name in the cloud; None: ``hyperparams_list.txt``.
         """
-        storage = getattr(cloud_saver, 'storage', cloud_saver)
+        storage: Any = getattr(cloud_saver, 'storage', cloud_saver)
         if not callable(getattr(storage, 'save_file', None)):
             raise TypeError(f'cloud_saver must be an S3Storage or a FullPyTorchExperimentS3Saver, got '
                             f'{type(cloud_saver).__qualname__}')
@@ -135,43 +215,30 @@ class TrainingHistoryPlotter:
         experiment_results_local_path: the folder the plots go into (usually ``<experiment>/results``).
     """
 
-    def __init__(self, experiment_results_local_path: str):
+    def __init__(self, experiment_results_local_path: str) -> None:
         self.experiment_results_local_path = experiment_results_local_path
 
-    def generate_report(self, training_history, plots_folder_name: str = 'plots',
+    def generate_report(self, training_history: HistoryMapping, plots_folder_name: str = 'plots',
                         file_format: str = 'png') -> List[List[str]]:
-        """One ``<plots_folder_name>/<metric>.png`` per metric with at least two numeric values, or all of them
-        in ``<plots_folder_name>.pdf`` (file_format='pdf'). Returns ``[[path inside the results folder, local
-        path], ...]``."""
+        """One ``<plots_folder_name>/<metric>.png`` per metric with at least two numeric values (AIToolbox's
+        file names; dict-valued metrics as ``<metric>_<key>``), or all of them in ``<plots_folder_name>.pdf``
+        (file_format='pdf'). The folder is created even when no metric has two values yet. Returns ``[[path
+        inside the results folder, local path], ...]``."""
         _check_format(file_format, ('png', 'pdf'))
-        _import_matplotlib('TrainingHistoryPlotter')
-        figures = [(name, self.plot_performance_curve(name, values, epochs))
-                   for name, (epochs, values) in _history_series(training_history).items()
-                   if sum(_is_number(v) for v in values) > 1]
-        os.makedirs(self.experiment_results_local_path, exist_ok=True)
-        if file_format == 'png':
-            folder = os.path.join(self.experiment_results_local_path, plots_folder_name)
-            os.makedirs(folder, exist_ok=True)
-            paths = []
-            for name, fig in figures:
-                file_name = f'{_safe_file_name(name)}.png'
-                fig.savefig(os.path.join(folder, file_name))
-                paths.append([os.path.join(plots_folder_name, file_name), os.path.join(folder, file_name)])
-            return paths
-        from matplotlib.backends.backend_pdf import PdfPages
-        file_name = f'{plots_folder_name}.pdf'
-        path = os.path.join(self.experiment_results_local_path, file_name)
-        with PdfPages(path) as pdf:
-            for _, fig in figures:
-                pdf.savefig(fig)
-        return [[file_name, path]]
+        import_matplotlib('TrainingHistoryPlotter')
+        figures = [(_safe_file_name(name), self.plot_performance_curve(name, values, epochs))
+                   for name, (epochs, values) in history_series(training_history).items()
+                   if sum(is_number(v) for v in values) > 1]
+        return _write_figures(figures, self.experiment_results_local_path, plots_folder_name, file_format)
 
     @staticmethod
-    def plot_performance_curve(metric_name: str, result_history: Sequence, epochs: Optional[Sequence] = None):
-        """A matplotlib Figure of one metric, titled with its lowest and highest value and their epochs."""
+    def plot_performance_curve(metric_name: str, result_history: Sequence,
+                               epochs: Optional[Sequence] = None) -> Figure:
+        """A matplotlib Figure of one metric over the epochs (list indices when ``epochs`` is None), titled with
+        its best value and that value's epoch: the lowest for losses and errors, the highest otherwise."""
         epochs = list(range(len(result_history))) if epochs is None else list(epochs)
-        points = [(e, float(v)) for e, v in zip(epochs, result_history) if _is_number(v)]
-        fig = _new_figure(figsize=(8, 5), dpi=100)
+        points = [(e, float(v)) for e, v in zip(epochs, result_history) if is_number(v)]
+        fig = new_figure(figsize=(8, 5), dpi=100)
         ax = fig.add_subplot()
         ax.plot([e for e, _ in points], [v for _, v in points], marker='o')
         ax.set_xlabel('Epoch')
@@ -179,8 +246,9 @@ class TrainingHistoryPlotter:
         ax.grid(True, alpha=0.3)
         finite = [(e, v) for e, v in points if math.isfinite(v)]
         if finite:
-            low, high = min(finite, key=lambda p: p[1]), max(finite, key=lambda p: p[1])
-            ax.set_title(f'{metric_name}\nmax: {high[1]:.5g} (epoch {high[0]})   min: {low[1]:.5g} (epoch {low[0]})')
+            pick = min if lower_is_better(str(metric_name)) else max
+            best_epoch, best_value = pick(finite, key=lambda p: p[1])
+            ax.set_title(f'{metric_name}\nbest: {best_value:.5g} at epoch {best_epoch}')
         else:
             ax.set_title(f'{metric_name}\n(no finite values)')
         fig.tight_layout()
@@ -194,11 +262,12 @@ class TrainingHistoryWriter:
         experiment_results_local_path: the folder the file goes into (usually ``<experiment>/results``).
     """
 
-    def __init__(self, experiment_results_local_path: str):
+    def __init__(self, experiment_results_local_path: str) -> None:
         self.experiment_results_local_path = experiment_results_local_path
         self.metric_name_cols: Optional[List[str]] = None
 
-    def generate_report(self, training_history, epoch: int, file_name: str, results_folder_name: str = '',
+    def generate_report(self, training_history: HistoryMapping, epoch: int, file_name: str,
+                        results_folder_name: str = '',
                         file_format: str = 'txt') -> Tuple[str, str]:
         """Append the metrics of ``epoch`` to ``<results_folder_name>/<file_name>``.
 
@@ -210,7 +279,7 @@ class TrainingHistoryWriter:
         folder = os.path.join(self.experiment_results_local_path, results_folder_name or '')
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, file_name)
-        latest = {name: values[-1] for name, (_, values) in _history_series(training_history).items() if values}
+        latest = {name: values[-1] for name, (_, values) in history_series(training_history).items() if values}
         if file_format == 'txt':
             with open(path, 'a') as f:
                 f.write(f'============================\nEpoch: {epoch}\n============================\n')
@@ -239,7 +308,7 @@ class GradientPlotter:
         experiment_grad_results_local_path: the folder the plots go into.
     """
 
-    def __init__(self, experiment_grad_results_local_path: str):
+    def __init__(self, experiment_grad_results_local_path: str) -> None:
         self.experiment_grad_results_local_path = experiment_grad_results_local_path
 
     def generate_report(self, model_layer_gradients: Sequence, grad_plots_folder_name: str = 'grad_plots',
@@ -248,28 +317,14 @@ class GradientPlotter:
         ``<grad_plots_folder_name>.pdf``. Layers whose gradient is None are skipped (logged). Returns
         ``[[path inside the folder, local path], ...]``."""
         _check_format(file_format, ('png', 'pdf'))
-        _import_matplotlib('GradientPlotter')
-        figures = list(self.generate_dist_plots(model_layer_gradients))
-        os.makedirs(self.experiment_grad_results_local_path, exist_ok=True)
-        if file_format == 'png':
-            folder = os.path.join(self.experiment_grad_results_local_path, grad_plots_folder_name)
-            os.makedirs(folder, exist_ok=True)
-            paths = []
-            for layer_name, fig in figures:
-                file_name = f'layer_{_safe_file_name(layer_name)}.png'
-                fig.savefig(os.path.join(folder, file_name))
-                paths.append([os.path.join(grad_plots_folder_name, file_name), os.path.join(folder, file_name)])
-            return paths
-        from matplotlib.backends.backend_pdf import PdfPages
-        file_name = f'{grad_plots_folder_name}.pdf'
-        path = os.path.join(self.experiment_grad_results_local_path, file_name)
-        with PdfPages(path) as pdf:
-            for _, fig in figures:
-                pdf.savefig(fig)
-        return [[file_name, path]]
+        import_matplotlib('GradientPlotter')
+        figures = [(f'layer_{_safe_file_name(layer_name)}', fig)
+                   for layer_name, fig in self.generate_dist_plots(model_layer_gradients)]
+        return _write_figures(figures, self.experiment_grad_results_local_path, grad_plots_folder_name, file_format)
 
     @staticmethod
-    def generate_dist_plots(model_layer_gradients: Sequence, layer_names: Optional[Sequence] = None):
+    def generate_dist_plots(model_layer_gradients: Sequence, layer_names: Optional[Sequence] = None
+                            ) -> Iterator[Tuple[Any, Figure]]:
         """Yield ``(layer name, Figure)`` for every layer with gradients."""
         for i, gradients in enumerate(model_layer_gradients):
             layer_name = i if layer_names is None else layer_names[i]
@@ -279,13 +334,13 @@ class GradientPlotter:
             yield layer_name, GradientPlotter.plot_gradient_distribution(gradients, layer_name)
 
     @staticmethod
-    def plot_gradient_distribution(gradients, layer_name, bins: int = 100):
+    def plot_gradient_distribution(gradients: Any, layer_name: Any, bins: int = 100) -> Figure:
         """A histogram Figure of one layer's (flattened) gradients, titled with their mean and std."""
         import numpy as np
         if hasattr(gradients, 'detach'):
             gradients = gradients.detach().float().cpu().numpy()
         values = np.asarray(gradients, dtype=np.float64).reshape(-1)
-        fig = _new_figure(figsize=(8, 5), dpi=100)
+        fig = new_figure(figsize=(8, 5), dpi=100)
         ax = fig.add_subplot()
         ax.hist(values, bins=bins)
         ax.set_xlabel('Gradient magnitude')

@@ -2,35 +2,52 @@
 
 AIToolbox's savers for users who train with their own loop (``FullPyTorchExperimentLocalSaver``,
 ``FullPyTorchExperimentS3Saver`` and the pieces they are made of). They write the same files as the
-saving callbacks (``ModelTrainEndSave`` uses :func:`write_experiment_results` too)::
+saving callbacks and ``PyTorchModelPredictor.evaluate_model`` (all of them use :func:`write_experiment_results`)::
 
     <local_model_result_folder_path>/<project>/<experiment>_<timestamp>/
         model/model_<experiment>_<timestamp>.pth                     (checkpoint_model/..._E<epoch>.pth)
-        results/results_hyperParams_hist_<experiment>_<timestamp>.json
-        results/true_pred_labels_<experiment>_<timestamp>.pt          (save_true_pred_labels=True)
+        results/results_hyperParams_hist_<experiment>_<timestamp>.p  (.json with file_format='json')
+        results/plots/<metric>.png                                   (one per metric with 2+ values)
 
-Model files load with ``torch.load(weights_only=True)`` (and :class:`~.model_loader.PyTorchLocalModelLoader`);
-results are JSON, targets and predictions a tensor file. Every file is written atomically.
+Model files load with ``torch.load(weights_only=True)`` (and :class:`~.model_loader.PyTorchLocalModelLoader`).
+Results are AIToolbox's: a pickle of ``{'experiment_name', 'experiment_results_local_path', 'results',
+'hyperparameters', 'training_history'}`` (with ``'y_true'`` / ``'y_predicted'`` first when the labels are
+saved), or the same dict as JSON. Every file is written atomically.
 """
+from __future__ import annotations
+
 import abc
 import datetime
 import json
 import logging
 import os
+import pickle
 from collections.abc import Mapping
-from typing import Any, Dict, List, Optional, Sequence, Tuple
-
-import torch
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
 
 from ..checkpoint import atomic_torch_save, check_weights_only_safe
+from ..history import TrainingHistory
 from ..storage.base import join_key, validate_key_part
-from ..storage.local import write_text_atomically
+from ..storage.local import write_atomically, write_text_atomically
 from . import CHECKPOINT_DIR, MODEL_DIR, RESULTS_DIR, hyperparams_to_json, model_file_name
+from .folder import ExperimentFolder    # also importable from here, AIToolbox users' savers module
+from .reporting import TrainingHistoryPlotter, matplotlib_available
+
+if TYPE_CHECKING:
+    from ..result_package.abstract import AbstractResultPackage
+    from ..storage.base import Storage
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_RESULTS_ROOT = '~/project/model_result'
 REQUIRED_MODEL_KEYS = ('model_state_dict', 'optimizer_state_dict', 'epoch', 'hyperparams')
+#: The results file formats of AIToolbox's results savers, and the file extension of each.
+RESULTS_FILE_FORMATS = {'pickle': '.p', 'json': '.json'}
+#: The folder inside ``results/`` that the results savers draw the training history plots into.
+RESULTS_PLOTS_DIR = 'plots'
+
+#: A training history as the savers accept it: a TrainingHistory, a plain ``{metric: [values]}`` dict, or None.
+HistoryLike = Union[TrainingHistory, Mapping, None]
 
 
 def new_experiment_timestamp() -> str:
@@ -38,7 +55,7 @@ def new_experiment_timestamp() -> str:
     return datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')
 
 
-def _json_default(value):
+def _json_default(value: Any) -> Any:
     if hasattr(value, 'tolist'):
         return value.tolist()
     if hasattr(value, 'item'):
@@ -46,96 +63,124 @@ def _json_default(value):
     return repr(value)
 
 
-def write_json_atomically(path: str, data: Any, temp_dir: Optional[str] = None) -> str:
-    """Write ``data`` as indented JSON; tensors and arrays become lists, other objects their repr."""
-    write_text_atomically(path, json.dumps(data, default=_json_default, indent=2), temp_dir=temp_dir)
+def check_results_file_format(file_format: str) -> str:
+    """``file_format`` if it is one of AIToolbox's results formats ('pickle', 'json'); otherwise, as AIToolbox
+    does, 'pickle' with a warning."""
+    if file_format not in RESULTS_FILE_FORMATS:
+        logger.warning("Results file format should be 'pickle' or 'json', got %r; using the default 'pickle'",
+                       file_format)
+        return 'pickle'
+    return file_format
+
+
+def write_results_file(data: Any, file_local_path_w_type: str, file_format: str = 'pickle',
+                       temp_dir: Optional[str] = None) -> str:
+    """Write ``data`` atomically to ``<file_local_path_w_type>.p`` (a pickle) or ``.json``; returns the path.
+
+    JSON is AIToolbox's (``sort_keys=True, indent=4``), except that tensors and arrays become lists and other
+    values JSON cannot hold their repr, instead of failing after training.
+    """
+    if file_format not in RESULTS_FILE_FORMATS:
+        raise ValueError(f"file_format={file_format!r} is not supported: use 'pickle' or 'json'")
+    path = file_local_path_w_type + RESULTS_FILE_FORMATS[file_format]
+    if file_format == 'pickle':
+        write_atomically(path, lambda f: pickle.dump(data, f), temp_dir=temp_dir)
+    else:
+        write_text_atomically(path, json.dumps(data, default=_json_default, sort_keys=True, indent=4),
+                              temp_dir=temp_dir)
     return path
 
 
-def result_package_labels(name: str, y_true: Any, y_predicted: Any) -> Dict[str, Dict[str, torch.Tensor]]:
-    """``{name: {'y_true': tensor, 'y_predicted': tensor}}`` for the labels file, or ``{}`` (with a warning)
-    when the targets or predictions are not tensor-like (strings, ragged lists)."""
-    try:
-        return {name: {'y_true': torch.as_tensor(y_true), 'y_predicted': torch.as_tensor(y_predicted)}}
-    except (TypeError, ValueError, RuntimeError) as error:
-        logger.warning('%s: targets / predictions are not tensor-like (%s); they are not saved in the '
-                       'true_pred_labels file', name, error)
-        return {}
+def plot_results_training_history(results_dir: str, training_history: HistoryLike) -> List[List[str]]:
+    """Draw AIToolbox's end-of-experiment plots, ``<results_dir>/plots/<metric>.png`` (metrics with at least
+    two values), and return ``[[path inside results_dir, local path], ...]``.
+
+    Without matplotlib (the ``plots`` extra) no plots are drawn: one warning is logged and ``[]`` returned,
+    so saving the results never fails for want of a plotting library.
+    """
+    if not matplotlib_available():
+        logger.warning('matplotlib is not installed, so the training history plots are not drawn into %s '
+                       '(pip install aitoolbox_like[plots])', os.path.join(results_dir, RESULTS_PLOTS_DIR))
+        return []
+    return TrainingHistoryPlotter(results_dir).generate_report(
+        {} if training_history is None else training_history, plots_folder_name=RESULTS_PLOTS_DIR)
 
 
-def _history_dict(training_history) -> dict:
+def _history_dict(training_history: HistoryLike) -> dict:
     if training_history is None:
         return {}
-    if callable(getattr(training_history, 'get_train_history', None)):
-        return training_history.get_train_history()
+    get_train_history = getattr(training_history, 'get_train_history', None)
+    if callable(get_train_history):
+        return get_train_history()
     if isinstance(training_history, Mapping):
         return dict(training_history)
     raise TypeError(f'training_history must be a TrainingHistory or a dict of metric lists, got '
                     f'{type(training_history).__qualname__}')
 
 
-def write_experiment_results(results_dir: str, experiment_name: str, experiment_timestamp: str, results: Any,
-                             hyperparameters: Any, training_history: Any = None,
-                             labels: Optional[Dict[str, Dict[str, torch.Tensor]]] = None,
-                             separate_files: bool = False, temp_dir: Optional[str] = None) -> List[List[str]]:
-    """Write the results files of an experiment into ``results_dir`` (which must exist).
+def write_experiment_results(results_dir: str, experiment_name: str, experiment_timestamp: str,
+                             result_package: AbstractResultPackage, training_history: HistoryLike = None,
+                             save_true_pred_labels: bool = False, separate_files: bool = False,
+                             file_format: str = 'pickle', temp_dir: Optional[str] = None) -> List[List[str]]:
+    """Write the results of an evaluated ``result_package`` into ``results_dir`` (which must exist), as
+    AIToolbox's ``LocalResultsSaver`` does; the one writing path of the savers, ``ModelTrainEndSave`` and
+    ``PyTorchModelPredictor.evaluate_model``.
 
-    One file ``results_hyperParams_hist_<experiment>_<timestamp>.json`` with the keys ``experiment_name``,
-    ``experiment_results_local_path``, ``results``, ``hyperparameters`` and ``training_history``; with
-    ``separate_files`` three (``results_``, ``hyperparams_``, ``train_history_<experiment>_<timestamp>.json``),
-    as AIToolbox. Non-empty ``labels`` go to ``true_pred_labels_<experiment>_<timestamp>.pt``.
+    One file ``results_hyperParams_hist_<experiment>_<timestamp>.p`` (``.json`` with file_format='json'): a
+    dict with ``experiment_name``, ``experiment_results_local_path`` (``results_dir``), ``results``,
+    ``hyperparameters`` and ``training_history``, preceded by ``y_true`` and ``y_predicted`` with
+    ``save_true_pred_labels``. With ``separate_files`` AIToolbox's ``results_``, ``hyperparams_``,
+    ``train_history_`` and (with the labels) ``true_pred_labels_<experiment>_<timestamp>`` files instead. Then
+    the training history plots, ``plots/<metric>.png`` (skipped, with a warning, without matplotlib).
+
+    Args:
+        results_dir: the experiment's ``results`` folder.
+        experiment_name: the experiment name in the file names.
+        experiment_timestamp: the experiment timestamp in the file names.
+        result_package: an evaluated result package (``prepare_result_package`` called).
+        training_history: the history saved and plotted (a TrainingHistory or ``{metric: [values]}``).
+        save_true_pred_labels: also save the package's ``y_true`` / ``y_predicted``.
+        separate_files: AIToolbox's separate-files layout.
+        file_format: 'pickle' (AIToolbox's default) or 'json'.
+        temp_dir: where the temporary files of the atomic writes go (same filesystem; None: next to each file).
 
     Returns:
-        ``[[file name, local path], ...]``, the main results file first (AIToolbox's return format).
+        ``[[file name or path inside results_dir, local path], ...]`` (AIToolbox's return format): the results
+        file(s) first, then the package's additional result files, then the plots.
     """
-    suffix = f'{experiment_name}_{experiment_timestamp}'
+    if file_format not in RESULTS_FILE_FORMATS:
+        raise ValueError(f"file_format={file_format!r} is not supported: use 'pickle' or 'json'")
+    if not callable(getattr(result_package, 'get_results', None)):
+        raise TypeError(f'result_package must be an evaluated result package (AbstractResultPackage after '
+                        f'prepare_result_package), got {type(result_package).__qualname__}')
+    results = result_package.get_results()
+    hyperparameters = result_package.get_hyperparameters()
+    additional_paths = result_package.get_additional_results_dump_paths() \
+        if callable(getattr(result_package, 'get_additional_results_dump_paths', None)) else None
     history = _history_dict(training_history)
+
+    suffix = f'{experiment_name}_{experiment_timestamp}'
     base = {'experiment_name': experiment_name, 'experiment_results_local_path': results_dir}
+    labels = {'y_true': result_package.y_true, 'y_predicted': result_package.y_predicted} \
+        if save_true_pred_labels else None
     if separate_files:
-        contents = [(f'results_{suffix}.json', {**base, 'results': results}),
-                    (f'hyperparams_{suffix}.json', {**base, 'hyperparameters': hyperparameters}),
-                    (f'train_history_{suffix}.json', {**base, 'training_history': history})]
+        contents = [(f'results_{suffix}', {**base, 'results': results}),
+                    (f'hyperparams_{suffix}', {**base, 'hyperparameters': hyperparameters}),
+                    (f'train_history_{suffix}', {**base, 'training_history': history})]
+        if labels is not None:
+            contents.append((f'true_pred_labels_{suffix}', labels))
     else:
-        contents = [(f'results_hyperParams_hist_{suffix}.json',
-                     {**base, 'results': results, 'hyperparameters': hyperparameters, 'training_history': history})]
-    saved = []
-    for name, data in contents:
-        saved.append([name, write_json_atomically(os.path.join(results_dir, name), data, temp_dir)])
-    if labels:
-        name = f'true_pred_labels_{suffix}.pt'
-        path = os.path.join(results_dir, name)
-        atomic_torch_save(labels, path, temp_dir=temp_dir)
-        saved.append([name, path])
-    return saved
+        single = {**base, 'results': results, 'hyperparameters': hyperparameters, 'training_history': history}
+        # The labels first, as in AIToolbox's dict (a user iterating over the loaded dict sees that order).
+        contents = [(f'results_hyperParams_hist_{suffix}', single if labels is None else {**labels, **single})]
 
-
-# ---------------------------------------------------------------------------------------------- folders
-
-
-class ExperimentFolder:
-    """Paths of the experiment folder ``<local_model_result_folder_path>/<project>/<experiment>_<timestamp>``."""
-
-    @staticmethod
-    def get_base_folder_paths(project_name: str, experiment_name: str, experiment_timestamp: str,
-                              local_model_result_folder_path: str) -> Tuple[str, str]:
-        """``(project folder, experiment folder)`` paths; nothing is created. The names must be plain names
-        (no path separators, not '..'), so the folders stay inside ``local_model_result_folder_path``."""
-        validate_key_part(project_name, 'project_name')
-        validate_key_part(experiment_name, 'experiment_name')
-        validate_key_part(f'{experiment_name}_{experiment_timestamp}', 'experiment_timestamp')
-        root = os.path.abspath(os.path.expanduser(os.fspath(local_model_result_folder_path)))
-        project_dir = os.path.join(root, project_name)
-        return project_dir, os.path.join(project_dir, f'{experiment_name}_{experiment_timestamp}')
-
-    @staticmethod
-    def create_base_folder(project_name: str, experiment_name: str, experiment_timestamp: str,
-                           local_model_result_folder_path: str) -> str:
-        """Create the experiment folder (and its parents) if missing; returns its path."""
-        _, experiment_dir = ExperimentFolder.get_base_folder_paths(project_name, experiment_name,
-                                                                    experiment_timestamp,
-                                                                    local_model_result_folder_path)
-        os.makedirs(experiment_dir, exist_ok=True)
-        return experiment_dir
+    saved: List[List[str]] = []
+    for name_w_type, data in contents:
+        path = write_results_file(data, os.path.join(results_dir, name_w_type), file_format, temp_dir)
+        saved.append([os.path.basename(path), path])
+    saved += [list(entry) for entry in (additional_paths or [])]
+    # The plots come after the results files (AIToolbox drew them first): a plotting error cannot lose results.
+    return saved + plot_results_training_history(results_dir, training_history)
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -145,7 +190,8 @@ class AbstractLocalModelSaver(abc.ABC):
     """Saves a model representation into the experiment folder."""
 
     @abc.abstractmethod
-    def save_model(self, model, project_name: str, experiment_name: str, experiment_timestamp: Optional[str] = None,
+    def save_model(self, model: Any, project_name: str, experiment_name: str,
+                   experiment_timestamp: Optional[str] = None,
                    epoch: Optional[int] = None, iteration_idx: Optional[int] = None,
                    protect_existing_folder: bool = True) -> Tuple[str, str]:
         """Save ``model``; returns ``(model file name, local path)``."""
@@ -154,7 +200,8 @@ class AbstractLocalModelSaver(abc.ABC):
 class BaseLocalModelSaver:
     """Where a local model saver writes: ``model/`` (the final model) or ``checkpoint_model/`` (checkpoints)."""
 
-    def __init__(self, local_model_result_folder_path: str = DEFAULT_RESULTS_ROOT, checkpoint_model: bool = False):
+    def __init__(self, local_model_result_folder_path: str = DEFAULT_RESULTS_ROOT,
+                 checkpoint_model: bool = False) -> None:
         self.local_model_result_folder_path = os.path.expanduser(os.fspath(local_model_result_folder_path))
         self.checkpoint_model = checkpoint_model
 
@@ -246,7 +293,7 @@ class LocalSubOptimalModelRemover:
         num_best_kept: how many of the best models are kept (>= 1).
     """
 
-    def __init__(self, metric_name: str, num_best_kept: int = 2):
+    def __init__(self, metric_name: str, num_best_kept: int = 2) -> None:
         if not isinstance(metric_name, str) or not metric_name:
             raise ValueError(f'metric_name must be the name of a metric in the training history, got '
                              f'{metric_name!r}')
@@ -259,7 +306,8 @@ class LocalSubOptimalModelRemover:
         self.is_default_metric = metric_name in self.default_metrics_list
         self.model_save_history: List[Tuple[List[str], float]] = []
 
-    def decide_if_remove_suboptimal_model(self, history, new_model_dump_paths: Sequence[str]) -> List[str]:
+    def decide_if_remove_suboptimal_model(self, history: Union[TrainingHistory, Mapping],
+                                          new_model_dump_paths: Sequence[str]) -> List[str]:
         """Track the new model and delete the worst tracked one(s) beyond ``num_best_kept``; returns the
         deleted paths."""
         values = history[self.metric_name] if self.metric_name in history else []
@@ -269,7 +317,7 @@ class LocalSubOptimalModelRemover:
                            list(new_model_dump_paths))
             return []
         self.model_save_history.append((list(new_model_dump_paths), float(values[-1])))
-        removed = []
+        removed: List[str] = []
         while len(self.model_save_history) > self.num_best_kept:
             self.model_save_history.sort(key=lambda item: item[1], reverse=not self.decrease_metric)
             paths, value = self.model_save_history.pop()
@@ -295,13 +343,15 @@ class AbstractLocalResultsSaver(abc.ABC):
     """Saves an evaluated result package and the training history into ``results/``."""
 
     @abc.abstractmethod
-    def save_experiment_results(self, result_package, training_history, project_name: str, experiment_name: str,
+    def save_experiment_results(self, result_package: AbstractResultPackage, training_history: HistoryLike,
+                                project_name: str, experiment_name: str,
                                 experiment_timestamp: Optional[str] = None, save_true_pred_labels: bool = False,
                                 protect_existing_folder: bool = True) -> List[List[str]]:
         """All results in one file; returns ``[[file name, local path], ...]``, the results file first."""
 
     @abc.abstractmethod
-    def save_experiment_results_separate_files(self, result_package, training_history, project_name: str,
+    def save_experiment_results_separate_files(self, result_package: AbstractResultPackage,
+                                               training_history: HistoryLike, project_name: str,
                                                experiment_name: str, experiment_timestamp: Optional[str] = None,
                                                save_true_pred_labels: bool = False,
                                                protect_existing_folder: bool = True) -> List[List[str]]:
@@ -311,13 +361,11 @@ class AbstractLocalResultsSaver(abc.ABC):
 class BaseLocalResultsSaver:
     """The ``results/`` folder of an experiment and the file format of the results."""
 
-    def __init__(self, local_model_result_folder_path: str = DEFAULT_RESULTS_ROOT, file_format: str = 'json'):
-        if file_format != 'json':
-            raise ValueError(f"file_format={file_format!r} is not supported: results are written as JSON (targets "
-                             f"and predictions as a .pt tensor file), which needs no unpickling to read; pass "
-                             f"file_format='json'")
+    def __init__(self, local_model_result_folder_path: str = DEFAULT_RESULTS_ROOT,
+                 file_format: str = 'pickle') -> None:
         self.local_model_result_folder_path = os.path.expanduser(os.fspath(local_model_result_folder_path))
-        self.file_format = file_format
+        # As AIToolbox: an unknown format is a warning and the default pickle, not an error after training.
+        self.file_format = check_results_file_format(file_format)
 
     def create_experiment_local_folder_structure(self, project_name: str, experiment_name: str,
                                                  experiment_timestamp: str) -> str:
@@ -343,60 +391,59 @@ class BaseLocalResultsSaver:
         return project_dir, experiment_dir, os.path.join(experiment_dir, RESULTS_DIR)
 
     def save_file(self, result_dict: Any, file_name_w_type: str, file_local_path_w_type: str) -> Tuple[str, str]:
-        """Write ``result_dict`` to ``<file_local_path_w_type>.json``; returns ``(file name, path)``."""
-        write_json_atomically(file_local_path_w_type + '.json', result_dict)
-        return file_name_w_type + '.json', file_local_path_w_type + '.json'
+        """Write ``result_dict`` atomically in the saver's format, to ``<file_local_path_w_type>.p`` (pickle) or
+        ``.json``; returns ``(file name, path)``, each with the extension added."""
+        path = write_results_file(result_dict, file_local_path_w_type, self.file_format)
+        return file_name_w_type + RESULTS_FILE_FORMATS[self.file_format], path
 
 
 class LocalResultsSaver(AbstractLocalResultsSaver, BaseLocalResultsSaver):
-    """Write an evaluated result package and the training history into ``<experiment folder>/results/``,
-    the files ModelTrainEndSave writes.
+    """Write an evaluated result package and the training history into ``<experiment folder>/results/``:
+    AIToolbox's results files (the ones ModelTrainEndSave writes) and ``plots/``.
 
     Args:
         local_model_result_folder_path: root folder of the projects.
-        file_format: 'json' (the only format; AIToolbox's default was a pickle).
+        file_format: 'pickle' (AIToolbox's default, ``.p`` files) or 'json' (``.json`` files).
     """
 
-    def _save(self, result_package, training_history, project_name, experiment_name, experiment_timestamp,
-              save_true_pred_labels, separate_files):
+    def _save(self, result_package: AbstractResultPackage, training_history: HistoryLike, project_name: str,
+              experiment_name: str, experiment_timestamp: Optional[str], save_true_pred_labels: bool,
+              separate_files: bool) -> List[List[str]]:
         if not callable(getattr(result_package, 'get_results', None)):
+            # Checked before any folder is created, so a wrong argument leaves nothing behind.
             raise TypeError(f'result_package must be an evaluated result package (AbstractResultPackage after '
                             f'prepare_result_package), got {type(result_package).__qualname__}')
         if experiment_timestamp is None:
             experiment_timestamp = new_experiment_timestamp()
         results_dir = self.create_experiment_local_folder_structure(project_name, experiment_name,
                                                                     experiment_timestamp)
-        labels = None
-        if save_true_pred_labels:
-            name = getattr(result_package, 'pkg_name', None) or type(result_package).__name__
-            labels = result_package_labels(name, result_package.y_true, result_package.y_predicted)
-        saved = write_experiment_results(results_dir, experiment_name, experiment_timestamp,
-                                         results=result_package.get_results(),
-                                         hyperparameters=result_package.get_hyperparameters(),
-                                         training_history=training_history, labels=labels,
-                                         separate_files=separate_files, temp_dir=os.path.dirname(results_dir))
-        additional = result_package.get_additional_results_dump_paths() \
-            if callable(getattr(result_package, 'get_additional_results_dump_paths', None)) else None
-        return saved + [list(entry) for entry in (additional or [])]
+        # Temp files at the experiment root: a crash mid-write leaves nothing partial among the results.
+        return write_experiment_results(results_dir, experiment_name, experiment_timestamp, result_package,
+                                        training_history, save_true_pred_labels=save_true_pred_labels,
+                                        separate_files=separate_files, file_format=self.file_format,
+                                        temp_dir=os.path.dirname(results_dir))
 
-    def save_experiment_results(self, result_package, training_history, project_name: str, experiment_name: str,
+    def save_experiment_results(self, result_package: AbstractResultPackage, training_history: HistoryLike,
+                                project_name: str, experiment_name: str,
                                 experiment_timestamp: Optional[str] = None, save_true_pred_labels: bool = False,
                                 protect_existing_folder: bool = True) -> List[List[str]]:
-        """Write ``results_hyperParams_hist_<experiment>_<timestamp>.json`` (results, hyperparameters, history)
-        and, with ``save_true_pred_labels``, ``true_pred_labels_<experiment>_<timestamp>.pt``.
+        """Write ``results_hyperParams_hist_<experiment>_<timestamp>.p`` (``.json``): results, hyperparameters
+        and history, and with ``save_true_pred_labels`` ``y_true`` / ``y_predicted``; then ``plots/<metric>.png``.
 
-        Returns ``[[file name, local path], ...]``: the results file first, then the labels file and the result
-        package's additional result files. ``protect_existing_folder`` changes nothing (as in AIToolbox).
+        Returns ``[[file name, local path], ...]``: the results file first, then the result package's additional
+        result files and the plots (``['plots/<metric>.png', path]``). ``protect_existing_folder`` changes
+        nothing (as in AIToolbox).
         """
         return self._save(result_package, training_history, project_name, experiment_name, experiment_timestamp,
                           save_true_pred_labels, separate_files=False)
 
-    def save_experiment_results_separate_files(self, result_package, training_history, project_name: str,
+    def save_experiment_results_separate_files(self, result_package: AbstractResultPackage,
+                                               training_history: HistoryLike, project_name: str,
                                                experiment_name: str, experiment_timestamp: Optional[str] = None,
                                                save_true_pred_labels: bool = False,
                                                protect_existing_folder: bool = True) -> List[List[str]]:
-        """Like :meth:`save_experiment_results` but into ``results_``, ``hyperparams_`` and
-        ``train_history_<experiment>_<timestamp>.json``."""
+        """Like :meth:`save_experiment_results` but into ``results_``, ``hyperparams_``, ``train_history_`` and
+        (with ``save_true_pred_labels``) ``true_pred_labels_<experiment>_<timestamp>.p`` (``.json``)."""
         return self._save(result_package, training_history, project_name, experiment_name, experiment_timestamp,
                           save_true_pred_labels, separate_files=True)
 
@@ -408,9 +455,9 @@ class AbstractExperimentSaver(abc.ABC):
     """Saves a whole experiment: the model and the evaluated results."""
 
     @abc.abstractmethod
-    def save_experiment(self, model, result_package, training_history, experiment_timestamp: Optional[str] = None,
-                        save_true_pred_labels: bool = False, separate_files: bool = False,
-                        protect_existing_folder: bool = True):
+    def save_experiment(self, model: Any, result_package: AbstractResultPackage, training_history: HistoryLike,
+                        experiment_timestamp: Optional[str] = None, save_true_pred_labels: bool = False,
+                        separate_files: bool = False, protect_existing_folder: bool = True) -> Any:
         """Save the model and the results of one experiment."""
 
 
@@ -421,11 +468,12 @@ class BaseFullExperimentSaver(AbstractExperimentSaver):
     Args:
         model_saver: an AbstractLocalModelSaver (PyTorchLocalModelSaver for PyTorch).
         results_saver: an AbstractLocalResultsSaver (LocalResultsSaver).
-        project_name, experiment_name: folder names (plain names).
+        project_name: folder name (a plain name).
+        experiment_name: folder name (a plain name).
     """
 
     def __init__(self, model_saver: AbstractLocalModelSaver, results_saver: AbstractLocalResultsSaver,
-                 project_name: str, experiment_name: str):
+                 project_name: str, experiment_name: str) -> None:
         if not isinstance(model_saver, AbstractLocalModelSaver):
             raise TypeError(f'model_saver must be an AbstractLocalModelSaver (e.g. PyTorchLocalModelSaver), got '
                             f'{type(model_saver).__qualname__}')
@@ -439,9 +487,9 @@ class BaseFullExperimentSaver(AbstractExperimentSaver):
         self.model_saver = model_saver
         self.results_saver = results_saver
 
-    def save_experiment(self, model, result_package, training_history, experiment_timestamp: Optional[str] = None,
-                        save_true_pred_labels: bool = False, separate_files: bool = False,
-                        protect_existing_folder: bool = True) -> List[str]:
+    def save_experiment(self, model: Mapping, result_package: AbstractResultPackage, training_history: HistoryLike,
+                        experiment_timestamp: Optional[str] = None, save_true_pred_labels: bool = False,
+                        separate_files: bool = False, protect_existing_folder: bool = True) -> List[str]:
         """Save ``model`` (a dict with ``model_state_dict``, ``optimizer_state_dict``, ``epoch``, ``hyperparams``)
         and the evaluated ``result_package`` with the ``training_history``.
 
@@ -465,12 +513,13 @@ class BaseFullExperimentLocalSaver(BaseFullExperimentSaver):
 
     Args:
         model_saver: an AbstractLocalModelSaver (PyTorchLocalModelSaver for PyTorch).
-        project_name, experiment_name: folder names (plain names).
+        project_name: folder name (a plain name).
+        experiment_name: folder name (a plain name).
         local_model_result_folder_path: root folder of the projects.
     """
 
     def __init__(self, model_saver: AbstractLocalModelSaver, project_name: str, experiment_name: str,
-                 local_model_result_folder_path: str = DEFAULT_RESULTS_ROOT):
+                 local_model_result_folder_path: str = DEFAULT_RESULTS_ROOT) -> None:
         super().__init__(model_saver, LocalResultsSaver(local_model_result_folder_path), project_name,
                          experiment_name)
         self.local_model_result_folder_path = os.path.expanduser(os.fspath(local_model_result_folder_path))
@@ -480,12 +529,13 @@ class FullPyTorchExperimentLocalSaver(BaseFullExperimentLocalSaver):
     """Save a PyTorch experiment (final model and results) into the local experiment folder.
 
     Args:
-        project_name, experiment_name: folder names (plain names).
+        project_name: folder name (a plain name).
+        experiment_name: folder name (a plain name).
         local_model_result_folder_path: root folder of the projects.
     """
 
     def __init__(self, project_name: str, experiment_name: str,
-                 local_model_result_folder_path: str = DEFAULT_RESULTS_ROOT):
+                 local_model_result_folder_path: str = DEFAULT_RESULTS_ROOT) -> None:
         super().__init__(PyTorchLocalModelSaver(local_model_result_folder_path), project_name, experiment_name,
                          local_model_result_folder_path)
 
@@ -499,8 +549,10 @@ class BaseFullExperimentS3Saver(BaseFullExperimentLocalSaver):
 
     Args:
         model_saver: an AbstractLocalModelSaver (PyTorchLocalModelSaver for PyTorch).
-        project_name, experiment_name: folder names (plain names).
-        bucket_name, cloud_dir_prefix: where in S3.
+        project_name: folder name (a plain name).
+        experiment_name: folder name (a plain name).
+        bucket_name: the S3 bucket.
+        cloud_dir_prefix: key prefix in the bucket.
         local_model_result_folder_path: root folder of the projects on this machine.
         endpoint_url: S3-compatible endpoint (None: boto3's resolution, e.g. ``AWS_ENDPOINT_URL_S3``).
         storage: an existing S3Storage to upload through (its bucket and prefix are used).
@@ -509,7 +561,7 @@ class BaseFullExperimentS3Saver(BaseFullExperimentLocalSaver):
     def __init__(self, model_saver: AbstractLocalModelSaver, project_name: str, experiment_name: str,
                  bucket_name: str = 'model-result', cloud_dir_prefix: str = '',
                  local_model_result_folder_path: str = DEFAULT_RESULTS_ROOT, endpoint_url: Optional[str] = None,
-                 storage=None):
+                 storage: Optional[Storage] = None) -> None:
         super().__init__(model_saver, project_name, experiment_name, local_model_result_folder_path)
         if storage is None:
             from ..storage.s3 import S3Storage
@@ -527,9 +579,11 @@ class BaseFullExperimentS3Saver(BaseFullExperimentLocalSaver):
                              f'uploaded under the experiment key')
         return join_key(self.project_name, f'{self.experiment_name}_{experiment_timestamp}', rel.replace(os.sep, '/'))
 
-    def save_experiment(self, model, result_package, training_history, experiment_timestamp: Optional[str] = None,
-                        save_true_pred_labels: bool = False, separate_files: bool = False,
-                        protect_existing_folder: bool = True) -> Tuple[str, str]:
+    # AIToolbox's API: unlike the local savers (every local path), the S3 saver returns the two cloud paths.
+    def save_experiment(  # type: ignore[override]
+            self, model: Mapping, result_package: AbstractResultPackage, training_history: HistoryLike,
+            experiment_timestamp: Optional[str] = None, save_true_pred_labels: bool = False,
+            separate_files: bool = False, protect_existing_folder: bool = True) -> Tuple[str, str]:
         """Save as :meth:`BaseFullExperimentLocalSaver.save_experiment`, then upload every file written.
 
         Returns:
@@ -539,7 +593,7 @@ class BaseFullExperimentS3Saver(BaseFullExperimentLocalSaver):
             experiment_timestamp = new_experiment_timestamp()
         paths = super().save_experiment(model, result_package, training_history, experiment_timestamp,
                                         save_true_pred_labels, separate_files, protect_existing_folder)
-        keys = []
+        keys: List[str] = []
         for path in paths:
             try:
                 key = self._cloud_key(experiment_timestamp, path)
@@ -557,15 +611,17 @@ class FullPyTorchExperimentS3Saver(BaseFullExperimentS3Saver):
     aitoolbox_like[s3]``).
 
     Args:
-        project_name, experiment_name: folder names (plain names).
-        bucket_name, cloud_dir_prefix: where in S3.
+        project_name: folder name (a plain name).
+        experiment_name: folder name (a plain name).
+        bucket_name: the S3 bucket.
+        cloud_dir_prefix: key prefix in the bucket.
         local_model_result_folder_path: root folder of the projects on this machine.
         endpoint_url: S3-compatible endpoint (None: boto3's resolution, e.g. ``AWS_ENDPOINT_URL_S3``).
     """
 
     def __init__(self, project_name: str, experiment_name: str, bucket_name: str = 'model-result',
                  cloud_dir_prefix: str = '', local_model_result_folder_path: str = DEFAULT_RESULTS_ROOT,
-                 endpoint_url: Optional[str] = None):
+                 endpoint_url: Optional[str] = None) -> None:
         super().__init__(PyTorchLocalModelSaver(local_model_result_folder_path), project_name, experiment_name,
                          bucket_name, cloud_dir_prefix, local_model_result_folder_path, endpoint_url)
 
@@ -577,11 +633,13 @@ _GCS_ERROR = ('{name}: Google Cloud Storage is not supported; save with FullPyTo
 class BaseFullExperimentGoogleStorageSaver(AbstractExperimentSaver):
     """Not supported: constructing it raises NotImplementedError (Google Cloud Storage is not supported)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError(_GCS_ERROR.format(name=type(self).__name__))
 
-    def save_experiment(self, model, result_package, training_history, experiment_timestamp=None,
-                        save_true_pred_labels=False, separate_files=False, protect_existing_folder=True):
+    def save_experiment(self, model: Any, result_package: AbstractResultPackage, training_history: HistoryLike,
+                        experiment_timestamp: Optional[str] = None, save_true_pred_labels: bool = False,
+                        separate_files: bool = False, protect_existing_folder: bool = True) -> Any:
+        """Raises NotImplementedError: Google Cloud Storage is not supported."""
         raise NotImplementedError(_GCS_ERROR.format(name=type(self).__name__))
 
 

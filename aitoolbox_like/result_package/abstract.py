@@ -26,6 +26,7 @@ Compared with AIToolbox 1.8.0 the following are fixed:
 * ``MultipleResultPackageWrapper.get_additional_results_dump_paths()`` grew the sub-package path
   list on every call.
 """
+from __future__ import annotations
 
 import copy
 import numbers
@@ -33,6 +34,7 @@ import os
 import shutil
 import warnings
 from abc import ABC, abstractmethod
+from typing import Any, Dict, List, Optional, Sequence, Union, cast
 
 import numpy as np
 
@@ -43,13 +45,13 @@ __all__ = ['AbstractResultPackage', 'PreCalculatedResultPackage', 'MultipleResul
 # Conversion helpers (shared with metrics.py / basic.py)
 # ----------------------------------------------------------------------------------------------
 
-def _is_torch_tensor(obj):
+def is_torch_tensor(obj: object) -> bool:
     """True for a torch.Tensor, without importing torch."""
     cls = type(obj)
     return cls.__module__.split('.')[0] == 'torch' and hasattr(obj, 'detach') and hasattr(obj, 'cpu')
 
 
-def _detached_cpu(tensor):
+def _detached_cpu(tensor: Any) -> Any:
     """The tensor detached on the CPU, bfloat16 widened to float32 (numpy has no bfloat16)."""
     tensor = tensor.detach().cpu()
     if str(tensor.dtype) == 'torch.bfloat16':
@@ -57,18 +59,18 @@ def _detached_cpu(tensor):
     return tensor
 
 
-def _tensor_to_numpy(tensor):
+def _tensor_to_numpy(tensor: Any) -> np.ndarray:
     return _detached_cpu(tensor).numpy()
 
 
-def _to_numpy(values, name='y'):
+def to_numpy(values: Any, name: str = 'y') -> np.ndarray:
     """Convert a list / tuple / numpy array / torch tensor (or a list of tensors) to a numpy array."""
     if isinstance(values, np.ndarray):
         return values
-    if _is_torch_tensor(values):
+    if is_torch_tensor(values):
         return _tensor_to_numpy(values)
-    if isinstance(values, (list, tuple)) and any(_is_torch_tensor(el) for el in values):
-        values = [_tensor_to_numpy(el) if _is_torch_tensor(el) else el for el in values]
+    if isinstance(values, (list, tuple)) and any(is_torch_tensor(el) for el in values):
+        values = [_tensor_to_numpy(el) if is_torch_tensor(el) else el for el in values]
     try:
         return np.asarray(values)
     except ValueError as exc:
@@ -79,10 +81,10 @@ def _to_numpy(values, name='y'):
         ) from exc
 
 
-def _auto_to_numpy(values):
+def _auto_to_numpy(values: Any) -> Any:
     """np_array='auto': convert when the input forms a regular array, otherwise leave it as it is."""
-    if isinstance(values, np.ndarray) or _is_torch_tensor(values):
-        return _to_numpy(values)
+    if isinstance(values, np.ndarray) or is_torch_tensor(values):
+        return to_numpy(values)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter('ignore')
@@ -94,23 +96,23 @@ def _auto_to_numpy(values):
     return array
 
 
-def _to_python(value):
+def to_python(value: Any) -> Any:
     """Turn numpy / torch scalars and arrays (possibly nested in dicts, lists, tuples) into plain Python."""
     if isinstance(value, dict):
-        return {k: _to_python(v) for k, v in value.items()}
+        return {k: to_python(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_to_python(v) for v in value]
+        return [to_python(v) for v in value]
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
         return value.item() if value.ndim == 0 else value.tolist()
-    if _is_torch_tensor(value):
+    if is_torch_tensor(value):
         value = _detached_cpu(value)
         return value.item() if value.ndim == 0 else value.tolist()
     return value
 
 
-def _num_samples(values):
+def _num_samples(values: Any) -> Optional[int]:
     """Number of examples (length of the first axis) or None when it cannot be told."""
     shape = getattr(values, 'shape', None)
     if shape is not None:
@@ -123,7 +125,7 @@ def _num_samples(values):
         return None
 
 
-def _check_targets_and_predictions(y_true, y_predicted):
+def check_targets_and_predictions(y_true: Any, y_predicted: Any) -> None:
     """Raise ValueError for missing, 0-d, empty or mismatched-length targets / predictions."""
     for name, values in (('y_true', y_true), ('y_predicted', y_predicted)):
         if values is None:
@@ -147,7 +149,10 @@ def _check_targets_and_predictions(y_true, y_predicted):
 # ----------------------------------------------------------------------------------------------
 
 class AbstractResultPackage(ABC):
-    def __init__(self, pkg_name=None, strict_content_check=False, np_array=True, **kwargs):
+    """Turns targets and predictions into a ``{metric_name: value}`` dict (see ``__init__`` and the module)."""
+
+    def __init__(self, pkg_name: Optional[str] = None, strict_content_check: bool = False,
+                 np_array: Union[bool, str] = True, **kwargs: Any) -> None:
         """Base result package from which the specific result packages are derived
 
         Override in a subclass:
@@ -172,33 +177,33 @@ class AbstractResultPackage(ABC):
         self.strict_content_check = strict_content_check
         self.np_array = np_array
 
-        self.y_true = None
-        self.y_predicted = None
-        self.additional_results = None
-        self.additional_results_dump_paths = None
+        self.y_true: Any = None
+        self.y_predicted: Any = None
+        self.additional_results: Optional[Dict[str, Any]] = None
+        self.additional_results_dump_paths: Optional[List[List[str]]] = None
         self._results_pending = False
         self.results_dict = None
 
         self.requires_loss = False
 
-        self.hyperparameters = None
+        self.hyperparameters: Any = None   # a dict, or None when not given
         self.package_metadata = kwargs
 
     # --- results cache ------------------------------------------------------------------------
 
     @property
-    def results_dict(self):
+    def results_dict(self) -> Optional[Dict[str, Any]]:
         """Computed results (computed on first access after ``prepare_result_package()``), or None"""
         if self.__dict__.get('_results_pending', False):
             self._compute_results()
         return self.__dict__.get('_results_dict')
 
     @results_dict.setter
-    def results_dict(self, value):
+    def results_dict(self, value: Optional[Dict[str, Any]]) -> None:
         self._results_dict = value
         self._results_pending = False
 
-    def _compute_results(self):
+    def _compute_results(self) -> None:
         # not pending while computing, so a prepare_results_dict() that reads self.results_dict does not recurse
         self._results_pending = False
         try:
@@ -209,14 +214,14 @@ class AbstractResultPackage(ABC):
         if not isinstance(results, dict):
             raise TypeError(f'{type(self).__name__}.prepare_results_dict() returned {type(results).__name__}; '
                             f'it must return a dict of metric_name -> value.')
-        self._results_dict = _to_python(results)
+        self._results_dict = to_python(results)
         self._results_pending = False
         if len(self._results_dict) == 0:
             self.warn_about_result_data_problem(
                 f'{type(self).__name__} produced an empty results dict: check that its metrics list is not empty.')
 
     @abstractmethod
-    def prepare_results_dict(self):
+    def prepare_results_dict(self) -> Dict[str, Any]:
         """Calculate the metrics of this package
 
         Use ``self.y_true`` and ``self.y_predicted`` (and ``self.additional_results``). To combine several
@@ -227,7 +232,8 @@ class AbstractResultPackage(ABC):
             dict: metric_name -> value
         """
 
-    def prepare_result_package(self, y_true, y_predicted, hyperparameters=None, **kwargs):
+    def prepare_result_package(self, y_true: Any, y_predicted: Any, hyperparameters: Optional[Dict[str, Any]] = None,
+                               **kwargs: Any) -> None:
         """Give the package the targets and predictions to evaluate
 
         The metrics are computed lazily by the next ``get_results()`` (or any access to the results).
@@ -242,12 +248,12 @@ class AbstractResultPackage(ABC):
             ValueError: when y_true / y_predicted are missing, empty or of different lengths
         """
         if self.np_array is True:
-            y_true = _to_numpy(y_true, 'y_true')
-            y_predicted = _to_numpy(y_predicted, 'y_predicted')
+            y_true = to_numpy(y_true, 'y_true')
+            y_predicted = to_numpy(y_predicted, 'y_predicted')
         elif self.np_array == 'auto':
             y_true = _auto_to_numpy(y_true)
             y_predicted = _auto_to_numpy(y_predicted)
-        _check_targets_and_predictions(y_true, y_predicted)
+        check_targets_and_predictions(y_true, y_predicted)
 
         self.y_true = y_true
         self.y_predicted = y_predicted
@@ -257,11 +263,11 @@ class AbstractResultPackage(ABC):
         self._results_pending = True
 
     @staticmethod
-    def auto_y_input_array_convert(y_array):
+    def auto_y_input_array_convert(y_array: Any) -> Any:
         """Convert to numpy array when the input is regular, otherwise return it unchanged (np_array='auto')"""
         return _auto_to_numpy(y_array)
 
-    def get_results(self):
+    def get_results(self) -> Optional[Dict[str, Any]]:
         """Get the results dict, computing it on the first call after ``prepare_result_package()``
 
         Returns:
@@ -276,7 +282,7 @@ class AbstractResultPackage(ABC):
             return None
         return dict(results)
 
-    def get_hyperparameters(self):
+    def get_hyperparameters(self) -> Any:
         """Get the hyperparameters given to ``prepare_result_package()`` (after a quality check)
 
         Returns:
@@ -285,7 +291,7 @@ class AbstractResultPackage(ABC):
         self.qa_check_hyperparameters_dict()
         return self.hyperparameters
 
-    def get_additional_results_dump_paths(self):
+    def get_additional_results_dump_paths(self) -> Optional[List[List[str]]]:
         """Paths of additional result files produced by the package (e.g. plots)
 
         Returns:
@@ -295,7 +301,7 @@ class AbstractResultPackage(ABC):
         self.qa_check_additional_results_dump_paths()
         return self.additional_results_dump_paths
 
-    def list_additional_results_dump_paths(self):
+    def list_additional_results_dump_paths(self) -> Optional[List[List[str]]]:
         """Override to list the additional files to save with the experiment
 
         Returns:
@@ -303,8 +309,9 @@ class AbstractResultPackage(ABC):
         """
         return None
 
-    def set_experiment_dir_path_for_additional_results(self, project_name, experiment_name, experiment_timestamp,
-                                                       local_model_result_folder_path):
+    def set_experiment_dir_path_for_additional_results(self, project_name: str, experiment_name: str,
+                                                       experiment_timestamp: str,
+                                                       local_model_result_folder_path: str) -> None:
         """Override to place additional result outputs inside the experiment folder (does nothing by default)
 
         Args:
@@ -314,7 +321,7 @@ class AbstractResultPackage(ABC):
             local_model_result_folder_path (str): root local path where the project folder is created
         """
 
-    def qa_check_hyperparameters_dict(self):
+    def qa_check_hyperparameters_dict(self) -> None:
         """Quality check of the hyperparameters (warning, or ValueError under strict_content_check)"""
         if self.hyperparameters is None:
             self.warn_about_result_data_problem(
@@ -330,7 +337,7 @@ class AbstractResultPackage(ABC):
                     f'{key} missing from the hyperparameters dict. Potential solution: add it to the model config '
                     f'file and parse it with argparse.')
 
-    def qa_check_additional_results_dump_paths(self):
+    def qa_check_additional_results_dump_paths(self) -> None:
         """Check the format of ``self.additional_results_dump_paths``
 
         Raises:
@@ -351,7 +358,7 @@ class AbstractResultPackage(ABC):
             if not all(isinstance(part, (str, os.PathLike)) for part in el):
                 raise ValueError(f'Both parts of an additional results dump path element must be strings: {el}')
 
-    def warn_about_result_data_problem(self, msg):
+    def warn_about_result_data_problem(self, msg: str) -> None:
         """Issue a UserWarning, or raise ValueError when ``strict_content_check`` is set
 
         Raises:
@@ -362,7 +369,7 @@ class AbstractResultPackage(ABC):
         warnings.warn(msg, UserWarning, stacklevel=3)
 
     @staticmethod
-    def zip_additional_results_dump(source_dir_path, zip_path):
+    def zip_additional_results_dump(source_dir_path: str, zip_path: str) -> str:
         """Zip a folder
 
         Args:
@@ -378,43 +385,45 @@ class AbstractResultPackage(ABC):
 
     # --- dunder helpers -----------------------------------------------------------------------
 
-    def warn_if_results_dict_not_defined(self):
+    def warn_if_results_dict_not_defined(self) -> None:
         """Raise ValueError when the package has no results yet"""
         if self.results_dict is None:
             raise ValueError(f'{type(self).__name__} has no results yet: call '
                              f'prepare_result_package(y_true, y_predicted) first.')
 
-    def __str__(self):
+    def _defined_results(self) -> Dict[str, Any]:
+        self.warn_if_results_dict_not_defined()
+        # warn_if_results_dict_not_defined raised if it were None.
+        return cast(Dict[str, Any], self.results_dict)
+
+    def __str__(self) -> str:
         results = self.results_dict
         if results is None:
             return f'{self.pkg_name or type(self).__name__}: <results not prepared>'
         return '\n'.join(f'{name}: {value}' for name, value in results.items())
 
-    def __len__(self):
-        self.warn_if_results_dict_not_defined()
-        return len(self.results_dict)
+    def __len__(self) -> int:
+        return len(self._defined_results())
 
-    def __contains__(self, item):
-        self.warn_if_results_dict_not_defined()
-        return item in self.results_dict
+    def __contains__(self, item: object) -> bool:
+        return item in self._defined_results()
 
-    def __getitem__(self, item):
-        self.warn_if_results_dict_not_defined()
-        if item in self.results_dict:
-            return self.results_dict[item]
+    def __getitem__(self, item: str) -> Any:
+        results = self._defined_results()
+        if item in results:
+            return results[item]
         raise KeyError(f'Key {item} can not be found in the results_dict. '
-                       f'Currently present keys: {list(self.results_dict.keys())}')
+                       f'Currently present keys: {list(results.keys())}')
 
-    def __add__(self, other):
+    def __add__(self, other: Union[AbstractResultPackage, Dict[str, Any]]) -> MultipleResultPackageWrapper:
         """Combine with another evaluated package (or a results dict)
 
         Returns:
-            MultipleResultPackageWrapper: results are the union of both; a metric name present in both
-            is prefixed with its package name (``'<pkg_name>_<metric>'``)
+            MultipleResultPackageWrapper: each package's results under its name (see the wrapper)
         """
         return self.add_merge_multi_pkg_wrap(other)
 
-    def __radd__(self, other):
+    def __radd__(self, other: Union[AbstractResultPackage, Dict[str, Any], int]) -> AbstractResultPackage:
         # 0 + pkg lets sum([pkg_1, pkg_2, ...]) work
         if isinstance(other, numbers.Number) and not isinstance(other, bool) and other == 0:
             self.warn_if_results_dict_not_defined()
@@ -422,7 +431,8 @@ class AbstractResultPackage(ABC):
         other_pkg = self.create_other_object_pkg(other)
         return other_pkg.add_merge_multi_pkg_wrap(self)
 
-    def add_merge_multi_pkg_wrap(self, other_object):
+    def add_merge_multi_pkg_wrap(self, other_object: Union[AbstractResultPackage, Dict[str, Any]]
+                                 ) -> MultipleResultPackageWrapper:
         """Wrap copies of this package and ``other_object`` into a MultipleResultPackageWrapper
 
         Args:
@@ -439,14 +449,15 @@ class AbstractResultPackage(ABC):
         return multi_result_pkg
 
     @classmethod
-    def _as_package_list(cls, other_object):
+    def _as_package_list(cls, other_object: Union[AbstractResultPackage, Dict[str, Any]]
+                         ) -> List[AbstractResultPackage]:
         other_pkg = cls.create_other_object_pkg(other_object)
         if isinstance(other_pkg, MultipleResultPackageWrapper):
-            return list(other_pkg.result_packages)
+            return list(other_pkg._prepared_packages())
         return [other_pkg]
 
     @staticmethod
-    def create_other_object_pkg(other_object):
+    def create_other_object_pkg(other_object: object) -> AbstractResultPackage:
         """Deep copy of an evaluated package, or a dict wrapped into a PreCalculatedResultPackage
 
         Raises:
@@ -459,7 +470,7 @@ class AbstractResultPackage(ABC):
             return PreCalculatedResultPackage(copy.deepcopy(other_object))
         raise TypeError(f'Addition is supported between result packages and dicts; got {type(other_object).__name__}.')
 
-    def __iadd__(self, other):
+    def __iadd__(self, other: Union[AbstractResultPackage, Dict[str, Any]]) -> AbstractResultPackage:
         """Merge another package's (or a dict's) results into this package's results in place
 
         Raises:
@@ -467,33 +478,36 @@ class AbstractResultPackage(ABC):
         """
         return self.add_merge_dicts(other)
 
-    def add_merge_dicts(self, other):
+    def add_merge_dicts(self, other: Union[AbstractResultPackage, Dict[str, Any]]) -> AbstractResultPackage:
         """Merge the results of ``other`` (package or dict) into this package's results dict"""
         self.warn_if_results_dict_not_defined()
         if isinstance(other, AbstractResultPackage):
-            other.warn_if_results_dict_not_defined()
-            return self.merge_dicts(other.results_dict)
+            return self.merge_dicts(other._defined_results())
         if isinstance(other, dict):
             return self.merge_dicts(other)
         raise TypeError(f'Addition is supported between result packages and dicts; got {type(other).__name__}.')
 
-    def merge_dicts(self, other_results_dict):
+    def merge_dicts(self, other_results_dict: Dict[str, Any]) -> AbstractResultPackage:
         """Add ``other_results_dict`` to the results dict
 
         Raises:
             ValueError: when a metric name is present in both (use ``+`` to get prefixed names instead)
         """
-        duplicated = [name for name in other_results_dict if name in self.results_dict]
+        # None (no results yet) fails here with a TypeError, as it always did; add_merge_dicts checks first.
+        results = cast(Dict[str, Any], self.results_dict)
+        duplicated = [name for name in other_results_dict if name in results]
         if duplicated:
             raise ValueError(f'Duplicated metric results {duplicated} when merging results dicts with '
-                             f'{list(self.results_dict.keys())} and {list(other_results_dict.keys())}. '
+                             f'{list(results.keys())} and {list(other_results_dict.keys())}. '
                              f'Use pkg_a + pkg_b instead of +=, which prefixes clashing names with the package name.')
-        self.results_dict = {**self.results_dict, **_to_python(other_results_dict)}
+        self.results_dict = {**results, **to_python(other_results_dict)}
         return self
 
 
 class PreCalculatedResultPackage(AbstractResultPackage):
-    def __init__(self, results_dict, strict_content_check=False, **kwargs):
+    """A result package around an already computed results dict."""
+
+    def __init__(self, results_dict: Dict[str, Any], strict_content_check: bool = False, **kwargs: Any) -> None:
         """Result package holding an already computed results dict (no evaluation logic)
 
         Args:
@@ -505,20 +519,22 @@ class PreCalculatedResultPackage(AbstractResultPackage):
             raise TypeError(f'results_dict must be a dict of metric_name -> value; got {type(results_dict).__name__}.')
         AbstractResultPackage.__init__(self, pkg_name='PreCalculatedResult',
                                        strict_content_check=strict_content_check, **kwargs)
-        self.results_dict = _to_python(results_dict)
+        self.results_dict = to_python(results_dict)
         self.hyperparameters = {}
 
-    def prepare_results_dict(self):
+    def prepare_results_dict(self) -> Dict[str, Any]:
+        """The given results dict (a copy)."""
         return dict(self.__dict__.get('_results_dict') or {})
 
 
 class MultipleResultPackageWrapper(AbstractResultPackage):
-    def __init__(self, strict_content_check=False, **kwargs):
+    """Several evaluated result packages combined into one (what ``pkg_a + pkg_b`` gives)."""
+
+    def __init__(self, strict_content_check: bool = False, **kwargs: Any) -> None:
         """Combines several evaluated result packages into one
 
-        Its results dict is the flat union of the packages' results. A metric name that is produced by
-        more than one package is prefixed with the package name in every package that has it:
-        ``'<pkg_name>_<metric_name>'`` (packages without a name are called ``ResultPackage<i>``; a
+        Its results dict holds each package's results under the package's name, as in AIToolbox:
+        ``{'<pkg_name>': {metric: value}, ...}`` (packages without a name are called ``ResultPackage<i>``; a
         repeated package name gets its position appended, e.g. ``ClassificationResult1``).
 
         Usually built with ``pkg_a + pkg_b``.
@@ -529,10 +545,14 @@ class MultipleResultPackageWrapper(AbstractResultPackage):
         """
         AbstractResultPackage.__init__(self, pkg_name='MultipleResultWrapper',
                                        strict_content_check=strict_content_check, **kwargs)
-        self.result_packages = None
+        self.result_packages: Optional[List[AbstractResultPackage]] = None
 
-    def prepare_result_package(self, result_packages, hyperparameters=None, **kwargs):
-        """
+    # AIToolbox's API: the wrapper is prepared with packages, not with targets and predictions.
+    def prepare_result_package(  # type: ignore[override]
+            self, result_packages: Sequence[Union[AbstractResultPackage, Dict[str, Any]]],
+            hyperparameters: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
+        """Set the (already prepared) packages to combine; the combined metrics are computed lazily.
+
         Args:
             result_packages (list): result packages (AbstractResultPackage objects; dicts are wrapped into
                 PreCalculatedResultPackage), each already prepared with its own data
@@ -541,7 +561,7 @@ class MultipleResultPackageWrapper(AbstractResultPackage):
         """
         if not isinstance(result_packages, (list, tuple)) or len(result_packages) == 0:
             raise ValueError('result_packages must be a non-empty list of result packages.')
-        packages = []
+        packages: List[AbstractResultPackage] = []
         for pkg in result_packages:
             if isinstance(pkg, dict):
                 pkg = PreCalculatedResultPackage(pkg)
@@ -555,44 +575,36 @@ class MultipleResultPackageWrapper(AbstractResultPackage):
         self._results_dict = None
         self._results_pending = True
 
-    def _package_labels(self):
-        labels = []
-        for i, pkg in enumerate(self.result_packages):
+    def _prepared_packages(self) -> List[AbstractResultPackage]:
+        # Set by prepare_result_package, which every caller follows (None fails as it always did).
+        return cast(List[AbstractResultPackage], self.result_packages)
+
+    def _package_labels(self) -> List[str]:
+        labels: List[str] = []
+        for i, pkg in enumerate(self._prepared_packages()):
             label = pkg.pkg_name if pkg.pkg_name is not None else f'ResultPackage{i}'
             if label in labels:
                 label = f'{label}{i}'
             labels.append(label)
         return labels
 
-    def prepare_results_dict(self):
-        labels = self._package_labels()
-        pkg_results = []
-        for pkg in self.result_packages:
-            results = pkg.get_results()
-            pkg_results.append(results if results is not None else {})
-
-        name_counts = {}
-        for results in pkg_results:
-            for name in results:
-                name_counts[name] = name_counts.get(name, 0) + 1
-
-        results_dict = {}
+    def prepare_results_dict(self) -> Dict[str, Any]:
+        """The packages' results nested under their labels, as AIToolbox gives them:
+        ``{'<pkg_name>': {metric: value, ...}, ...}``."""
+        results_dict: Dict[str, Any] = {}
         self.y_true, self.y_predicted = {}, {}
         own_additional = self.additional_results
-        self.additional_results = {self.pkg_name: own_additional} if own_additional else {}
-        for label, pkg, results in zip(labels, self.result_packages, pkg_results):
-            for name, value in results.items():
-                out_name = f'{label}_{name}' if name_counts[name] > 1 else name
-                if out_name in results_dict:
-                    raise ValueError(f'Metric name {out_name!r} is produced twice when combining the result '
-                                     f'packages {labels}: rename one of the packages (pkg_name) or metrics.')
-                results_dict[out_name] = value
+        additional: Dict[Any, Any] = {self.pkg_name: own_additional} if own_additional else {}
+        self.additional_results = additional
+        for label, pkg in zip(self._package_labels(), self._prepared_packages()):
+            results = pkg.get_results()
+            results_dict[label] = results if results is not None else {}
             self.y_true[label] = pkg.y_true
             self.y_predicted[label] = pkg.y_predicted
-            self.additional_results[label] = pkg.additional_results
+            additional[label] = pkg.additional_results
         return results_dict
 
-    def get_additional_results_dump_paths(self):
+    def get_additional_results_dump_paths(self) -> Optional[List[List[str]]]:
         """Own additional paths followed by those of all the wrapped packages
 
         Returns:
@@ -608,26 +620,28 @@ class MultipleResultPackageWrapper(AbstractResultPackage):
         self.qa_check_additional_results_dump_paths()
         return self.additional_results_dump_paths
 
-    def __str__(self):
+    def __str__(self) -> str:
         if not self.result_packages:
             return f'{self.pkg_name}: <results not prepared>'
         return '\n'.join(f'--> {label}:\n{pkg}' for label, pkg in zip(self._package_labels(), self.result_packages))
 
-    def __len__(self):
+    def __len__(self) -> int:
         """Number of wrapped result packages"""
         self.warn_if_results_dict_not_defined()
-        return len(self.result_packages)
+        return len(self._prepared_packages())
 
-    def add_merge_multi_pkg_wrap(self, other_object):
+    def add_merge_multi_pkg_wrap(self, other_object: Union[AbstractResultPackage, Dict[str, Any]]
+                                 ) -> MultipleResultPackageWrapper:
+        """A copy of this wrapper with ``other_object`` (package, wrapper or dict) appended to its packages."""
         self.warn_if_results_dict_not_defined()
         other_pkgs = self._as_package_list(other_object)
         self_copy = copy.deepcopy(self)
-        self_copy.prepare_result_package(self_copy.result_packages + other_pkgs, self_copy.hyperparameters)
+        self_copy.prepare_result_package(self_copy._prepared_packages() + other_pkgs, self_copy.hyperparameters)
         return self_copy
 
-    def __iadd__(self, other):
+    def __iadd__(self, other: Union[AbstractResultPackage, Dict[str, Any]]) -> MultipleResultPackageWrapper:
         """Append another package (or dict) to the wrapped packages, in place"""
         self.warn_if_results_dict_not_defined()
         other_pkgs = self._as_package_list(other)
-        self.prepare_result_package(self.result_packages + other_pkgs, self.hyperparameters)
+        self.prepare_result_package(self._prepared_packages() + other_pkgs, self.hyperparameters)
         return self

@@ -14,28 +14,34 @@ Fixed compared with AIToolbox 1.8.0:
   ``strict_content_check``; it now resets, updates, computes and resets again, and returns Python
   floats / lists.
 """
+from __future__ import annotations
 
 import numbers
+from types import ModuleType
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 
-from .abstract import AbstractResultPackage, _is_torch_tensor
+from .abstract import AbstractResultPackage, is_torch_tensor
 from .metrics import (AbstractBaseMetric, AccuracyMetric, F1ScoreMetric, MeanAbsoluteErrorMetric,
                       MeanSquaredErrorMetric, PrecisionMetric, PrecisionRecallCurveAUCMetric, R2ScoreMetric,
-                      RecallMetric, ROCAUCMetric, _is_integer_valued, _positive_class_scores, _true_labels)
+                      RecallMetric, ROCAUCMetric, is_integer_valued, positive_class_scores, true_labels)
 
 __all__ = ['GeneralResultPackage', 'ClassificationResultPackage', 'BinaryClassificationResultPackage',
            'RegressionResultPackage', 'TorchMetricsPackage']
 
 
-def _callable_name(fn):
+def _callable_name(fn: Any) -> str:
     while hasattr(fn, 'func') and not hasattr(fn, '__name__'):  # functools.partial
         fn = fn.func
     return getattr(fn, '__name__', type(fn).__name__)
 
 
 class GeneralResultPackage(AbstractResultPackage):
-    def __init__(self, metrics_list, strict_content_check=False, **kwargs):
+    """Runs a list of metric classes (or callables) on the targets and predictions."""
+
+    def __init__(self, metrics_list: Sequence[Callable[[Any, Any], Any]], strict_content_check: bool = False,
+                 **kwargs: Any) -> None:
         """Result package running the given metrics
 
         Args:
@@ -57,7 +63,7 @@ class GeneralResultPackage(AbstractResultPackage):
         self.metrics_list = list(metrics_list)
         self.qa_check_metrics_list()
 
-    def qa_check_metrics_list(self):
+    def qa_check_metrics_list(self) -> None:
         """Check the metrics list: warn (or raise under strict_content_check) when empty
 
         Raises:
@@ -74,15 +80,17 @@ class GeneralResultPackage(AbstractResultPackage):
                 raise TypeError(f'metrics_list elements must be metric classes or callables '
                                 f'fn(y_true, y_predicted); got {metric!r}.')
 
-    def prepare_results_dict(self):
-        results_dict = {}
+    def prepare_results_dict(self) -> Dict[str, Any]:
+        """Every metric's dict merged; a metric name produced twice is a ValueError."""
+        results_dict: Dict[str, Any] = {}
         for metric in self.metrics_list:
             result = metric(self.y_true, self.y_predicted)
+            metric_dict: Dict[str, Any]
             if isinstance(result, AbstractBaseMetric):
                 metric_dict = result.get_metric_dict()
             elif isinstance(result, dict):
                 metric_dict = result
-            elif isinstance(result, (numbers.Number, np.generic)) or _is_torch_tensor(result):
+            elif isinstance(result, (numbers.Number, np.generic)) or is_torch_tensor(result):
                 metric_dict = {_callable_name(metric): result}
             else:
                 raise TypeError(f'Metric {_callable_name(metric)} returned {type(result).__name__}; expected a metric '
@@ -96,7 +104,9 @@ class GeneralResultPackage(AbstractResultPackage):
 
 
 class ClassificationResultPackage(AbstractResultPackage):
-    def __init__(self, strict_content_check=False, **kwargs):
+    """Multi-class classification: accuracy."""
+
+    def __init__(self, strict_content_check: bool = False, **kwargs: Any) -> None:
         """Multi-class classification result package: ``{'Accuracy': ...}``
 
         As in AIToolbox only accuracy is reported (add e.g. ``GeneralResultPackage([functools.partial(
@@ -114,12 +124,16 @@ class ClassificationResultPackage(AbstractResultPackage):
         AbstractResultPackage.__init__(self, pkg_name='ClassificationResult',
                                        strict_content_check=strict_content_check, **kwargs)
 
-    def prepare_results_dict(self):
+    def prepare_results_dict(self) -> Dict[str, Any]:
+        """``{'Accuracy': ...}`` of the argmax-ed / given labels."""
         return AccuracyMetric(self.y_true, self.y_predicted, positive_class_thresh=None).get_metric_dict()
 
 
 class BinaryClassificationResultPackage(AbstractResultPackage):
-    def __init__(self, positive_class_thresh=0.5, strict_content_check=False, **kwargs):
+    """Binary classification: accuracy, ROC AUC, PR AUC, F1, precision and recall."""
+
+    def __init__(self, positive_class_thresh: Optional[float] = 0.5, strict_content_check: bool = False,
+                 **kwargs: Any) -> None:
         """Binary classification result package
 
         Reports ``Accuracy``, ``ROC_AUC``, ``PrecisionRecall_AUC``, ``F1_score``, ``Precision`` and ``Recall``.
@@ -140,10 +154,11 @@ class BinaryClassificationResultPackage(AbstractResultPackage):
                                        strict_content_check=strict_content_check, **kwargs)
         self.positive_class_thresh = positive_class_thresh
 
-    def prepare_results_dict(self):
-        y_true = _true_labels(self.y_true)
+    def prepare_results_dict(self) -> Dict[str, Any]:
+        """The six binary metrics; multi-class targets or predictions are a ValueError."""
+        y_true = true_labels(self.y_true)
         labels = np.unique(y_true)
-        if not (_is_integer_valued(labels) and set(labels.astype(int).tolist()) <= {0, 1}):
+        if not (is_integer_valued(labels) and set(labels.astype(int).tolist()) <= {0, 1}):
             raise ValueError(f'BinaryClassificationResultPackage expects y_true labels 0/1; found '
                              f'{labels.tolist()[:10]}. Use ClassificationResultPackage for multi-class targets.')
         y_true = y_true.astype(int)
@@ -151,7 +166,7 @@ class BinaryClassificationResultPackage(AbstractResultPackage):
         if y_predicted.ndim > 2 or (y_predicted.ndim == 2 and y_predicted.shape[1] > 2):
             raise ValueError(f'y_predicted has shape {y_predicted.shape}; binary classification expects '
                              f'(n,), (n, 1) or (n, 2) probabilities. Use ClassificationResultPackage for multi-class.')
-        y_score = _positive_class_scores(y_predicted)
+        y_score = positive_class_scores(y_predicted)
 
         thresh = self.positive_class_thresh
         return {
@@ -165,7 +180,9 @@ class BinaryClassificationResultPackage(AbstractResultPackage):
 
 
 class RegressionResultPackage(AbstractResultPackage):
-    def __init__(self, strict_content_check=False, **kwargs):
+    """Regression: mean squared error, mean absolute error and R^2."""
+
+    def __init__(self, strict_content_check: bool = False, **kwargs: Any) -> None:
         """Regression result package: ``Mean_squared_error``, ``Mean_absolute_error`` and ``R2_score``
 
         y_true and y_predicted of shape ``(n,)`` or ``(n, 1)`` (mixing the two is fine), or ``(n, k)`` for k
@@ -178,7 +195,8 @@ class RegressionResultPackage(AbstractResultPackage):
         AbstractResultPackage.__init__(self, pkg_name='RegressionResult',
                                        strict_content_check=strict_content_check, **kwargs)
 
-    def prepare_results_dict(self):
+    def prepare_results_dict(self) -> Dict[str, Any]:
+        """``Mean_squared_error``, ``Mean_absolute_error`` and ``R2_score``."""
         return {
             **MeanSquaredErrorMetric(self.y_true, self.y_predicted).get_metric_dict(),
             **MeanAbsoluteErrorMetric(self.y_true, self.y_predicted).get_metric_dict(),
@@ -190,7 +208,7 @@ class RegressionResultPackage(AbstractResultPackage):
 # torchmetrics
 # ----------------------------------------------------------------------------------------------
 
-def _import_torchmetrics():
+def _import_torchmetrics() -> ModuleType:
     try:
         import torchmetrics
     except ImportError as exc:
@@ -203,7 +221,7 @@ def _import_torchmetrics():
     return torchmetrics
 
 
-def _as_tensor(values, name):
+def _as_tensor(values: Any, name: str) -> Any:
     import torch
     if isinstance(values, torch.Tensor):
         return values.detach()
@@ -218,7 +236,9 @@ def _as_tensor(values, name):
 
 
 class TorchMetricsPackage(AbstractResultPackage):
-    def __init__(self, torch_metrics, strict_content_check=False, **kwargs):
+    """Computes torchmetrics metrics (a metric, a collection, or a dict / list of metrics)."""
+
+    def __init__(self, torch_metrics: Any, strict_content_check: bool = False, **kwargs: Any) -> None:
         """Result package computing `torchmetrics <https://lightning.ai/docs/torchmetrics>`_ metrics
 
         On each evaluation the metric is reset, updated once with the whole ``(y_predicted, y_true)``, computed
@@ -253,15 +273,16 @@ class TorchMetricsPackage(AbstractResultPackage):
             raise TypeError(f'torch_metrics must be a torchmetrics.Metric / MetricCollection, a dict / list of them, '
                             f'or an object with update(), compute() and reset(); got {type(torch_metrics).__name__} '
                             f'without {", ".join(missing)}().')
-        self.metric = torch_metrics
+        self.metric: Any = torch_metrics
 
-    def _metric_device(self):
+    def _metric_device(self) -> Any:
         metric = self.metric
         if hasattr(metric, 'values') and not hasattr(metric, 'device'):
             metric = next(iter(metric.values()), None)
         return getattr(metric, 'device', None)
 
-    def prepare_results_dict(self):
+    def prepare_results_dict(self) -> Dict[str, Any]:
+        """Reset, update once with all the data, compute, reset; results named ``<name>_PTLMetrics``."""
         y_true = _as_tensor(self.y_true, 'y_true')
         y_predicted = _as_tensor(self.y_predicted, 'y_predicted')
         device = self._metric_device()
@@ -280,17 +301,19 @@ class TorchMetricsPackage(AbstractResultPackage):
         # the suffix tells the torchmetrics (PyTorch Lightning metrics) results from the aitoolbox_like ones
         return {f'{name}_PTLMetrics': value for name, value in metric_result.items()}
 
-    def metric_compute(self):
+    def metric_compute(self) -> Any:
         """Compute the metric's current accumulated state (``torchmetrics`` ``compute()``)"""
         return self.metric.compute()
 
-    def metric_reset(self):
+    def metric_reset(self) -> None:
         """Reset the metric's state"""
         self.metric.reset()
 
 
 class HFEvaluateResultPackage(AbstractResultPackage):
-    def __init__(self, hf_evaluate_metric, use_models_additional_results=True, **kwargs):
+    """Computes a HuggingFace Evaluate metric (any object with ``compute(references, predictions)``)."""
+
+    def __init__(self, hf_evaluate_metric: Any, use_models_additional_results: bool = True, **kwargs: Any) -> None:
         """Result package around a `HuggingFace Evaluate <https://huggingface.co/docs/evaluate>`_ metric.
 
         Only the metric's ``compute(references=..., predictions=..., **inputs)`` is called, so any object with
@@ -308,10 +331,11 @@ class HFEvaluateResultPackage(AbstractResultPackage):
             raise TypeError(f'hf_evaluate_metric must have a compute(references=..., predictions=...) method, e.g. '
                             f'evaluate.load("accuracy"); got {type(hf_evaluate_metric).__name__}')
         AbstractResultPackage.__init__(self, pkg_name='HuggingFace Evaluate metrics', **kwargs)
-        self.metric = hf_evaluate_metric
+        self.metric: Any = hf_evaluate_metric
         self.use_models_additional_results = use_models_additional_results
 
-    def prepare_results_dict(self):
+    def prepare_results_dict(self) -> Dict[str, Any]:
+        """The metric's ``compute`` results, named ``<name>_HFEvaluate``."""
         inputs = dict(self.package_metadata)
         if self.use_models_additional_results:
             inputs.update((self.additional_results or {}).get('additional_results') or {})

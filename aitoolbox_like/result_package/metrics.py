@@ -20,20 +20,23 @@ Fixed compared with AIToolbox 1.8.0:
 * results were numpy scalars, so comparisons / ``len()`` of metrics raised; they are Python floats now;
 * ROC AUC / PR AUC with only one class present give a ``ValueError`` explaining why.
 """
+from __future__ import annotations
 
 import numbers
 from abc import ABC, abstractmethod
+from types import ModuleType
+from typing import Any, ClassVar, Dict, Optional, Tuple, Union, cast
 
 import numpy as np
 
-from .abstract import _check_targets_and_predictions, _to_numpy, _to_python
+from .abstract import check_targets_and_predictions, to_numpy, to_python
 
 __all__ = ['AbstractBaseMetric', 'AccuracyMetric', 'F1ScoreMetric', 'PrecisionMetric', 'RecallMetric',
            'ROCAUCMetric', 'PrecisionRecallCurveAUCMetric', 'MeanSquaredErrorMetric', 'MeanAbsoluteErrorMetric',
            'R2ScoreMetric']
 
 
-def _sklearn_metrics():
+def _sklearn_metrics() -> ModuleType:
     try:
         from sklearn import metrics
     except ImportError as exc:
@@ -42,10 +45,13 @@ def _sklearn_metrics():
 
 
 class AbstractBaseMetric(ABC):
-    #: name used when ``metric_name`` is not given
-    DEFAULT_METRIC_NAME = None
+    """A metric computed from targets and predictions when it is constructed (see ``__init__``)."""
 
-    def __init__(self, y_true, y_predicted, metric_name=None, np_array=True):
+    #: name used when ``metric_name`` is not given
+    DEFAULT_METRIC_NAME: ClassVar[Optional[str]] = None
+
+    def __init__(self, y_true: Any, y_predicted: Any, metric_name: Optional[str] = None,
+                 np_array: bool = True) -> None:
         """Base of all the metrics: converts the inputs, computes and stores the metric
 
         Args:
@@ -59,39 +65,39 @@ class AbstractBaseMetric(ABC):
             ValueError: on empty or mismatched-length inputs
         """
         if np_array:
-            y_true = _to_numpy(y_true, 'y_true')
-            y_predicted = _to_numpy(y_predicted, 'y_predicted')
-        _check_targets_and_predictions(y_true, y_predicted)
+            y_true = to_numpy(y_true, 'y_true')
+            y_predicted = to_numpy(y_predicted, 'y_predicted')
+        check_targets_and_predictions(y_true, y_predicted)
         self.y_true = y_true
         self.y_predicted = y_predicted
-        self.metric_name = metric_name or self.DEFAULT_METRIC_NAME or type(self).__name__
-        self.metric_result = None
-        self.metric_result = _to_python(self.calculate_metric())
+        self.metric_name: str = metric_name or self.DEFAULT_METRIC_NAME or type(self).__name__
+        self.metric_result: Any = None
+        self.metric_result = to_python(self.calculate_metric())
 
     @abstractmethod
-    def calculate_metric(self):
+    def calculate_metric(self) -> Any:
         """Compute the metric from ``self.y_true`` and ``self.y_predicted``
 
         Returns:
             float or dict: the metric result
         """
 
-    def get_metric(self):
+    def get_metric(self) -> Any:
         """Returns:
             float or dict: the metric result
         """
         return self.metric_result
 
-    def get_metric_dict(self):
+    def get_metric_dict(self) -> Dict[str, Any]:
         """Returns:
             dict: ``{metric_name: metric_result}``
         """
         return {self.metric_name: self.metric_result}
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f'{self.metric_name}: {self.metric_result}'
 
-    def __len__(self):
+    def __len__(self) -> int:
         result = self.metric_result
         if isinstance(result, (list, dict)):
             return len(result)
@@ -102,8 +108,8 @@ class AbstractBaseMetric(ABC):
         raise TypeError(f'metric_result of type {type(result).__name__} has no length; '
                         f'expected a list, dict, float or int.')
 
-    def _get_metric_self_other_val(self, other):
-        def is_scalar(value):
+    def _get_metric_self_other_val(self, other: Any) -> Tuple[Any, Any]:
+        def is_scalar(value: object) -> bool:
             return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
         other_val = other.metric_result if isinstance(other, AbstractBaseMetric) else other
@@ -111,46 +117,46 @@ class AbstractBaseMetric(ABC):
             return self.metric_result, other_val
         raise ValueError('Metrics can only be compared when both results are int or float.')
 
-    def __lt__(self, other):
+    def __lt__(self, other: Any) -> bool:
         self_val, other_val = self._get_metric_self_other_val(other)
         return self_val < other_val
 
-    def __le__(self, other):
+    def __le__(self, other: Any) -> bool:
         self_val, other_val = self._get_metric_self_other_val(other)
         return self_val <= other_val
 
-    def __gt__(self, other):
+    def __gt__(self, other: Any) -> bool:
         self_val, other_val = self._get_metric_self_other_val(other)
         return self_val > other_val
 
-    def __ge__(self, other):
+    def __ge__(self, other: Any) -> bool:
         self_val, other_val = self._get_metric_self_other_val(other)
         return self_val >= other_val
 
-    def __contains__(self, item):
+    def __contains__(self, item: object) -> bool:
         if item == self.metric_name:
             return True
         return isinstance(self.metric_result, dict) and item in self.metric_result
 
-    def __getitem__(self, item):
+    def __getitem__(self, item: str) -> Any:
         if item == self.metric_name:
             return self.metric_result
         if isinstance(self.metric_result, dict) and item in self.metric_result:
             return self.metric_result[item]
         raise KeyError(f'Key {item} not found')
 
-    def __add__(self, other):
+    def __add__(self, other: Union[AbstractBaseMetric, Dict[str, Any]]) -> Dict[str, Any]:
         """Returns:
             dict: this metric's dict merged with ``other`` (metric or dict)
         """
         return self.concat_metric(other)
 
-    def __radd__(self, other):
+    def __radd__(self, other: Union[AbstractBaseMetric, Dict[str, Any]]) -> Dict[str, Any]:
         if isinstance(other, dict):
             return {**other, **self.get_metric_dict()}
         return self.concat_metric(other)
 
-    def concat_metric(self, other):
+    def concat_metric(self, other: Union[AbstractBaseMetric, Dict[str, Any]]) -> Dict[str, Any]:
         """Merge this metric's dict with another metric or dict
 
         Returns:
@@ -169,7 +175,7 @@ class AbstractBaseMetric(ABC):
 # Input shaping helpers
 # ----------------------------------------------------------------------------------------------
 
-def _is_integer_valued(array):
+def is_integer_valued(array: np.ndarray) -> bool:
     if array.dtype == bool or np.issubdtype(array.dtype, np.integer):
         return True
     if not np.issubdtype(array.dtype, np.number):
@@ -177,7 +183,7 @@ def _is_integer_valued(array):
     return bool(np.all(np.isfinite(array)) and np.all(np.mod(array, 1) == 0))
 
 
-def _true_labels(y_true):
+def true_labels(y_true: Any) -> np.ndarray:
     """Class labels from y_true: one-hot ``(n, C)`` -> argmax, ``(n, 1)`` -> flattened"""
     y_true = np.asarray(y_true)
     if y_true.ndim == 2 and y_true.shape[1] > 1:
@@ -189,7 +195,7 @@ def _true_labels(y_true):
     return y_true
 
 
-def _predicted_labels(y_predicted, positive_class_thresh):
+def _predicted_labels(y_predicted: Any, positive_class_thresh: Optional[float]) -> np.ndarray:
     """Predicted labels
 
     * ``(n, C)`` with C > 1: per-class scores / probabilities / logits -> argmax
@@ -207,7 +213,7 @@ def _predicted_labels(y_predicted, positive_class_thresh):
         y_predicted = y_predicted.ravel()
 
     if positive_class_thresh is None:
-        if np.issubdtype(y_predicted.dtype, np.number) and not _is_integer_valued(y_predicted):
+        if np.issubdtype(y_predicted.dtype, np.number) and not is_integer_valued(y_predicted):
             raise ValueError('y_predicted holds non-integer values but no positive_class_thresh was given: pass '
                              'class labels, per-class scores of shape (n, C), or set positive_class_thresh '
                              '(e.g. 0.5) to threshold positive-class probabilities.')
@@ -217,14 +223,14 @@ def _predicted_labels(y_predicted, positive_class_thresh):
         return y_predicted
     if np.min(y_predicted) >= 0. and np.max(y_predicted) <= 1.:
         return (y_predicted >= positive_class_thresh).astype(int)
-    if _is_integer_valued(y_predicted):
+    if is_integer_valued(y_predicted):
         return y_predicted  # multi-class labels: nothing to threshold
     raise ValueError(f'y_predicted has values outside [0, 1] (min {np.min(y_predicted):.4g}, max '
                      f'{np.max(y_predicted):.4g}) so they are not probabilities (logits?). Apply a sigmoid first, '
                      f'or pass positive_class_thresh=None when y_predicted already holds labels.')
 
 
-def _positive_class_scores(y_predicted):
+def positive_class_scores(y_predicted: Any) -> np.ndarray:
     """Positive-class scores: ``(n,)``, ``(n, 1)`` flattened, ``(n, 2)`` -> second column"""
     y_predicted = np.asarray(y_predicted)
     if y_predicted.ndim == 2 and y_predicted.shape[1] in (1, 2):
@@ -232,7 +238,7 @@ def _positive_class_scores(y_predicted):
     return y_predicted
 
 
-def _check_both_classes(y_true, metric):
+def _check_both_classes(y_true: np.ndarray, metric: str) -> None:
     classes = np.unique(y_true)
     if len(classes) < 2:
         raise ValueError(f'{metric} is undefined when y_true contains only one class (found only {classes.tolist()}): '
@@ -244,9 +250,11 @@ def _check_both_classes(y_true, metric):
 # ----------------------------------------------------------------------------------------------
 
 class AccuracyMetric(AbstractBaseMetric):
+    """Accuracy of predicted labels (probabilities thresholded, scores argmax-ed)."""
     DEFAULT_METRIC_NAME = 'Accuracy'
 
-    def __init__(self, y_true, y_predicted, positive_class_thresh=0.5, metric_name=None):
+    def __init__(self, y_true: Any, y_predicted: Any, positive_class_thresh: Optional[float] = 0.5,
+                 metric_name: Optional[str] = None) -> None:
         """Accuracy (sklearn ``accuracy_score``)
 
         Args:
@@ -260,16 +268,18 @@ class AccuracyMetric(AbstractBaseMetric):
         self.positive_class_thresh = positive_class_thresh
         AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
 
-    def calculate_metric(self):
+    def calculate_metric(self) -> Any:
+        """sklearn's ``accuracy_score`` of the labels (see ``__init__`` for how predictions become labels)."""
         self.y_predicted = _predicted_labels(self.y_predicted, self.positive_class_thresh)
-        self.y_true = _true_labels(self.y_true)
+        self.y_true = true_labels(self.y_true)
         return _sklearn_metrics().accuracy_score(self.y_true, self.y_predicted)
 
 
 class _ThresholdedScoreMetric(AbstractBaseMetric):
-    _sklearn_fn = None
+    _sklearn_fn: ClassVar[Optional[str]] = None
 
-    def __init__(self, y_true, y_predicted, positive_class_thresh=0.5, average='binary', metric_name=None):
+    def __init__(self, y_true: Any, y_predicted: Any, positive_class_thresh: Optional[float] = 0.5,
+                 average: str = 'binary', metric_name: Optional[str] = None) -> None:
         """
         Args:
             y_true: labels ``(n,)`` (0/1 for ``average='binary'``) or one-hot ``(n, C)``
@@ -283,10 +293,11 @@ class _ThresholdedScoreMetric(AbstractBaseMetric):
         self.average = average
         AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
 
-    def calculate_metric(self):
+    def calculate_metric(self) -> Any:
+        """The sklearn score named by ``_sklearn_fn`` on the thresholded / argmax-ed labels."""
         y_label_predicted = _predicted_labels(self.y_predicted, self.positive_class_thresh)
-        y_true = _true_labels(self.y_true)
-        fn = getattr(_sklearn_metrics(), self._sklearn_fn)
+        y_true = true_labels(self.y_true)
+        fn = getattr(_sklearn_metrics(), cast(str, self._sklearn_fn))   # every concrete subclass sets it
         return fn(y_true, y_label_predicted, average=self.average, zero_division=0)
 
 
@@ -309,9 +320,10 @@ class RecallMetric(_ThresholdedScoreMetric):
 
 
 class ROCAUCMetric(AbstractBaseMetric):
+    """Area under the ROC curve of positive-class scores."""
     DEFAULT_METRIC_NAME = 'ROC_AUC'
 
-    def __init__(self, y_true, y_predicted, metric_name=None):
+    def __init__(self, y_true: Any, y_predicted: Any, metric_name: Optional[str] = None) -> None:
         """Area under the ROC curve (sklearn ``roc_auc_score``)
 
         Args:
@@ -322,9 +334,10 @@ class ROCAUCMetric(AbstractBaseMetric):
         """
         AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
 
-    def calculate_metric(self):
-        y_true = _true_labels(self.y_true)
-        y_score = _positive_class_scores(self.y_predicted)
+    def calculate_metric(self) -> Any:
+        """sklearn's ``roc_auc_score`` (one-vs-rest for per-class probabilities)."""
+        y_true = true_labels(self.y_true)
+        y_score = positive_class_scores(self.y_predicted)
         _check_both_classes(y_true, 'ROC AUC')
         if y_score.ndim == 2:
             return _sklearn_metrics().roc_auc_score(y_true, y_score, multi_class='ovr')
@@ -332,9 +345,10 @@ class ROCAUCMetric(AbstractBaseMetric):
 
 
 class PrecisionRecallCurveAUCMetric(AbstractBaseMetric):
+    """Area under the precision-recall curve of positive-class scores."""
     DEFAULT_METRIC_NAME = 'PrecisionRecall_AUC'
 
-    def __init__(self, y_true, y_predicted, metric_name=None):
+    def __init__(self, y_true: Any, y_predicted: Any, metric_name: Optional[str] = None) -> None:
         """Area under the precision-recall curve (sklearn ``precision_recall_curve`` + ``auc``)
 
         Args:
@@ -344,9 +358,10 @@ class PrecisionRecallCurveAUCMetric(AbstractBaseMetric):
         """
         AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
 
-    def calculate_metric(self):
-        y_true = _true_labels(self.y_true)
-        y_score = _positive_class_scores(self.y_predicted)
+    def calculate_metric(self) -> Any:
+        """sklearn's ``auc`` of the ``precision_recall_curve``."""
+        y_true = true_labels(self.y_true)
+        y_score = positive_class_scores(self.y_predicted)
         if y_score.ndim != 1:
             raise ValueError(f'PR AUC needs positive-class scores of shape (n,); got y_predicted of shape '
                              f'{np.shape(self.y_predicted)}.')
@@ -360,7 +375,7 @@ class PrecisionRecallCurveAUCMetric(AbstractBaseMetric):
 # Regression
 # ----------------------------------------------------------------------------------------------
 
-def _regression_arrays(y_true, y_predicted):
+def _regression_arrays(y_true: Any, y_predicted: Any) -> Tuple[np.ndarray, np.ndarray]:
     y_true, y_predicted = np.asarray(y_true, dtype=float), np.asarray(y_predicted, dtype=float)
     # (n, 1) vs (n,) is the usual shape mismatch of a regression head: flatten both
     if y_true.ndim == 2 and y_true.shape[1] == 1:
@@ -374,31 +389,36 @@ def _regression_arrays(y_true, y_predicted):
 
 
 class MeanSquaredErrorMetric(AbstractBaseMetric):
+    """Mean squared error of regression predictions."""
     DEFAULT_METRIC_NAME = 'Mean_squared_error'
 
-    def __init__(self, y_true, y_predicted, metric_name=None):
+    def __init__(self, y_true: Any, y_predicted: Any, metric_name: Optional[str] = None) -> None:
         """Mean squared error (sklearn ``mean_squared_error``)"""
         AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
 
-    def calculate_metric(self):
+    def calculate_metric(self) -> Any:
+        """sklearn's ``mean_squared_error`` ((n, 1) shapes flattened)."""
         return _sklearn_metrics().mean_squared_error(*_regression_arrays(self.y_true, self.y_predicted))
 
 
 class MeanAbsoluteErrorMetric(AbstractBaseMetric):
+    """Mean absolute error of regression predictions."""
     DEFAULT_METRIC_NAME = 'Mean_absolute_error'
 
-    def __init__(self, y_true, y_predicted, metric_name=None):
+    def __init__(self, y_true: Any, y_predicted: Any, metric_name: Optional[str] = None) -> None:
         """Mean absolute error (sklearn ``mean_absolute_error``)"""
         AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
 
-    def calculate_metric(self):
+    def calculate_metric(self) -> Any:
+        """sklearn's ``mean_absolute_error`` ((n, 1) shapes flattened)."""
         return _sklearn_metrics().mean_absolute_error(*_regression_arrays(self.y_true, self.y_predicted))
 
 
 class R2ScoreMetric(AbstractBaseMetric):
+    """Coefficient of determination R^2 of regression predictions."""
     DEFAULT_METRIC_NAME = 'R2_score'
 
-    def __init__(self, y_true, y_predicted, metric_name=None):
+    def __init__(self, y_true: Any, y_predicted: Any, metric_name: Optional[str] = None) -> None:
         """Coefficient of determination R^2 (sklearn ``r2_score``)
 
         Raises:
@@ -406,7 +426,8 @@ class R2ScoreMetric(AbstractBaseMetric):
         """
         AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
 
-    def calculate_metric(self):
+    def calculate_metric(self) -> Any:
+        """sklearn's ``r2_score`` ((n, 1) shapes flattened; at least two examples)."""
         y_true, y_predicted = _regression_arrays(self.y_true, self.y_predicted)
         if y_true.shape[0] < 2:
             raise ValueError('R2 score is undefined for fewer than two examples: evaluate on at least two.')

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from aitoolbox_like import TrainLoop
+from aitoolbox_like import AbstractCallback, TrainLoop
 from aitoolbox_like.callbacks.performance_eval import (MetricHistoryRename, ModelPerformanceEvaluation,
                                                        ModelPerformancePrintReport, ModelTrainHistoryFileWriter,
                                                        ModelTrainHistoryPlot, TrainHistoryFormatter,
@@ -197,6 +197,44 @@ def test_history_plot_pdf_with_explicit_and_inferred_experiment_details(tmp_path
     loop.fit(num_epochs=1, callbacks=[writer])
     assert writer.last_written_files[0].startswith(str(tmp_path / 'tracked_root' / 'tracked' / 'run_'))
     assert uploaded == writer.last_written_files
+
+
+class MessageReader(AbstractCallback):
+    """Reads, after the reporters (execution_order 97), the paths they post on the message service."""
+
+    KEYS = ('ModelTrainHistoryPlot_results_file_local_paths', 'ModelTrainHistoryFileWriter_results_file_local_paths')
+
+    def __init__(self):
+        super().__init__('message reader', execution_order=98)
+        self.seen = []
+
+    def _read(self, phase):
+        self.seen.append((phase, *[self.message_service.read_messages(key) for key in self.KEYS]))
+
+    def on_epoch_end(self):
+        self._read(f'epoch {self.train_loop_obj.epoch}')
+
+    def on_train_end(self):
+        self._read('train end')
+
+
+def test_history_reporters_post_the_written_paths_until_the_end_of_the_epoch():
+    loop = make_loop()
+    plot, writer, reader = ModelTrainHistoryPlot(train_end=True), ModelTrainHistoryFileWriter(train_end=True), \
+        MessageReader()
+    loop.fit(num_epochs=2, callbacks=[reader, plot, writer])
+    results = os.path.abspath(_results_dir())
+    names = ['loss.png', 'accumulated_loss.png', 'val_loss.png']      # history order; one-value metrics unplotted
+    # One message per key and epoch (the previous epoch's is gone), each the list of paths written then.
+    assert reader.seen == [
+        ('epoch 0', [[]], [[os.path.join(results, 'results.txt')]]),
+        ('epoch 1', [[os.path.join(results, 'plots_epoch_1', n) for n in names]],
+         [[os.path.join(results, 'results.txt')]]),
+        ('train end', [[os.path.join(results, 'train_end_plots_epoch_1', n) for n in names]],
+         [[os.path.join(results, 'train_end_results.txt')]]),
+    ]
+    assert all(os.path.isfile(p) for _, plots, txts in reader.seen for p in plots[0] + txts[0])
+    assert all(loop.message_service.read_messages(key) is None for key in MessageReader.KEYS)
 
 
 def test_bad_file_formats():

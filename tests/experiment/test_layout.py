@@ -1,15 +1,16 @@
 """The saved experiment folder looks like AIToolbox's: checkpoint_model/, model/ and results/ hold only saved
 models and results; our bookkeeping (pointers, run marker, temp files) is at the root."""
-import json
 import os
+import pickle
 import shutil
 
 import pytest
 import torch
 
 from aitoolbox_like.experiment import ExperimentUploader
+from aitoolbox_like.experiment.reporting import matplotlib_available
 from aitoolbox_like.result_package.basic import ClassificationResultPackage
-from aitoolbox_like.train_loop import TrainLoopCheckpoint, TrainLoopCheckpointEndSave
+from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave
 from s3_server import make_bucket
 from saving_helpers import assert_same_weights, make_parts, weights
 
@@ -32,15 +33,20 @@ def _listing(folder):
     return found
 
 
+# The metrics of these loops' histories (no evaluation callbacks): one end-of-training plot each (none
+# without matplotlib, the plots extra).
+HISTORY_PLOTS = ('accumulated_loss', 'loss', 'val_loss') if matplotlib_available() else ()
+
+
 def _aitoolbox_file_set(ts, epochs, iterations=()):
     """What AIToolbox's ModelCheckpoint / ModelIterationCheckpoint / ModelTrainEndSave write into the three
-    folders (names from local_model_save.py / local_results_save.py), with our documented results format:
-    JSON instead of a pickle, and targets/predictions in their own true_pred_labels file."""
+    folders (names from local_model_save.py / local_results_save.py): the results pickle (targets and
+    predictions inside) and the training history plots."""
     return {
         'checkpoint_model': sorted([f'model_exp_{ts}_E{e}.pth' for e in epochs] +
                                    [f'model_exp_{ts}_E{e}_ITER{i}.pth' for e, i in iterations]),
         'model': [f'model_exp_{ts}.pth'],
-        'results': sorted([f'results_hyperParams_hist_exp_{ts}.json', f'true_pred_labels_exp_{ts}.pt']),
+        'results': sorted([f'results_hyperParams_hist_exp_{ts}.p'] + [f'plots/{m}.png' for m in HISTORY_PLOTS]),
     }
 
 
@@ -48,8 +54,12 @@ def _load_every_file(folder):
     for sub, names in _listing(folder).items():
         for name in names:
             path = os.path.join(folder, sub, name)
-            if name.endswith('.json'):
-                json.loads(open(path).read())
+            if name.endswith('.p'):
+                with open(path, 'rb') as f:
+                    assert set(pickle.load(f)) >= {'results', 'hyperparameters', 'training_history', 'y_true'}
+            elif name.endswith('.png'):
+                with open(path, 'rb') as f:
+                    assert f.read(8) == b'\x89PNG\r\n\x1a\n', path
             else:
                 torch.load(path, weights_only=True)
 

@@ -1,21 +1,31 @@
 """Local experiment saving: the folder layout, checkpoint retention, end-of-training results, experiment ids."""
 import json
 import os
+import pickle
 import zipfile
 
+import numpy as np
 import pytest
 import torch
 
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint
 from aitoolbox_like.checkpoint import load_checkpoint
+from aitoolbox_like.experiment.reporting import matplotlib_available
 from aitoolbox_like.result_package.basic import ClassificationResultPackage
-from aitoolbox_like.train_loop import TrainLoop, TrainLoopCheckpoint, TrainLoopCheckpointEndSave, TrainLoopEndSave
+from aitoolbox_like.train_loop import TrainLoop
+from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave, TrainLoopEndSave
 from saving_helpers import assert_same_weights, make_parts, weights
 
 
 def _parts(seed=0):
     model, train, val, test, optimizer = make_parts(seed=seed)
     return model, train, val, test, optimizer, torch.nn.CrossEntropyLoss()
+
+
+def _history_plots():
+    """The end-of-training plots of these loops' histories (metrics with two or more values), as AIToolbox's
+    results saver draws them; none without matplotlib."""
+    return ('accumulated_loss', 'loss', 'val_loss') if matplotlib_available() else ()
 
 
 def _files(folder):
@@ -42,7 +52,7 @@ def test_checkpoint_end_save_layout_after_three_epochs(tmp_path):
         'best_checkpoint.txt', 'latest_checkpoint.txt',
         *[f'checkpoint_model/model_exp_{ts}_E{e}.pth' for e in range(3)],
         f'model/model_exp_{ts}.pth',
-        f'results/results_hyperParams_hist_exp_{ts}.json', f'results/true_pred_labels_exp_{ts}.pt'])
+        f'results/results_hyperParams_hist_exp_{ts}.p', *[f'results/plots/{m}.png' for m in _history_plots()]])
     # AIToolbox completes the hyperparameters in place with the script and the source folders.
     assert hyperparams['experiment_file_path'] == os.path.abspath(__file__)
     assert 'lr:\t0.01\n' in (folder / 'hyperparams_list.txt').read_text()
@@ -52,9 +62,18 @@ def test_checkpoint_end_save_layout_after_three_epochs(tmp_path):
 
     final = load_checkpoint(folder / 'model' / f'model_exp_{ts}.pth')
     assert_same_weights(final['model_state_dict'], weights(loop.model))
-    results = json.loads((folder / 'results' / f'results_hyperParams_hist_exp_{ts}.json').read_text())
-    assert {'ClassificationResult_VAL_Accuracy', 'ClassificationResult_TEST_Accuracy'} <= set(results['results'])
+    with open(folder / 'results' / f'results_hyperParams_hist_exp_{ts}.p', 'rb') as f:
+        results = pickle.load(f)
+    assert {'ClassificationResult_VAL', 'ClassificationResult_TEST'} <= set(results['results'])
+    assert 'Accuracy' in results['results']['ClassificationResult_TEST']
     assert results['training_history']['val_loss'] == loop.train_history['val_loss']
+    assert results['hyperparameters']['lr'] == 1e-2
+    # AIToolbox saves the targets and predictions of each evaluated set inside the results file.
+    for name, predict in (('ClassificationResult_VAL', loop.predict_on_validation_set),
+                          ('ClassificationResult_TEST', loop.predict_on_test_set)):
+        y_pred, y_true, _ = predict()
+        assert np.array_equal(np.asarray(results['y_true'][name]), np.asarray(y_true))
+        assert np.array_equal(np.asarray(results['y_predicted'][name]), np.asarray(y_pred))
 
 
 def test_best_pointer_and_suboptimal_removal_keep_the_best_and_the_newest(tmp_path):

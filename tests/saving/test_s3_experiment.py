@@ -9,10 +9,12 @@ import torch
 
 from aitoolbox_like import AbstractCallback
 from aitoolbox_like.experiment import ExperimentUploader
+from aitoolbox_like.experiment.reporting import matplotlib_available
 from aitoolbox_like.result_package.basic import ClassificationResultPackage
 from aitoolbox_like.storage import StorageAuthError
 from aitoolbox_like.storage.s3 import S3Storage
-from aitoolbox_like.train_loop import TrainLoop, TrainLoopCheckpoint, TrainLoopCheckpointEndSave
+from aitoolbox_like.train_loop import TrainLoop
+from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave
 from s3_server import make_bucket
 from saving_helpers import assert_same_weights, make_parts, weights
 
@@ -51,7 +53,9 @@ def test_full_key_layout_after_three_epochs(s3_env, tmp_path):
         f'{root}/latest_checkpoint.txt', f'{root}/best_checkpoint.txt',
         *[f'{root}/checkpoint_model/model_exp_{ts}_E{e}.pth' for e in range(3)],
         f'{root}/model/model_exp_{ts}.pth',
-        f'{root}/results/results_hyperParams_hist_exp_{ts}.json', f'{root}/results/true_pred_labels_exp_{ts}.pt'])
+        f'{root}/results/results_hyperParams_hist_exp_{ts}.p',
+        *[f'{root}/results/plots/{m}.png' for m in (('accumulated_loss', 'loss', 'val_loss')
+                                                     if matplotlib_available() else ())]])
     storage = S3Storage(bucket, 'runs/v1')
     assert storage.read_text(f'proj/exp_{ts}/latest_checkpoint.txt') == f'checkpoint_model/model_exp_{ts}_E2.pth'
     local = tmp_path / 'proj' / f'exp_{ts}' / 'checkpoint_model' / f'model_exp_{ts}_E2.pth'
