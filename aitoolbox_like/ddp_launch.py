@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from . import distributed, loop_state
+from . import distributed
 from .callbacks.abstract import AbstractCallback
 from .model import TTModel
 
@@ -33,7 +33,7 @@ class DDPWorkerError(RuntimeError):
 _RESULT_FILE = 'ddp_result.pt'
 _FAILURE_FILE = 'failure_rank{}.txt'
 _LOOP_STATE_ATTRS = ('epoch', 'iteration', 'total_iteration_idx', 'num_epochs', 'num_iterations', 'grad_accumulation',
-                     'early_stop', '_epochs_completed')
+                     'early_stop', 'epochs_completed')
 
 
 def fit_ddp(train_loop_obj, num_epochs, num_iterations, callbacks=None, grad_accumulation=1, ddp_model_args=None,
@@ -45,7 +45,8 @@ def fit_ddp(train_loop_obj, num_epochs, num_iterations, callbacks=None, grad_acc
         ddp_model_args (dict or None): keyword arguments of torch's DistributedDataParallel.
         in_process_data_load (AbstractCallback or list or None): callbacks whose on_multiprocess_start builds the
             data inside each process, e.g. InMultiProcessDataLoad.
-        num_nodes, node_rank: machines in the run and this machine's index (spawn mode; torchrun sets both).
+        num_nodes: machines in the run (spawn mode; torchrun sets it).
+        node_rank: this machine's index (spawn mode; torchrun sets it).
         num_gpus (int or None): processes per machine (spawn mode); None: every visible GPU. Required on CPU.
         backend (str or None): torch.distributed backend; None: 'nccl' on GPU, 'gloo' on CPU.
         init_method (str): process-group rendezvous URL; 'env://' reads MASTER_ADDR / MASTER_PORT.
@@ -250,47 +251,29 @@ def _train_worker(loop, local_rank, settings):
     sees the real rank), let them load data, shard the loaders, wrap the model and train."""
     loop.ddp_training_mode = True
     if settings['on_gpu']:
-        _move_loop_to(loop, torch.device('cuda', local_rank))
+        loop.move_to_device(torch.device('cuda', local_rank))
         settings['ddp_model_args'].setdefault('device_ids', [local_rank])
     elif loop.device.type != 'cpu':
-        _move_loop_to(loop, torch.device('cpu'))
+        loop.move_to_device(torch.device('cpu'))
 
-    handler = loop.callbacks_handler
-    # Callbacks registered before the process group existed were gated as in a single process.
-    loop.callbacks[:] = [cb for cb in loop.callbacks if handler._runs_on_this_rank(cb)]
-    handler._rebuild_dispatch_lists()
-    new_callbacks = list(settings['callbacks'] or []) + settings['in_process_data_load']
-    # As in a single-process _train: a resumed run settles its experiment folder before callbacks register
-    # (_train's own call then finds nothing left to do).
-    loop_state.before_registration(loop, new_callbacks)
-    handler.register_callbacks(new_callbacks)      # also registers cached callbacks
-    handler.execute_multiprocess_start()
+    loop.callbacks_handler.regate_for_rank()
+    # As in a single process, a resumed run settles its experiment folder before callbacks register; the data
+    # callbacks must run (on_multiprocess_start) before the loaders are sharded and training starts.
+    loop.register_fit_callbacks(list(settings['callbacks'] or []) + settings['in_process_data_load'])
+    loop.callbacks_handler.execute_multiprocess_start()
 
     shared_seed = [torch.initial_seed()]
     dist.broadcast_object_list(shared_seed, src=0)
-    distributed.distribute_train_loop_loaders(loop, shared_seed[0])
+    loop.distributed_samplers = distributed.distribute_train_loop_loaders(loop, shared_seed[0])
 
     loop.model.to(loop.device)
     if isinstance(loop.criterion, torch.nn.Module):
         loop.criterion.to(loop.device)
-    plain_feed = loop._feed
+    ddp_model: torch.nn.Module
     if loop.batch_model_feed_def is None and isinstance(loop.model, TTModel):
         ddp_model = distributed.TTDistributedDataParallel(loop.model, **settings['ddp_model_args'])
     else:
         ddp_model = DistributedDataParallel(loop.model, **settings['ddp_model_args'])
-    loop.ddp_model = ddp_model
-    loop._feed = distributed.DDPFeed(ddp_model, plain_feed, loop.batch_model_feed_def)
-    try:
-        loop._train(settings['num_epochs'], settings['num_iterations'], None, settings['grad_accumulation'])
-    finally:
-        loop._feed = plain_feed
-        loop.ddp_model = None
-
-
-def _move_loop_to(loop, device):
-    from .amp import AmpPolicy
-    if device.type != loop.device.type:
-        # The scaler depends on the device type; its fp16 / bf16 choice is kept.
-        loop._amp = AmpPolicy(loop.use_amp or False, device)
-        loop.amp_scaler = loop._amp.scaler
-    loop.device = device
+    with loop.distributed_model(ddp_model):
+        loop.train_in_this_process(settings['num_epochs'], settings['num_iterations'], None,
+                                   settings['grad_accumulation'])

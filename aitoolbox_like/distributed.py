@@ -3,11 +3,15 @@ wrapper, and gathering predictions from every process back into dataset order.
 
 The launch itself (spawn or torchrun) lives in ddp_launch.py.
 """
+from __future__ import annotations
+
 import contextlib
 import inspect
 import logging
 import math
 import socket
+from collections.abc import Callable, Iterable, Iterator, Sized
+from typing import TYPE_CHECKING, Any, ContextManager, cast
 
 import numpy as np
 import torch
@@ -18,26 +22,36 @@ from torch.utils.data.distributed import DistributedSampler
 # ddp_launch builds the wrapper as distributed.TTDistributedDataParallel; it is defined in parallel.py.
 from .parallel import TTDistributedDataParallel  # noqa: F401
 
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from .model import AbstractModelFeedDefinition, BatchFeed
+    from .train_loop import TrainLoop
+
 logger = logging.getLogger(__name__)
 
 
-def is_distributed():
+def is_distributed() -> bool:
+    """True inside an initialised torch.distributed process group."""
     return dist.is_available() and dist.is_initialized()
 
 
-def get_rank():
+def get_rank() -> int:
+    """This process's rank, 0 when not distributed."""
     return dist.get_rank() if is_distributed() else 0
 
 
-def get_world_size():
+def get_world_size() -> int:
+    """The number of processes, 1 when not distributed."""
     return dist.get_world_size() if is_distributed() else 1
 
 
-def is_main_process():
+def is_main_process() -> bool:
+    """True on rank 0 (and when not distributed): the process that logs and saves."""
     return get_rank() == 0
 
 
-def find_free_port():
+def find_free_port() -> int:
     """A TCP port that is free on this machine right now (the OS picks it, so parallel runs do not collide
     on a fixed number)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -45,10 +59,12 @@ def find_free_port():
         return sock.getsockname()[1]
 
 
-def skip_grad_sync(ddp_model, skip):
+def skip_grad_sync(ddp_model: torch.nn.Module | None, skip: bool) -> ContextManager[Any]:
     """DDP's no_sync() when ``skip`` (a micro-batch that does not update the weights), else nothing."""
-    if skip and ddp_model is not None:
-        return ddp_model.no_sync()
+    # DataParallel (gpu_mode='dp') has no gradient synchronisation to skip.
+    no_sync = getattr(ddp_model, 'no_sync', None) if skip else None
+    if no_sync is not None:
+        return no_sync()
     return contextlib.nullcontext()
 
 
@@ -60,20 +76,25 @@ class DDPFeed:
     DDP wrapper (gradient all-reduce); evaluation and predictions use the plain model, which needs no
     gradient synchronisation."""
 
-    def __init__(self, ddp_model, plain_feed, batch_model_feed_def=None):
+    def __init__(self, ddp_model: torch.nn.Module, plain_feed: BatchFeed,
+                 batch_model_feed_def: AbstractModelFeedDefinition | None = None) -> None:
         self.ddp_model = ddp_model
         self.plain_feed = plain_feed
         self.batch_model_feed_def = batch_model_feed_def
 
-    def get_loss(self, batch_data, criterion, device):
+    def get_loss(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
+        """The training loss, computed through the DDP wrapper (so backward all-reduces the gradients)."""
         if self.batch_model_feed_def is not None:
             return self.batch_model_feed_def.get_loss(self.ddp_model, batch_data, criterion, device)
-        return self.ddp_model.get_loss(batch_data, criterion, device)
+        # Without a feed definition the model is a TTModel, which ddp_launch wraps in TTDistributedDataParallel.
+        return cast(TTDistributedDataParallel, self.ddp_model).get_loss(batch_data, criterion, device)
 
-    def get_loss_eval(self, batch_data, criterion, device):
+    def get_loss_eval(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
+        """The evaluation loss, computed on the plain model."""
         return self.plain_feed.get_loss_eval(batch_data, criterion, device)
 
-    def get_predictions(self, batch_data, device):
+    def get_predictions(self, batch_data: Any, device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
+        """``(y_pred, y_true, metadata)`` of one batch, computed on the plain model."""
         return self.plain_feed.get_predictions(batch_data, device)
 
 
@@ -91,26 +112,27 @@ class ShardedSampler:
     in every process (a generator pickled into spawned processes is).
     """
 
-    def __init__(self, sampler, num_replicas, rank, seed=0, pad=True):
+    def __init__(self, sampler: Any, num_replicas: int, rank: int, seed: int = 0, pad: bool = True) -> None:
         self.sampler = sampler
         self.num_replicas = num_replicas
         self.rank = rank
         self.seed = seed
         self.pad = pad
         self.epoch = 0
-        self.last_items = []        # what the last pass yielded here, to put gathered predictions in order
+        self.last_items: list[Any] = []        # what the last pass yielded here, to put gathered predictions in order
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
+        """Reseed the shuffling for ``epoch`` (and pass it on to a sampler that has ``set_epoch``)."""
         self.epoch = epoch
         if callable(getattr(self.sampler, 'set_epoch', None)):
             self.sampler.set_epoch(epoch)
 
-    def __len__(self):
+    def __len__(self) -> int:
         if self.pad:
             return math.ceil(len(self.sampler) / self.num_replicas)
         return len(range(self.rank, len(self.sampler), self.num_replicas))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed + self.epoch)
             items = list(self.sampler)
@@ -121,10 +143,10 @@ class ShardedSampler:
         return iter(self.last_items)
 
 
-def _loader_kwargs(loader):
+def _loader_kwargs(loader: DataLoader[Any]) -> dict[str, Any]:
     """Every DataLoader argument this torch version accepts, read back from the loader."""
     accepted = inspect.signature(DataLoader.__init__).parameters
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for name in ('num_workers', 'collate_fn', 'pin_memory', 'timeout', 'worker_init_fn', 'multiprocessing_context',
                  'generator', 'prefetch_factor', 'persistent_workers', 'pin_memory_device', 'in_order'):
         if name in accepted and hasattr(loader, name):
@@ -132,12 +154,14 @@ def _loader_kwargs(loader):
     return kwargs
 
 
-def _sampler_seed(loader, shared_seed):
+def _sampler_seed(loader: DataLoader[Any], shared_seed: int) -> int:
     generator = getattr(loader.sampler, 'generator', None) or getattr(loader, 'generator', None)
     return generator.initial_seed() if generator is not None else shared_seed
 
 
-def distribute_loader(loader, num_replicas, rank, evaluation=False, shared_seed=0):
+def distribute_loader(loader: Iterable[Any] | None, num_replicas: int, rank: int, evaluation: bool = False,
+                      shared_seed: int = 0
+                      ) -> tuple[Iterable[Any] | None, ShardedSampler | DistributedSampler[Any] | None]:
     """Rebuild ``loader`` so this process reads only its share of the data, keeping every other DataLoader
     argument. Returns ``(new_loader, object_to_call_set_epoch_on_or_None)``.
 
@@ -172,8 +196,9 @@ def distribute_loader(loader, num_replicas, rank, evaluation=False, shared_seed=
     plain_random = type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None
     if evaluation:
         if type(sampler) is SequentialSampler or plain_random:
-            sampler = SequentialSampler(loader.dataset)
-        new_sampler = ShardedSampler(sampler, num_replicas, rank, seed, pad=False)
+            sampler = SequentialSampler(cast(Sized, loader.dataset))   # map-style: IterableDataset returned above
+        new_sampler: ShardedSampler | DistributedSampler[Any] = ShardedSampler(sampler, num_replicas, rank, seed,
+                                                                                pad=False)
     elif type(sampler) is SequentialSampler or plain_random:
         new_sampler = DistributedSampler(loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=plain_random,
                                          seed=seed)
@@ -183,29 +208,23 @@ def distribute_loader(loader, num_replicas, rank, evaluation=False, shared_seed=
                       drop_last=loader.drop_last, **kwargs), new_sampler
 
 
-def distribute_train_loop_loaders(train_loop_obj, shared_seed):
-    """Give the loop's three loaders their DistributedSamplers and register DistributedSamplerSetEpoch
-    (once: a second fit updates the registered one)."""
-    from .callbacks.ddp import DistributedSamplerSetEpoch
+def distribute_train_loop_loaders(train_loop_obj: TrainLoop, shared_seed: int
+                                  ) -> tuple[ShardedSampler | DistributedSampler[Any] | None, ...]:
+    """Give the loop's three loaders their DistributedSamplers; returns the samplers (train, validation, test),
+    which the loop keeps as ``distributed_samplers`` (callbacks/defaults.py sets their epoch)."""
     loop = train_loop_obj
     world_size, rank = get_world_size(), get_rank()
     loop.train_loader, train_sampler = distribute_loader(loop.train_loader, world_size, rank, False, shared_seed)
     loop.validation_loader, val_sampler = distribute_loader(loop.validation_loader, world_size, rank, True,
                                                             shared_seed)
     loop.test_loader, test_sampler = distribute_loader(loop.test_loader, world_size, rank, True, shared_seed)
-    existing = [cb for cb in loop.callbacks if isinstance(cb, DistributedSamplerSetEpoch)]
-    if existing:
-        existing[0].train_sampler, existing[0].validation_sampler, existing[0].test_sampler = \
-            train_sampler, val_sampler, test_sampler
-    else:
-        loop.callbacks_handler.register_callbacks([DistributedSamplerSetEpoch(train_sampler, val_sampler,
-                                                                              test_sampler)])
+    return train_sampler, val_sampler, test_sampler
 
 
 # ---------------------------------------------------------------------------------------------- gathering
 
 
-def _rank_sample_indices(data_loader):
+def _rank_sample_indices(data_loader: Any) -> list[int] | None:
     """Dataset indices this process read from ``data_loader`` in its last pass, in order, or None if the
     loader is not sharded by us or a DistributedSampler."""
     batch_sampler = getattr(data_loader, 'batch_sampler', None)
@@ -219,7 +238,7 @@ def _rank_sample_indices(data_loader):
     return None
 
 
-def _num_items(value):
+def _num_items(value: Any) -> int | None:
     if isinstance(value, (torch.Tensor, np.ndarray)):
         return value.shape[0] if value.ndim > 0 else None
     if isinstance(value, (list, tuple)):
@@ -227,7 +246,7 @@ def _num_items(value):
     return None
 
 
-def _map_tensors(value, fn):
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, dict):
@@ -237,7 +256,7 @@ def _map_tensors(value, fn):
     return value
 
 
-def _concat(parts):
+def _concat(parts: list[Any]) -> Any:
     first = parts[0]
     if isinstance(first, torch.Tensor):
         return torch.cat([p.reshape(1) if p.dim() == 0 else p for p in parts])
@@ -251,7 +270,7 @@ def _concat(parts):
                     f'make pred_transform_fn return a tensor, numpy array, list or dict of these')
 
 
-def _take(value, order):
+def _take(value: Any, order: list[int]) -> Any:
     if isinstance(value, torch.Tensor):
         return value[torch.as_tensor(order, dtype=torch.long, device=value.device)]
     if isinstance(value, np.ndarray):
@@ -263,13 +282,14 @@ def _take(value, order):
     return value
 
 
-def _take_if_per_sample(value, order, total):
+def _take_if_per_sample(value: Any, order: list[int], total: int) -> Any:
     if isinstance(value, dict):
         return {k: _take_if_per_sample(v, order, total) for k, v in value.items()}
     return _take(value, order) if _num_items(value) == total else value
 
 
-def gather_predictions(data_loader, y_pred, y_true, metadata):
+def gather_predictions(data_loader: Any, y_pred: Any, y_true: Any, metadata: dict[str, Any] | None
+                       ) -> tuple[Any, Any, dict[str, Any] | None]:
     """Collect ``(y_pred, y_true, metadata)`` from every process (all must call it).
 
     When the loader is sharded by a DistributedSampler (or by the loop), the padding samples the sampler
@@ -284,7 +304,7 @@ def gather_predictions(data_loader, y_pred, y_true, metadata):
         indices = indices[:count]
     device = y_pred.device if isinstance(y_pred, torch.Tensor) else None
     payload = (_map_tensors((y_pred, y_true, metadata), torch.Tensor.cpu), indices)
-    gathered = [None] * get_world_size()
+    gathered: list[Any] = [None] * get_world_size()
     dist.all_gather_object(gathered, payload)
 
     y_pred = _concat([g[0][0] for g in gathered])
@@ -293,7 +313,8 @@ def gather_predictions(data_loader, y_pred, y_true, metadata):
     metadata = None if any(m is None for m in metadatas) else _concat_metadata(metadatas)
     if all(g[1] is not None for g in gathered):
         flat = [i for g in gathered for i in g[1]]
-        order, seen = [], set()
+        order: list[int] = []
+        seen: set[int] = set()
         for position in sorted(range(len(flat)), key=flat.__getitem__):
             if flat[position] not in seen:       # DistributedSampler padding repeats indices
                 seen.add(flat[position])
@@ -309,9 +330,9 @@ def gather_predictions(data_loader, y_pred, y_true, metadata):
     return y_pred, y_true, metadata
 
 
-def _concat_metadata(metadatas):
+def _concat_metadata(metadatas: list[dict[str, Any]]) -> dict[str, Any]:
     keys = list(metadatas[0])
-    joined = {}
+    joined: dict[str, Any] = {}
     for key in keys:
         parts = [m[key] for m in metadatas if key in m]
         try:

@@ -31,13 +31,20 @@ import random
 import shutil
 import tempfile
 
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, cast
+
 import torch
 
 from .checkpoint import FORMAT_VERSION, CheckpointError, check_weights_only_safe, load_checkpoint, load_model_weights
 from .experiment import BEST_POINTER, CHECKPOINT_DIR, LATEST_POINTER, LEGACY_LATEST_POINTER  # noqa: F401
+from .experiment import get_experiment, is_s3_mode
 from .experiment import read_pointer  # noqa: F401  (kept importable from this module)
 from .multi_loss_optim import MultiLoss
 from .storage.base import join_key, validate_key
+
+if TYPE_CHECKING:
+    from .experiment import Experiment
+    from .train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +107,7 @@ def _numpy_rng_state():
         import numpy as np
     except ImportError:
         return None
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    name, keys, pos, has_gauss, cached = cast(Tuple[str, Any, int, int, float], np.random.get_state(legacy=True))
     return {'name': name, 'keys': torch.from_numpy(keys.astype(np.int64)), 'pos': int(pos),
             'has_gauss': int(has_gauss), 'cached_gaussian': float(cached)}
 
@@ -142,7 +149,7 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False):
                      'loss_batch_accum': [], 'grads': None}
     if mid_epoch:
         data_position.update(batches_done=loop.iteration + 1,
-                             epoch_start_rng=getattr(loop, '_epoch_start_rng', None),
+                             epoch_start_rng=loop.epoch_start_rng,
                              loss_batch_accum=_plain_losses(loop.loss_batch_accum))
         if data_position['epoch_start_rng'] is None:
             raise CheckpointError('cannot take a mid-epoch checkpoint: the RNG state of the epoch start is unknown')
@@ -150,7 +157,7 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False):
             # Inside a gradient-accumulation window: the accumulated gradients are part of the state.
             data_position['grads'] = [None if p.grad is None else p.grad.detach().cpu().clone()
                                       for p in model.parameters()]
-    experiment = getattr(loop, '_experiment', None)
+    experiment = loop.experiment
     checkpoint = {
         'format_version': FORMAT_VERSION,
         'kind': CHECKPOINT_KIND,
@@ -163,7 +170,7 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False):
         'iteration_idx': loop.total_iteration_idx,
         'hyperparams': hyperparams_plain,
         'hyperparams_json': hyperparams_json,
-        'loop': {'epochs_completed': loop.epoch if mid_epoch else loop._epochs_completed,
+        'loop': {'epochs_completed': loop.epoch if mid_epoch else loop.epochs_completed,
                  'epoch': loop.epoch, 'iteration': loop.iteration,
                  'total_iteration_idx': loop.total_iteration_idx, 'grad_accumulation': loop.grad_accumulation},
         'train_history': loop.train_history.state_dict(),
@@ -183,9 +190,11 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False):
 
 
 def apply_checkpoint(loop, checkpoint, source='checkpoint', restore_rng=True, restore_position=True):
-    """Load a checkpoint dict into the loop: weights, optimizer, scaler, history, counters, callbacks, RNG and
-    the position in the data. A checkpoint in AIToolbox's layout restores what it has (weights, optimizer,
-    schedulers, scaler, epoch)."""
+    """Load a checkpoint dict into the loop: weights, optimizer, scaler, history, counters, callbacks and RNG.
+    A checkpoint in AIToolbox's layout restores what it has (weights, optimizer, schedulers, scaler, epoch).
+
+    Returns the position inside an epoch to continue from (a dict for :meth:`ResumePlan.reopen_epoch`), or None
+    when the checkpoint was taken at an epoch's end (or ``restore_position`` is False)."""
     if not isinstance(checkpoint, dict) or 'model_state_dict' not in checkpoint:
         raise CheckpointError(f'{source} is not a training checkpoint (no model_state_dict); pass a file written by '
                               f'ModelCheckpoint / ModelIterationCheckpoint / ModelTrainEndSave')
@@ -207,29 +216,30 @@ def apply_checkpoint(loop, checkpoint, source='checkpoint', restore_rng=True, re
     if checkpoint.get('kind') != CHECKPOINT_KIND:
         _apply_aitoolbox_checkpoint(loop, checkpoint)
         loop.purge_prediction_cache()
-        return
+        return None
 
     loop.train_history.load_state_dict(checkpoint['train_history'])
     counters = checkpoint['loop']
-    loop._epochs_completed = counters['epochs_completed']
-    loop.epoch = counters['epoch']
+    loop.epochs_completed = counters['epochs_completed']
+    # The epoch training continues with (AIToolbox sets it too: callbacks read it in on_train_begin).
+    loop.epoch = counters['epochs_completed']
     loop.iteration = counters['iteration']
     loop.total_iteration_idx = counters['total_iteration_idx']
     loop.callbacks_handler.load_callbacks_state_dict(checkpoint.get('callbacks', {}))
     if restore_rng:
         restore_rng_state(loop, checkpoint['rng'])
     position = checkpoint['data_position']
-    loop._resume_position = None
+    resume_position = None
     if restore_position and position.get('batches_done') is not None:
-        loop._resume_position = {'epoch': position['epoch'], 'batches_done': position['batches_done'],
-                                 'epoch_start_rng': position['epoch_start_rng'], 'rng': checkpoint['rng'],
-                                 'loss_batch_accum': position['loss_batch_accum'], 'grads': position['grads'],
-                                 'history': checkpoint['train_history'], 'callbacks': checkpoint.get('callbacks', {})}
+        resume_position = {'epoch': position['epoch'], 'batches_done': position['batches_done'],
+                           'epoch_start_rng': position['epoch_start_rng'], 'rng': checkpoint['rng'],
+                           'loss_batch_accum': position['loss_batch_accum'], 'grads': position['grads'],
+                           'history': checkpoint['train_history'], 'callbacks': checkpoint.get('callbacks', {})}
     loop.purge_prediction_cache()
-    logger.info('Resumed from %s: %d epoch(s) done, global batch %d%s', source, loop._epochs_completed,
+    logger.info('Resumed from %s: %d epoch(s) done, global batch %d%s', source, loop.epochs_completed,
                 loop.total_iteration_idx + 1,
-                f", {position['batches_done']} batch(es) into epoch {position['epoch']}"
-                if loop._resume_position else '')
+                f", {position['batches_done']} batch(es) into epoch {position['epoch']}" if resume_position else '')
+    return resume_position
 
 
 def _load_model(loop, state_dict, source):
@@ -246,98 +256,125 @@ def _apply_aitoolbox_checkpoint(loop, checkpoint):
         logger.warning('Checkpoint has %d scheduler state(s), the loop has %d scheduler callback(s); schedulers not '
                        'restored', len(saved), len(schedulers))
     if isinstance(checkpoint.get('epoch'), int):
-        loop._epochs_completed = checkpoint['epoch'] + 1
+        loop.epochs_completed = checkpoint['epoch'] + 1
         loop.epoch = checkpoint['epoch'] + 1
     if isinstance(checkpoint.get('iteration_idx'), int):
         loop.total_iteration_idx = checkpoint['iteration_idx']
 
 
-# ---------------------------------------------------------------------------------------------- the epoch
-
-
-def epoch_iterator(loop):
-    """The train loader's iterator for the epoch now starting, and the index of its first batch.
-
-    Remembers the RNG state at the start of the epoch (for mid-epoch checkpoints); when resuming inside this
-    epoch, regenerates the same data order, skips the batches already trained and puts the state back to the
-    checkpoint's."""
-    resume = getattr(loop, '_resume_position', None)
-    if resume is None or resume['epoch'] != loop.epoch:
-        loop._resume_position = None
-        loop._epoch_start_rng = capture_rng_state(loop)
-        return iter(loop.train_loader), 0
-    loop._resume_position = None
-    restore_rng_state(loop, resume['epoch_start_rng'])
-    loop._epoch_start_rng = resume['epoch_start_rng']
-    iterator = iter(loop.train_loader)
-    for done in range(resume['batches_done']):
-        try:
-            next(iterator)
-        except StopIteration:
-            raise CheckpointError(f'the checkpoint was taken after {resume["batches_done"]} batches of epoch '
-                                  f'{loop.epoch}, but the train loader now has only {done}; resume with the same '
-                                  f'data and batch size') from None
-    restore_rng_state(loop, resume['rng'])
-    # on_epoch_begin ran again for this epoch (samplers, progress bars); its effects on state were already in the
-    # checkpoint, so the saved history and callback states win.
-    loop.train_history.load_state_dict(resume['history'])
-    loop.callbacks_handler.load_callbacks_state_dict(resume['callbacks'])
-    loop.loss_batch_accum = [loss.to(loop.device) if isinstance(loss, torch.Tensor) else loss
-                             for loss in _rebuild_losses(resume['loss_batch_accum'])]
-    if resume['grads'] is not None:
-        for param, grad in zip(loop.model.parameters(), resume['grads']):
-            param.grad = None if grad is None else grad.to(param.device)
-    return iterator, resume['batches_done']
-
-
 # ---------------------------------------------------------------------------------------------- resume
 
 
-def _saving_callbacks(loop, callbacks):
-    from .callbacks.model_save import ExperimentSaverBase
-    from .callbacks.model_load import ModelLoadContinueTraining
+class ResumePlan:
+    """How the current fit continues a saved run; the loop owns it as ``loop.resume_plan``.
+
+    Made by ``fit(resume_from=...)`` (from where to resume) or by ModelLoadContinueTraining (an already loaded
+    checkpoint). Its steps, each done once even when a DDP process calls them again:
+
+    1. :meth:`load` before callbacks register: read the checkpoint, so the run continues in its experiment folder;
+    2. :meth:`apply` once callbacks are registered and the model is on its device: weights, optimizer, history,
+       counters, callback state, RNG;
+    3. :meth:`reopen_epoch` at the start of the epoch the checkpoint was taken in, when it was taken mid-epoch.
+
+    Args:
+        source: what to resume from: a file path, an experiment folder, ``'s3://bucket/key'``, ``'latest'``.
+        checkpoint: an already loaded checkpoint dict (then ``source`` only names it in messages).
+    """
+
+    def __init__(self, source: Any, checkpoint: Optional[Dict[str, Any]] = None) -> None:
+        self.source = source
+        self.checkpoint = checkpoint
+        self.source_name = source if checkpoint is None else str(source)
+        self.applied = False
+        self.position: Optional[Dict[str, Any]] = None      # where inside an epoch to continue, once applied
+
+    def load(self, loop: 'TrainLoop', experiment: Optional['Experiment'], callbacks: Any = None) -> None:
+        """Read the checkpoint (once) and move the run into its experiment folder."""
+        if self.checkpoint is None:
+            self.checkpoint, self.source_name = load_resume_checkpoint(loop, self.source, experiment, callbacks)
+        adopt_experiment(loop, self.checkpoint, experiment)
+
+    def apply(self, loop: 'TrainLoop') -> None:
+        """Put the checkpoint's state into the loop (once)."""
+        if not self.applied:
+            self.position = apply_checkpoint(loop, self.checkpoint, self.source_name)
+            self.applied = True
+
+    def resumes_inside(self, epoch: int) -> bool:
+        """True when the run continues inside ``epoch`` (the checkpoint was taken after one of its batches)."""
+        return self.position is not None and self.position['epoch'] == epoch
+
+    def reopen_epoch(self, loop: 'TrainLoop') -> Tuple[Iterator[Any], int]:
+        """The train loader's iterator for the epoch being resumed, positioned after the batches the checkpoint
+        already trained, and the index of the next batch.
+
+        The data order of an epoch comes from the RNG state at the epoch's start, which the checkpoint kept: the
+        same permutation is rebuilt, the trained batches are skipped, then the checkpoint's own RNG state, history,
+        callback state, running losses and accumulated gradients are put back (on_epoch_begin just ran again for
+        this epoch; its effects were already in the checkpoint)."""
+        resume = self.position
+        assert resume is not None, 'reopen_epoch() is called only when resumes_inside(epoch)'
+        self.position = None
+        restore_rng_state(loop, resume['epoch_start_rng'])
+        loop.epoch_start_rng = resume['epoch_start_rng']
+        iterator = iter(loop.train_loader)
+        for done in range(resume['batches_done']):
+            try:
+                next(iterator)
+            except StopIteration:
+                raise CheckpointError(f'the checkpoint was taken after {resume["batches_done"]} batches of epoch '
+                                      f'{loop.epoch}, but the train loader now has only {done}; resume with the '
+                                      f'same data and batch size') from None
+        restore_rng_state(loop, resume['rng'])
+        loop.train_history.load_state_dict(resume['history'])
+        loop.callbacks_handler.load_callbacks_state_dict(resume['callbacks'])
+        loop.loss_batch_accum = [loss.to(loop.device) if isinstance(loss, torch.Tensor) else loss
+                                 for loss in _rebuild_losses(resume['loss_batch_accum'])]
+        if resume['grads'] is not None:
+            for param, grad in zip(loop.model.parameters(), resume['grads']):
+                param.grad = None if grad is None else grad.to(param.device)
+        return iterator, resume['batches_done']
+
+
+def _experiment_callbacks(loop, callbacks):
+    """Callbacks that say which experiment the run writes to (saving callbacks, ModelLoadContinueTraining): they
+    set ``defines_experiment``. Found by that attribute so this core module needs no callback module."""
     found = []
     # Not validated yet (the handler does that, with a clear error): look only inside a list.
     callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else []
     for cb in list(loop.callbacks) + list(loop.callbacks_handler.cached_callbacks) + callbacks:
-        if isinstance(cb, (ExperimentSaverBase, ModelLoadContinueTraining)) and cb not in found:
+        if getattr(cb, 'defines_experiment', False) and cb not in found:
             found.append(cb)
     return found
 
 
 def _experiment_for(loop, callbacks):
-    from .experiment import get_experiment
     experiment = get_experiment(loop)
     if experiment is not None:
         return experiment
-    for cb in _saving_callbacks(loop, callbacks):
+    for cb in _experiment_callbacks(loop, callbacks):
         names = (cb.project_name, cb.experiment_name, cb.local_model_result_folder_path)
         if None not in names:
             return get_experiment(loop, *names)
     return None
 
 
-def before_registration(loop, callbacks):
+def prepare_fit(loop, callbacks):
     """Start of a fit, before callbacks register: load the checkpoint to resume from (so the run continues in
-    the checkpoint's experiment folder) and claim the experiment folder of a tracking loop."""
-    resume_from = getattr(loop, '_resume_from', None)
-    loop._resume_from = None
+    the checkpoint's experiment folder) and claim the experiment folder of a tracking loop. Safe to call again in
+    the same fit (a DDP process prepares before its own registration, then trains)."""
     experiment = _experiment_for(loop, callbacks)
-    checkpoint = None
-    if resume_from is not None:
-        checkpoint, source = load_resume_checkpoint(loop, resume_from, experiment, callbacks)
-        adopt_experiment(loop, checkpoint, experiment)
-        loop._pending_resume = (checkpoint, source)
-    from .callbacks.model_load import ModelLoadContinueTraining
-    loading = any(isinstance(cb, ModelLoadContinueTraining) for cb in _saving_callbacks(loop, callbacks))
+    if loop.resume_plan is not None:
+        loop.resume_plan.load(loop, experiment, callbacks)
+    continuing = any(getattr(cb, 'continues_experiment', False) for cb in _experiment_callbacks(loop, callbacks))
     # A ModelLoadContinueTraining continues an existing folder: claiming a new one first would leave it empty.
-    if experiment is not None and not experiment.claimed and not loop.lazy_experiment_save and not loading:
+    if experiment is not None and not experiment.claimed and not loop.lazy_experiment_save and not continuing:
         experiment.claim()
 
 
 def adopt_experiment(loop, checkpoint, experiment):
     """A resumed run keeps writing to the experiment folder of its checkpoint."""
-    saved = checkpoint.get('experiment') if isinstance(checkpoint, dict) else None
+    saved: Any = checkpoint.get('experiment') if isinstance(checkpoint, dict) else None
     timestamp = saved.get('experiment_timestamp') if isinstance(saved, dict) else None
     if not isinstance(timestamp, str):
         return
@@ -355,20 +392,6 @@ def adopt_experiment(loop, checkpoint, experiment):
     else:
         loop.experiment_timestamp = timestamp
         experiment.claimed = True
-
-
-def after_registration(loop):
-    """Apply the checkpoint loaded by before_registration (or by ModelLoadContinueTraining) now that every
-    callback is registered and the model is on its device."""
-    pending = getattr(loop, '_pending_resume', None)
-    loop._pending_resume = None
-    if pending is not None:
-        checkpoint, source = pending
-        apply_checkpoint(loop, checkpoint, source)
-
-
-def set_pending_resume(loop, checkpoint, source):
-    loop._pending_resume = (checkpoint, source)
 
 
 # ---------------------------------------------------------------------------------------------- locating
@@ -486,9 +509,8 @@ def _load_from_s3(uri, map_location, allow_unsafe_pickle, endpoint_url=None):
 
 
 def _find_latest_in_cloud(loop, experiment, callbacks):
-    from .experiment import is_s3_mode
     details = None
-    for cb in _saving_callbacks(loop, callbacks):
+    for cb in _experiment_callbacks(loop, callbacks):
         if is_s3_mode(getattr(cb, 'cloud_save_mode', None)) and getattr(cb, 'bucket_name', None):
             details = (cb.bucket_name, cb.cloud_dir_prefix or '', getattr(cb, 'endpoint_url', None))
             break

@@ -1,10 +1,13 @@
 """Several losses / several optimizers behind the single-loss, single-optimizer interface."""
-from collections.abc import Mapping
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import torch
 
 
-class MultiLoss(Mapping):
+class MultiLoss(Mapping[str, torch.Tensor]):
     """A dict of named losses that backpropagates as one: ``backward()`` runs each loss's backward
     (keeping the graph until the last), ``item()`` gives ``{name: float}``.
 
@@ -12,80 +15,94 @@ class MultiLoss(Mapping):
     ``loss_optimizer_map`` and the arguments of ``backward`` are accepted for compatibility and unused.
     """
 
-    def __init__(self, loss_dict, loss_optimizer_map=None, retain_graph_until_last=True):
+    def __init__(self, loss_dict: Mapping[str, torch.Tensor] | Sequence[torch.Tensor],
+                 loss_optimizer_map: Any = None, retain_graph_until_last: bool = True) -> None:
         if isinstance(loss_dict, (list, tuple)):
             loss_dict = {f'loss_{i}': loss for i, loss in enumerate(loss_dict)}
         if not isinstance(loss_dict, dict) or not loss_dict:
             raise TypeError('MultiLoss needs a non-empty dict {name: loss tensor} (or a list of loss tensors)')
-        self.loss_dict = dict(loss_dict)
+        self.loss_dict: dict[str, torch.Tensor] = dict(loss_dict)
         self.loss_optimizer_map = loss_optimizer_map
         self.retain_graph_until_last = retain_graph_until_last
 
-    def _map(self, fn):
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> MultiLoss:
+        """A MultiLoss of ``fn`` applied to every loss (e.g. ``torch.Tensor.cpu``)."""
         return MultiLoss({k: fn(v) for k, v in self.loss_dict.items()}, self.loss_optimizer_map,
                          self.retain_graph_until_last)
 
-    def backward(self, optimizer_idx=None, iteration=None, amp_grad_scaler=None):
+    def backward(self, optimizer_idx: int | None = None, iteration: int | None = None,
+                 amp_grad_scaler: Any = None) -> None:
+        """Backpropagate every loss (the arguments are accepted for AIToolbox compatibility and unused)."""
         losses = list(self.loss_dict.values())
         for i, loss in enumerate(losses):
             loss.backward(retain_graph=self.retain_graph_until_last and i < len(losses) - 1)
 
-    def __truediv__(self, divisor):
-        return self._map(lambda loss: loss / divisor)
+    def __truediv__(self, divisor: float | torch.Tensor) -> MultiLoss:
+        return self.apply(lambda loss: loss / divisor)
 
-    def scale(self, amp_scaler):
-        return self._map(amp_scaler.scale)
+    def scale(self, amp_scaler: torch.amp.GradScaler) -> MultiLoss:
+        """Each loss multiplied by the AMP GradScaler's scale (for fp16 backward)."""
+        return self.apply(amp_scaler.scale)
 
-    def detach(self):
-        return self._map(torch.Tensor.detach)
+    def detach(self) -> MultiLoss:
+        """A MultiLoss of the detached losses (no graph), e.g. for logging."""
+        return self.apply(torch.Tensor.detach)
 
-    def item(self):
+    def item(self) -> dict[str, float]:
+        """``{name: float}`` of the losses."""
         return {k: v.item() for k, v in self.loss_dict.items()}
 
-    def get_loss_dict(self):
+    def get_loss_dict(self) -> dict[str, torch.Tensor]:
+        """The ``{name: loss tensor}`` dict (not a copy)."""
         return self.loss_dict
 
-    def total(self):
+    def total(self) -> torch.Tensor:
         """Sum of the losses: what backward() minimises; the loop logs it under the plain loss name."""
-        return sum(self.loss_dict.values())
+        # Never the int 0 of sum([]): the constructor refuses an empty dict.
+        return cast(torch.Tensor, sum(self.loss_dict.values()))
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> torch.Tensor:
         return self.loss_dict[name]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self.loss_dict)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.loss_dict)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f'MultiLoss({self.loss_dict!r})'
 
 
 class MultiOptimizer:
     """A list of optimizers; the TrainLoop steps each in turn (``loop.optimizer_idx`` says which)."""
 
-    def __init__(self, optimizer_list):
+    def __init__(self, optimizer_list: Sequence[torch.optim.Optimizer]) -> None:
         if not isinstance(optimizer_list, (list, tuple)) or not optimizer_list:
             raise TypeError('MultiOptimizer needs a non-empty list of optimizers')
         self.optimizer_list = list(optimizer_list)
 
     # AIToolbox called step/zero_grad with (optimizer_idx, iteration[, scaler]); both forms work.
-    def step(self, optimizer_idx=None, iteration=None, amp_grad_scaler=None):
+    def step(self, optimizer_idx: int | None = None, iteration: int | None = None,
+             amp_grad_scaler: torch.amp.GradScaler | None = None) -> None:
+        """Step every optimizer (or only ``optimizer_idx``), through ``amp_grad_scaler`` when given."""
         for optimizer in self._selected(optimizer_idx):
             amp_grad_scaler.step(optimizer) if amp_grad_scaler is not None else optimizer.step()
 
-    def zero_grad(self, optimizer_idx=None, iteration=None):
+    def zero_grad(self, optimizer_idx: int | None = None, iteration: int | None = None) -> None:
+        """Zero the gradients of every optimizer (or only ``optimizer_idx``)."""
         for optimizer in self._selected(optimizer_idx):
             optimizer.zero_grad()
 
-    def _selected(self, optimizer_idx):
+    def _selected(self, optimizer_idx: int | None) -> list[torch.optim.Optimizer]:
         return self.optimizer_list if optimizer_idx is None else [self.optimizer_list[optimizer_idx]]
 
-    def state_dict(self):
+    def state_dict(self) -> list[dict[str, Any]]:
+        """One ``state_dict()`` per optimizer, in order."""
         return [optimizer.state_dict() for optimizer in self.optimizer_list]
 
-    def load_state_dict(self, state_dict_list):
+    def load_state_dict(self, state_dict_list: Sequence[dict[str, Any]]) -> None:
+        """Restore what :meth:`state_dict` returned; the number of optimizers must match."""
         if len(state_dict_list) != len(self.optimizer_list):
             raise ValueError(f'MultiOptimizer has {len(self.optimizer_list)} optimizers but the state has '
                              f'{len(state_dict_list)}')
@@ -93,14 +110,15 @@ class MultiOptimizer:
             optimizer.load_state_dict(state)
 
     @property
-    def param_groups(self):
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The param groups of all optimizers, concatenated (what LR schedulers and loggers read)."""
         return [group for optimizer in self.optimizer_list for group in optimizer.param_groups]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.optimizer_list)
 
-    def __getitem__(self, idx):
+    def __getitem__(self, idx: int) -> torch.optim.Optimizer:
         return self.optimizer_list[idx]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[torch.optim.Optimizer]:
         return iter(self.optimizer_list)

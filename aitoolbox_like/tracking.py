@@ -29,7 +29,9 @@ def _caller_file():
         del frame
 
 
-class _TrackingMixin:
+class _TrackingMixin(TrainLoop):
+    """What the tracking loops add to a TrainLoop: the experiment's names and where it is saved."""
+
     def _set_tracking_attributes(self, project_name, experiment_name, local_model_result_folder_path, hyperparams,
                                  cloud_save_mode, bucket_name, cloud_dir_prefix, source_dirs, caller_file):
         validate_key_part(project_name, 'project_name')
@@ -52,7 +54,6 @@ class _TrackingMixin:
         self.bucket_name = bucket_name
         self.cloud_dir_prefix = cloud_dir_prefix
         self.source_dirs = source_dirs
-        self.experiment_uploader = None
 
     def _register_checkpoint_callback(self, rm_subopt_local_models, num_best_checkpoints_kept, iteration_save_freq):
         if isinstance(iteration_save_freq, bool) or not isinstance(iteration_save_freq, int) or iteration_save_freq < 0:

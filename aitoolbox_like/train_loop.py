@@ -22,11 +22,13 @@ The event order of one fit (see docs/event-order.md):
     on_train_end
     (on any exception: on_exception(exc), then re-raise)
 """
+import contextlib
 import copy
 import datetime
 import logging
 import math
 import sys
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -34,20 +36,22 @@ from torch.utils.data import IterableDataset
 
 from . import distributed, loop_state
 from .amp import AmpPolicy
-from .callbacks.abstract import StopTraining
+from .callbacks.abstract import AbstractCallback, AbstractScheduler, StopTraining
+from .callbacks.defaults import add_default_callbacks       # the one place default callbacks come from
 from .callbacks.handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError
 from .history import TrainingHistory
 from .message_passing import MessageService
 from .model import ModelWrap, resolve_model
 from .multi_loss_optim import MultiLoss, MultiOptimizer
+from .parallel import TTDataParallel
 from .predictions import append_predictions, batch_size_of, combine_prediction_metadata_batches, torch_cat_transf
+
+if TYPE_CHECKING:
+    from .experiment import Experiment, ExperimentUploader
 
 logger = logging.getLogger(__name__)
 
-GPU_MODES = ('single', 'ddp')
-# Accepted at construction (AIToolbox code passes it) and refused with a pointer to 'ddp' when the loop is used.
-_UNSUPPORTED_GPU_MODES = {'dp': "gpu_mode='dp' (single-process DataParallel) is not supported: use gpu_mode='ddp' "
-                                "(DistributedDataParallel, one process per GPU; see docs/distributed.md)"}
+GPU_MODES = ('single', 'dp', 'ddp')
 
 
 class TrainLoop:
@@ -60,7 +64,9 @@ class TrainLoop:
 
     Args:
         model: TTModel, TTBasicModel or ModelWrap.
-        train_loader, validation_loader, test_loader: DataLoaders or any iterables of batches, or None.
+        train_loader: a DataLoader or any iterable of batches, or None.
+        validation_loader: a DataLoader or any iterable of batches, or None.
+        test_loader: a DataLoader or any iterable of batches, or None.
         optimizer: a torch optimizer, a MultiOptimizer, any object with step() and zero_grad(), or None.
         criterion: passed to the model's get_loss: any callable, or None if the model does not need one.
         collate_batch_pred_fn: how one batch's predictions are added to the collected list.
@@ -69,21 +75,23 @@ class TrainLoop:
             or every k epochs (int k); also controls the end-of-training test loss.
         lazy_experiment_save (bool): for tracking loops: create experiment folders only when first used.
         print_callbacks (bool): print the registered callbacks at the start of fit.
-        gpu_mode: 'single' or 'ddp' (DistributedDataParallel; see docs/distributed.md). AIToolbox's 'dp' is
-            accepted here and refused when the loop is used.
+        gpu_mode: 'single', 'dp' (torch.nn.DataParallel over the visible GPUs in this process) or 'ddp'
+            (DistributedDataParallel, one process per GPU; see docs/distributed.md).
         cuda_device_idx (int or None): which GPU in 'single' mode (CPU when CUDA is unavailable).
         use_amp: False, True / 'fp16' (CUDA, with GradScaler), 'bf16' (CPU or CUDA), or a dict of
             GradScaler arguments.
         progress_bar (bool or None): tqdm progress bar; None shows it only when stderr is a terminal.
     """
 
-    def __init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion,
-                 collate_batch_pred_fn=append_predictions, pred_transform_fn=torch_cat_transf,
-                 end_auto_eval=True, lazy_experiment_save=False, print_callbacks=False,
-                 gpu_mode='single', cuda_device_idx=None, use_amp=False, progress_bar=None):
+    def __init__(self, model: Any, train_loader: Any, validation_loader: Any, test_loader: Any, optimizer: Any,
+                 criterion: Any, collate_batch_pred_fn: Callable[[Any, List[Any]], List[Any]] = append_predictions,
+                 pred_transform_fn: Callable[[List[Any]], Any] = torch_cat_transf,
+                 end_auto_eval: Union[bool, int] = True, lazy_experiment_save: bool = False,
+                 print_callbacks: bool = False, gpu_mode: str = 'single', cuda_device_idx: Optional[int] = None,
+                 use_amp: Union[bool, str, Dict[str, Any]] = False, progress_bar: Optional[bool] = None) -> None:
         self.model, self._feed = resolve_model(model)
         self.batch_model_feed_def = model.batch_model_feed_def if isinstance(model, ModelWrap) else None
-        if gpu_mode not in GPU_MODES and gpu_mode not in _UNSUPPORTED_GPU_MODES:
+        if gpu_mode not in GPU_MODES:
             raise ValueError(f'gpu_mode must be one of {GPU_MODES}, got {gpu_mode!r}')
         if isinstance(end_auto_eval, bool) or end_auto_eval is None:
             end_auto_eval = bool(end_auto_eval)
@@ -109,28 +117,43 @@ class TrainLoop:
         self.use_amp = self._amp.mode or False
         self.amp_scaler = self._amp.scaler
 
+        # ---- run state: everything a fit carries is declared here and documented in docs/loop-state.md.
         self.experiment_timestamp = datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')
         self.train_history = TrainingHistory(has_validation=validation_loader is not None)
+        # position
         self.epoch = 0
         self.iteration = 0
         self.total_iteration_idx = -1
-        self.num_epochs = None
-        self.num_iterations = None
+        self.epochs_completed = 0       # the next fit starts at this epoch
+        self.num_epochs: Optional[int] = None
+        self.num_iterations: Optional[int] = None
         self.grad_accumulation = 1
+        # the step
         self.optimizer_idx = 0
-        self.loss_batch_accum = []
+        self.update_applied: List[bool] = []    # per optimizer: did the last update step change its weights
+        self.loss_batch_accum: List[Any] = []
         self.early_stop = False
         self.grad_cb_used = False       # AIToolbox callbacks set it; dispatch does not need it
+        # distributed run
         self.ddp_training_mode = False
-        self.ddp_model = None           # the DistributedDataParallel wrapper while a DDP fit runs; model stays plain
-        self.callbacks = []
+        self.ddp_model: Optional[torch.nn.Module] = None   # the DDP wrapper while a DDP fit runs; model stays plain
+        self.distributed_samplers: Optional[Tuple[Any, Any, Any]] = None   # (train, val, test) in a DDP fit
+        self.running_rank_restricted_callback: Optional[AbstractCallback] = None
+        # experiment and resume
+        self.experiment: Optional[Experiment] = None   # the experiment folder, set by the first saving callback
+        self.experiment_uploader: Optional[ExperimentUploader] = None
+        self.upload_failures: List[Any] = []    # uploads that had failed when fit ended
+        self.resume_plan: Optional[loop_state.ResumePlan] = None
+        self.epoch_start_rng: Optional[Dict[str, Any]] = None   # RNG state at this epoch's start (mid-epoch resume)
+        # callbacks
+        self.callbacks: List[AbstractCallback] = []
         self.callbacks_handler = CallbacksHandler(self)
         self.message_service = MessageService()     # callbacks pass data to each other through it (AIToolbox's)
 
-        self._epochs_completed = 0      # the next fit starts at this epoch
         self._is_last_batch = False
-        self._eval_cache = {}
-        self._rank_restricted_callback = None
+        self._eval_cache: Dict[Any, Any] = {}
+        self._step_counters: Dict[int, Tuple[Any, Optional[List[int]]]] = {}   # id(optimizer) -> (it, steps)
+        self._last_amp_scale: Optional[float] = None
 
     # ------------------------------------------------------------------ set-up helpers
 
@@ -145,19 +168,53 @@ class TrainLoop:
         return torch.device('cpu')
 
     @property
-    def global_rank(self):
+    def global_rank(self) -> int:
+        """This process's rank in a distributed run (0 otherwise)."""
         return distributed.get_rank()
 
     @property
-    def world_size(self):
+    def world_size(self) -> int:
+        """How many processes train together (1 outside a distributed run)."""
         return distributed.get_world_size()
 
-    def is_main_process(self):
+    def is_main_process(self) -> bool:
         """True in the process of global rank 0 (always in a single-process run)."""
         return self.global_rank == 0
 
+    def move_to_device(self, device: torch.device) -> None:
+        """Train on ``device`` from now on (a DDP process takes its own GPU, or the CPU). The mixed-precision
+        choice is kept; the GradScaler is rebuilt when the device type changes."""
+        device = torch.device(device)
+        if device.type != self.device.type:
+            self._amp = AmpPolicy(self.use_amp or False, device)
+            self.amp_scaler = self._amp.scaler
+        self.device = device
+
+    @contextlib.contextmanager
+    def distributed_model(self, ddp_model: torch.nn.Module) -> Iterator[None]:
+        """Within the block, forward passes go through ``ddp_model`` (the DistributedDataParallel wrapper of
+        ``model``) and ``ddp_model`` is set; ``model`` stays the plain module. Used by each DDP process."""
+        plain_feed = self._feed
+        self.ddp_model = ddp_model
+        self._feed = distributed.DDPFeed(ddp_model, plain_feed, self.batch_model_feed_def)
+        try:
+            yield
+        finally:
+            self._feed = plain_feed
+            self.ddp_model = None
+
     @property
-    def optimizers(self):
+    def num_optimizers(self) -> int:
+        """How many optimizers the loop steps (AIToolbox's attribute)."""
+        return len(self.optimizers)
+
+    @property
+    def ddp_rank(self) -> Optional[int]:
+        """The global rank in a DDP fit, None otherwise (AIToolbox's attribute; see ``global_rank``)."""
+        return self.global_rank if self.ddp_training_mode else None
+
+    @property
+    def optimizers(self) -> Sequence[Any]:
         """The optimizers the loop steps, in optimizer_idx order (one unless a MultiOptimizer is used).
         Derived from ``optimizer`` on every read, so a callback may swap ``loop.optimizer`` during training."""
         optimizer = self.optimizer
@@ -168,7 +225,8 @@ class TrainLoop:
     def __call__(self, num_epochs=0, num_iterations=0, callbacks=None, grad_accumulation=1, **kwargs):
         return self.fit(num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
 
-    def fit(self, num_epochs=0, num_iterations=0, callbacks=None, grad_accumulation=1, resume_from=None, **kwargs):
+    def fit(self, num_epochs: int = 0, num_iterations: int = 0, callbacks: Optional[Sequence[AbstractCallback]] = None,
+            grad_accumulation: int = 1, resume_from: Any = None, **kwargs: Any) -> torch.nn.Module:
         """Train and return the model.
 
         Args:
@@ -191,33 +249,60 @@ class TrainLoop:
                              f'num_iterations={num_iterations})')
         if grad_accumulation < 1:
             raise ValueError('grad_accumulation must be >= 1')
-        self._check_usable()
         # What can be judged before any process starts; the rest once callbacks are registered (a callback
         # may build the loaders in each DDP process or set the optimizer).
         self._check_fit_inputs(final=False)
-        self._resume_from = resume_from       # read (in every DDP process) at the start of _train
+        # The plan travels with the loop into each DDP process, which loads the checkpoint itself.
+        self.resume_plan = loop_state.ResumePlan(resume_from) if resume_from is not None else None
         try:
             if self.gpu_mode == 'ddp':
                 from .ddp_launch import fit_ddp
                 return fit_ddp(self, num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
+            if self.gpu_mode == 'dp':
+                return self._fit_data_parallel(num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
             if kwargs:
                 raise TypeError(f'fit() got unexpected arguments {sorted(kwargs)}; these are only accepted with '
                                 f"gpu_mode='ddp'")
-            return self._train(num_epochs, num_iterations, callbacks, grad_accumulation)
+            return self.train_in_this_process(num_epochs, num_iterations, callbacks, grad_accumulation)
         finally:
-            self._resume_from = None
+            self.resume_plan = None
 
-    def _train(self, num_epochs, num_iterations, callbacks=None, grad_accumulation=1):
+    def _fit_data_parallel(self, num_epochs, num_iterations, callbacks, grad_accumulation, dp_model_args=None,
+                           **kwargs):
+        if kwargs:
+            raise TypeError(f'fit() got unexpected arguments {sorted(kwargs)}; gpu_mode=\'dp\' accepts dp_model_args')
+        if not isinstance(self.model, torch.nn.DataParallel):
+            # As in AIToolbox, the loop's model becomes the wrapper (one process, so nothing else sees the plain
+            # module); its state_dict keys then start with 'module.'.
+            self.model.to(self.device)
+            args = dict(dp_model_args or {})
+            if self.batch_model_feed_def is None:
+                self.model, self._feed = resolve_model(TTDataParallel(self.model, **args))
+            else:
+                self.model, self._feed = resolve_model(
+                    ModelWrap(torch.nn.DataParallel(self.model, **args), self.batch_model_feed_def))
+        return self.train_in_this_process(num_epochs, num_iterations, callbacks, grad_accumulation)
+
+    def register_fit_callbacks(self, callbacks: Optional[Sequence[AbstractCallback]]) -> None:
+        """The start of a fit, before any training: load the checkpoint being resumed from (so the run continues
+        in its experiment folder), then register ``callbacks`` and the cached ones (a tracking loop's savers).
+        A DDP process calls it once its rank is known; calling it again in the same fit does no harm."""
+        loop_state.prepare_fit(self, callbacks)
+        self.callbacks_handler.register_callbacks(callbacks)      # also registers cached callbacks
+
+    def train_in_this_process(self, num_epochs: int, num_iterations: int,
+                              callbacks: Optional[Sequence[AbstractCallback]] = None,
+                              grad_accumulation: int = 1) -> torch.nn.Module:
+        """Train in this process: what ``fit`` does once its arguments are checked (and, in a DDP fit, what
+        each process does once its process group, loaders and model wrapper are set up). Returns the model."""
         self.num_iterations = num_iterations
         self.grad_accumulation = grad_accumulation
         self.num_epochs = num_epochs or self._epochs_for_iterations(num_iterations)
         self.early_stop = False
         self._eval_cache.clear()
 
-        # Before registration: a resumed run takes its checkpoint's experiment folder, which callbacks use.
-        loop_state.before_registration(self, callbacks)
-        self.callbacks_handler.register_callbacks(callbacks)      # also registers cached callbacks
-        self._add_default_progress_bar()
+        self.register_fit_callbacks(callbacks)
+        add_default_callbacks(self)
         if self.print_callbacks:
             self.callbacks_handler.print_registered_callback_names()
         self._check_fit_inputs(final=False, need_train_loader=True)
@@ -226,7 +311,8 @@ class TrainLoop:
         if isinstance(self.criterion, torch.nn.Module):
             self.criterion.to(self.device)
         self.model.train()
-        loop_state.after_registration(self)       # applies the checkpoint being resumed from, if any
+        if self.resume_plan is not None:
+            self.resume_plan.apply(self)
 
         try:
             try:
@@ -241,15 +327,21 @@ class TrainLoop:
             except StopTraining:
                 pass
             self.message_service.end_of_training_trigger()
+            self.wait_for_uploads()
         except BaseException as exc:
             self.callbacks_handler.execute_exception(exc)
+            self.wait_for_uploads(after_exception=True)
             raise
         return self.model
 
-    def _check_usable(self):
-        reason = _UNSUPPORTED_GPU_MODES.get(self.gpu_mode)
-        if reason:
-            raise ValueError(reason)
+    def wait_for_uploads(self, after_exception: bool = False) -> List[Any]:
+        """Wait for the experiment's pending cloud uploads (the end of fit does this) and return the ones that
+        failed; they are also added to ``upload_failures``. The local files are complete either way."""
+        if self.experiment is None:
+            return []
+        failures = self.experiment.wait_for_uploads(after_exception)
+        self.upload_failures += failures
+        return failures
 
     def _check_fit_inputs(self, final, need_train_loader=False):
         """What fit is about to use, checked before the first step so that a mistake never costs an epoch.
@@ -288,27 +380,21 @@ class TrainLoop:
         except TypeError:
             return None       # a loader without len(): epochs last until the data runs out
 
-    def _add_default_progress_bar(self):
-        if not self.progress_bar or not self.is_main_process():
-            return
-        from .callbacks.basic import ProgressBar
-        if not any(isinstance(cb, ProgressBar) for cb in self.callbacks):
-            self.callbacks_handler.register_callbacks([ProgressBar()])
-
     def _train_epochs(self):
         handler = self.callbacks_handler
-        epoch = self._epochs_completed
-        if not self.num_iterations and epoch >= self.num_epochs:
+        epoch = self.epochs_completed
+        num_epochs = self.num_epochs or 0      # None only with num_iterations (a loader without len())
+        if not self.num_iterations and epoch >= num_epochs:
             logger.warning('Nothing to train: %d epochs are already done and num_epochs=%d is the total; pass a '
                            'larger num_epochs to continue', epoch, self.num_epochs)
         # With num_iterations the batch count decides (num_epochs is only an estimate then: a previous
         # fit may have ended mid-epoch).
-        while not self._iterations_done() if self.num_iterations else epoch < self.num_epochs:
+        while not self._iterations_done() if self.num_iterations else epoch < num_epochs:
             iteration_before = self.total_iteration_idx
             self.epoch = self.train_history.current_epoch = epoch
             self.loss_batch_accum = []
             handler.execute_epoch_begin()
-            hooks = handler._hook_lists
+            hooks = handler.hook_lists
             for self.iteration, batch_data, self._is_last_batch in self._batches():
                 self.total_iteration_idx += 1
                 for fn in hooks['on_batch_begin']:
@@ -321,7 +407,7 @@ class TrainLoop:
             if self.total_iteration_idx == iteration_before and self.num_iterations:
                 raise ValueError(f'train_loader yielded no batches in epoch {epoch}; fit(num_iterations='
                                  f'{self.num_iterations}) cannot make progress')
-            self._epochs_completed = epoch + 1
+            self.epochs_completed = epoch + 1
             self.auto_execute_end_of_epoch()
             handler.execute_epoch_end()
             self.message_service.end_of_epoch_trigger()
@@ -331,7 +417,8 @@ class TrainLoop:
             epoch += 1
 
     def _iterations_done(self):
-        return bool(self.num_iterations) and self.total_iteration_idx + 1 >= self.num_iterations
+        num_iterations = self.num_iterations
+        return bool(num_iterations) and self.total_iteration_idx + 1 >= (num_iterations or 0)
 
     def _batches(self):
         """Yield (index, batch, is_last). is_last marks the end of the epoch (or of num_iterations) so the
@@ -343,8 +430,7 @@ class TrainLoop:
             length = len(self.train_loader) if sized else None
         except TypeError:
             length = None
-        # The iterator skips the batches a mid-epoch checkpoint already trained (start > 0 then).
-        iterator, start = loop_state.epoch_iterator(self)
+        iterator, start = self._open_epoch()
         if length is not None:
             last = length - 1 if remaining is None else min(length, start + remaining) - 1
             for i, batch in enumerate(iterator, start):
@@ -364,10 +450,19 @@ class TrainLoop:
             yield i, batch, remaining is not None and i - start == remaining - 1
             batch, i = upcoming, i + 1
 
+    def _open_epoch(self):
+        """The train loader's iterator for the epoch now starting, and the index of its first batch (after the
+        batches a mid-epoch checkpoint already trained, when the run resumes inside this epoch)."""
+        plan, self.resume_plan = self.resume_plan, None
+        if plan is not None and plan.resumes_inside(self.epoch):
+            return plan.reopen_epoch(self)
+        self.epoch_start_rng = loop_state.capture_rng_state(self)
+        return iter(self.train_loader), 0
+
     def _train_step(self, batch_data):
         # The per-step path: hook lists are read directly (no dispatch method per hook) and nothing here
         # reads a tensor value on the host.
-        hooks = self.callbacks_handler._hook_lists
+        hooks = self.callbacks_handler.hook_lists
         update = (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch
         # DDP: micro-batches that do not update skip the gradient all-reduce (no_sync must cover the forward too).
         with distributed.skip_grad_sync(self.ddp_model, not update):
@@ -393,6 +488,7 @@ class TrainLoop:
     def _optimizer_update(self, hooks):
         optimizers = self.optimizers
         uses_scaler = self._amp.uses_scaler
+        applied = self.update_applied = [True] * len(optimizers)
         if uses_scaler:
             for optimizer in optimizers:     # once, so callbacks see and clip the real gradients
                 self.amp_scaler.unscale_(optimizer)
@@ -401,7 +497,7 @@ class TrainLoop:
             for fn in hooks['on_after_gradient_update']:
                 fn(idx)
             if uses_scaler:
-                self.amp_scaler.step(optimizer)
+                applied[idx] = self._scaled_step(optimizer)
             else:
                 optimizer.step()
             for fn in hooks['on_after_optimizer_step']:
@@ -409,14 +505,51 @@ class TrainLoop:
             optimizer.zero_grad()
         if uses_scaler:
             self.amp_scaler.update()
+            self._mark_fused_skips(optimizers, applied)
         self.optimizer_idx = 0
 
+    def _scaled_step(self, optimizer):
+        """GradScaler.step, and whether it applied the update. GradScaler calls optimizer.step() only when the
+        gradients are finite, and a post-step hook counts the real calls: no host sync."""
+        entry = self._step_counters.get(id(optimizer))
+        if entry is None or entry[0] is not optimizer:
+            register = getattr(optimizer, 'register_step_post_hook', None)
+            counter: Optional[List[int]] = None
+            if callable(register):
+                counter = [0]
+                register(lambda opt, args, kwargs, counter=counter: counter.__setitem__(0, counter[0] + 1))
+            entry = self._step_counters[id(optimizer)] = (optimizer, counter)
+        counter = entry[1]
+        before = counter[0] if counter is not None else None
+        self.amp_scaler.step(optimizer)
+        return counter is None or counter[0] != before
+
+    def _mark_fused_skips(self, optimizers, applied):
+        # A fused optimizer gets the inf flag inside step(), which GradScaler then always calls; a skipped update
+        # shows as a lower loss scale after update(). One host sync per update, only for fused optimizers.
+        if not any(getattr(o, 'defaults', {}).get('fused') for o in optimizers):
+            return
+        scale = self.amp_scaler.get_scale()
+        skipped = self._last_amp_scale is not None and scale < self._last_amp_scale
+        self._last_amp_scale = scale
+        for idx, optimizer in enumerate(optimizers):
+            if getattr(optimizer, 'defaults', {}).get('fused') and skipped:
+                applied[idx] = False
+
+    def optimizer_update_applied(self, optimizer_idx: int = 0) -> bool:
+        """True when this batch was an optimizer-update step and optimizer ``optimizer_idx`` really changed the
+        weights: False on gradient-accumulation micro-batches and when the fp16 GradScaler skipped the update
+        (inf/NaN gradients). Reliable from on_batch_end of the batch (for non-fused optimizers already in
+        on_after_optimizer_step). Schedulers step on it."""
+        return self.should_execute_optimizer_update() and optimizer_idx < len(self.update_applied) \
+            and self.update_applied[optimizer_idx]
+
     @property
-    def is_last_batch(self):
+    def is_last_batch(self) -> bool:
         """True during the last batch of the epoch (or of num_iterations)."""
         return self._is_last_batch
 
-    def should_execute_optimizer_update(self):
+    def should_execute_optimizer_update(self) -> bool:
         """True on the batches where the optimizer steps: every grad_accumulation-th batch of the epoch and
         the last batch of the epoch."""
         return (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch
@@ -439,7 +572,8 @@ class TrainLoop:
             return self.end_auto_eval
         return self.epoch % self.end_auto_eval == 0
 
-    def auto_execute_end_of_epoch(self):
+    def auto_execute_end_of_epoch(self) -> None:
+        """The end-of-epoch evaluation: 'accumulated_loss', and 'loss' / 'val_loss' when end_auto_eval is due."""
         readable = [loss for loss in self.loss_batch_accum if loss is not None]
         if readable:
             self._insert_loss('accumulated_loss', self.parse_loss(readable))
@@ -457,7 +591,8 @@ class TrainLoop:
                       if v and self.train_history.get_epochs(k)[-1] == self.epoch and isinstance(v[-1], float)}
             logger.info('Epoch %d: %s', self.epoch, ', '.join(f'{k}={v:.5g}' for k, v in values.items()))
 
-    def auto_execute_end_of_training(self):
+    def auto_execute_end_of_training(self) -> None:
+        """The end-of-training evaluation: 'train_end_test_loss' when there is a test loader."""
         if self.test_loader is not None and self.end_auto_eval:
             self._insert_loss('train_end_test_loss', self.evaluate_loss_on_test_set())
             logger.info('Test loss at the end of training: %.5g', self.train_history['train_end_test_loss'][-1])
@@ -472,7 +607,7 @@ class TrainLoop:
         else:
             self.insert_metric_result_into_history(name, loss.item())
 
-    def parse_loss(self, loss_record):
+    def parse_loss(self, loss_record: Sequence[Any]) -> Any:
         """Mean of a list of per-batch losses (tensors or MultiLoss), as a float64 tensor (or MultiLoss);
         averaged across processes in a distributed run."""
         if isinstance(loss_record[0], MultiLoss):
@@ -487,18 +622,22 @@ class TrainLoop:
             mean = mean / self.world_size
         return mean
 
-    def insert_metric_result_into_history(self, metric_name, metric_result):
+    def insert_metric_result_into_history(self, metric_name: str, metric_result: Any) -> None:
+        """Record ``metric_result`` under ``metric_name`` for the current epoch."""
         self.train_history.insert_single_result_into_history(metric_name, metric_result)
 
     # ------------------------------------------------------------------ loss evaluation
 
-    def evaluate_loss_on_train_set(self, force_prediction=False, float_dict_format=False):
+    def evaluate_loss_on_train_set(self, force_prediction: bool = False, float_dict_format: bool = False) -> Any:
+        """Mean loss over the train set (cached per training position; see evaluate_model_loss)."""
         return self._cached_loss('train', self.train_loader, force_prediction, float_dict_format)
 
-    def evaluate_loss_on_validation_set(self, force_prediction=False, float_dict_format=False):
+    def evaluate_loss_on_validation_set(self, force_prediction: bool = False, float_dict_format: bool = False) -> Any:
+        """Mean loss over the validation set (cached per training position)."""
         return self._cached_loss('validation', self.validation_loader, force_prediction, float_dict_format)
 
-    def evaluate_loss_on_test_set(self, force_prediction=False, float_dict_format=False):
+    def evaluate_loss_on_test_set(self, force_prediction: bool = False, float_dict_format: bool = False) -> Any:
+        """Mean loss over the test set (cached per training position)."""
         return self._cached_loss('test', self.test_loader, force_prediction, float_dict_format)
 
     def _cached_loss(self, dataset_type, data_loader, force_prediction, float_dict_format):
@@ -507,10 +646,12 @@ class TrainLoop:
         return self.convert_loss_to_float_dict_format(loss) if float_dict_format else loss
 
     @staticmethod
-    def convert_loss_to_float_dict_format(loss):
+    def convert_loss_to_float_dict_format(loss: Any) -> Any:
+        """A loss tensor as a float, a MultiLoss as a dict of floats."""
         return loss.item() if isinstance(loss, (torch.Tensor, MultiLoss)) else loss
 
-    def evaluate_model_loss(self, data_loader, move_to_cpu=False, dataset_info=None):
+    def evaluate_model_loss(self, data_loader: Any, move_to_cpu: bool = False,
+                            dataset_info: Optional[Dict[str, Any]] = None) -> Any:
         """Loss of the model over a loader, in eval mode without gradients: the mean of the per-batch
         losses weighted by batch size (so a smaller last batch does not skew it)."""
         self._check_collective_allowed('evaluate_model_loss')
@@ -537,13 +678,12 @@ class TrainLoop:
             raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
         if isinstance(weighted_sum, dict):
             loss = MultiLoss({k: self._reduce_mean(v, num_samples) for k, v in weighted_sum.items()})
-            return loss._map(torch.Tensor.cpu) if move_to_cpu else loss
+            return loss.apply(torch.Tensor.cpu) if move_to_cpu else loss
         loss = self._reduce_mean(weighted_sum, num_samples)
         return loss.cpu() if move_to_cpu else loss
 
     def _prepare_model_for_evaluation(self):
         # A loop built only to predict or evaluate never ran fit, which is where the model moves to the device.
-        self._check_usable()
         self.model.to(self.device)
         if isinstance(self.criterion, torch.nn.Module):
             self.criterion.to(self.device)
@@ -558,13 +698,17 @@ class TrainLoop:
 
     # ------------------------------------------------------------------ predictions
 
-    def predict_on_train_set(self, force_prediction=False, execute_callbacks=False):
+    def predict_on_train_set(self, force_prediction: bool = False, execute_callbacks: bool = False) -> Tuple[Any, Any, Any]:
+        """``(y_pred, y_true, metadata)`` over the train set (cached per training position)."""
         return self._cached_predictions('train', self.train_loader, force_prediction, execute_callbacks)
 
-    def predict_on_validation_set(self, force_prediction=False, execute_callbacks=False):
+    def predict_on_validation_set(self, force_prediction: bool = False,
+                                  execute_callbacks: bool = False) -> Tuple[Any, Any, Any]:
+        """``(y_pred, y_true, metadata)`` over the validation set (cached per training position)."""
         return self._cached_predictions('validation', self.validation_loader, force_prediction, execute_callbacks)
 
-    def predict_on_test_set(self, force_prediction=False, execute_callbacks=False):
+    def predict_on_test_set(self, force_prediction: bool = False, execute_callbacks: bool = False) -> Tuple[Any, Any, Any]:
+        """``(y_pred, y_true, metadata)`` over the test set (cached per training position)."""
         return self._cached_predictions('test', self.test_loader, force_prediction, execute_callbacks)
 
     def _cached_predictions(self, dataset_type, data_loader, force_prediction, execute_callbacks):
@@ -572,13 +716,16 @@ class TrainLoop:
             self._require_loader(data_loader, dataset_type), execute_callbacks, move_to_cpu=True,
             dataset_info={'type': dataset_type}))
 
-    def predict_with_model(self, data_loader, execute_callbacks=False, move_to_cpu=False, dataset_info=None):
+    def predict_with_model(self, data_loader: Any, execute_callbacks: bool = False, move_to_cpu: bool = False,
+                           dataset_info: Optional[Dict[str, Any]] = None) -> Tuple[Any, Any, Any]:
         """Run the model over a loader in eval mode: returns ``(y_pred, y_true, metadata)``."""
         self._check_collective_allowed('predict_with_model')
         self._prepare_model_for_evaluation()
         was_training = self.model.training
         self.model.eval()
-        y_pred, y_true, metadata_list = [], [], []
+        y_pred: List[Any] = []
+        y_true: List[Any] = []
+        metadata_list: List[Dict[str, Any]] = []
         try:
             with torch.no_grad(), self._amp.autocast():
                 for batch_data in data_loader:
@@ -620,7 +767,7 @@ class TrainLoop:
             return []
         return [self.device.index if self.device.index is not None else torch.cuda.current_device()]
 
-    def purge_prediction_cache(self):
+    def purge_prediction_cache(self) -> None:
         """Forget cached losses and predictions (e.g. after loading other weights into the model)."""
         self._eval_cache.clear()
 
@@ -632,7 +779,7 @@ class TrainLoop:
         return data_loader
 
     def _check_collective_allowed(self, operation):
-        callback = self._rank_restricted_callback
+        callback = self.running_rank_restricted_callback
         if callback is not None and self.world_size > 1:
             raise CollectiveInRankRestrictedCallbackError(
                 f'callback {callback.callback_name!r} ({type(callback).__name__}) runs only on rank '
@@ -642,11 +789,11 @@ class TrainLoop:
 
     # ------------------------------------------------------------------ schedules
 
-    def get_schedulers(self):
-        from .callbacks.train_schedule import AbstractScheduler
+    def get_schedulers(self) -> List[AbstractCallback]:
+        """The registered learning-rate scheduler callbacks (checkpoints save their state)."""
         return [cb for cb in self.callbacks if isinstance(cb, AbstractScheduler)]
 
-    def get_num_training_steps(self):
+    def get_num_training_steps(self) -> int:
         """Number of optimizer updates of the whole run up to num_epochs / num_iterations, counting the
         updates of earlier fits (both are totals), so a resumed schedule keeps its length. The last partial
         accumulation window of each epoch counts as an update."""
@@ -658,7 +805,7 @@ class TrainLoop:
             if self.num_iterations:
                 return math.ceil(self.num_iterations / self.grad_accumulation)
             raise RuntimeError('get_num_training_steps() needs a train_loader with len() or fit(num_iterations=...)')
-        total_batches = self.num_iterations or per_epoch * self.num_epochs
+        total_batches = self.num_iterations or per_epoch * (self.num_epochs or 0)
         full_epochs, rest = divmod(total_batches, per_epoch)
         return full_epochs * math.ceil(per_epoch / self.grad_accumulation) + math.ceil(rest / self.grad_accumulation)
 
@@ -676,11 +823,3 @@ def _loss_value(loss):
 
 def _cpu(value):
     return value.cpu() if isinstance(value, torch.Tensor) else value
-
-
-def __getattr__(name):
-    # The tracking loops live in tracking.py (which imports this module); AIToolbox users import them from here.
-    if name in ('TrainLoopCheckpoint', 'TrainLoopEndSave', 'TrainLoopCheckpointEndSave'):
-        from . import tracking
-        return getattr(tracking, name)
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -23,7 +23,7 @@ from aitoolbox_like.callbacks.performance_eval import (ModelPerformanceEvaluatio
                                                        ModelTrainHistoryFileWriter, ModelTrainHistoryPlot)
 from aitoolbox_like.callbacks.tensorboard import TensorboardFullTracking
 from aitoolbox_like.result_package import ClassificationResultPackage
-from aitoolbox_like.train_loop import TrainLoopCheckpoint
+from aitoolbox_like.tracking import TrainLoopCheckpoint
 
 
 class DigitsCNN(TTModel):

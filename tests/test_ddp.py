@@ -182,7 +182,7 @@ def collate_pairs(batch):
 def test_checkpoints_written_by_rank0_and_ddp_resume_continues_the_run(tmp_path):
     """A DDP run checkpointed by rank 0 and resumed in DDP ends where the uninterrupted DDP run ends (the data
     order is deterministic here; both ranks load the same checkpoint)."""
-    from aitoolbox_like.train_loop import TrainLoopCheckpoint
+    from aitoolbox_like.tracking import TrainLoopCheckpoint
 
     def tracked_loop(folder):
         model, train, val, optimizer = equivalence_setup()

@@ -42,10 +42,6 @@ def test_bad_arguments_are_clear_errors():
         TrainLoop(model, train, val, test, object(), nn.CrossEntropyLoss()).fit(num_epochs=1)
     with pytest.raises(TypeError, match=r'optimizer is the class SGD.*pass an instance'):
         TrainLoop(model, train, val, test, torch.optim.SGD, nn.CrossEntropyLoss()).fit(num_epochs=1)
-    with pytest.raises(ValueError, match=r"gpu_mode='dp'.*not supported: use gpu_mode='ddp'"):
-        TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss(), gpu_mode='dp').fit(num_epochs=1)
-    with pytest.raises(ValueError, match=r"gpu_mode='dp'.*not supported"):
-        TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss(), gpu_mode='dp').predict_on_test_set()
     with pytest.raises(ValueError, match='gpu_mode must be one of'):
         TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss(), gpu_mode='dpp')
     tl = TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss())
@@ -57,6 +53,20 @@ def test_bad_arguments_are_clear_errors():
         tl.fit(num_epochs=1, num_gpus=2)
     with pytest.raises(ValueError, match='no test loader'):
         TrainLoop(model, train, None, None, sgd(model), nn.CrossEntropyLoss()).predict_on_test_set()
+
+
+def test_data_parallel_mode_trains_like_single_mode_and_returns_the_wrapper():
+    weights = []
+    for gpu_mode in ('single', 'dp'):
+        torch.manual_seed(5)
+        model = MLP()
+        train, val, test = loaders(shuffle=False)
+        loop = TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss(), gpu_mode=gpu_mode)
+        trained = loop.fit(num_epochs=2)
+        # as in AIToolbox, 'dp' gives back the DataParallel wrapper of the model
+        assert trained is (model if gpu_mode == 'single' else loop.model) and getattr(trained, 'module', model) is model
+        weights.append(model.state_dict())
+    assert state_equal(*weights)
 
 
 def test_model_wrap_trains_a_plain_module_like_a_tt_model():

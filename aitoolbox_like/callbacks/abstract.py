@@ -1,6 +1,13 @@
-"""The callback base classes: every hook a TrainLoop calls, as a no-op."""
+"""The callback framework: the base classes, every hook a TrainLoop calls (each a documented no-op), and
+StopTraining. The loop, the handler and every callback module build on this module; it imports nothing of
+the loop (only the experiment helpers, lazily, for uploads)."""
 import logging
 import os
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+if TYPE_CHECKING:
+    from ..message_passing import MessageService
+    from ..train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 
@@ -9,8 +16,8 @@ class StopTraining(Exception):
     """Raise from any hook to end training cleanly: on_train_end still runs and fit returns."""
 
 
-# Every hook the loop calls, in the order of a fit. The handler dispatches a hook only to
-# callbacks whose class overrides it, so adding hooks here costs nothing per step.
+# Every hook the loop calls, in the order of a fit. The handler dispatches a hook only to the callbacks that use
+# it (hooks_in_use), so adding hooks here costs nothing per step.
 HOOK_NAMES = (
     'on_train_loop_registration',
     'on_multiprocess_start',
@@ -28,8 +35,17 @@ HOOK_NAMES = (
 )
 
 
+def overrides_hook(callback_class: type, hook_name: str) -> bool:
+    """True when ``callback_class`` defines its own ``hook_name`` (not AbstractCallback's no-op)."""
+    hook = getattr(callback_class, hook_name, None)
+    return hook is not None and hook is not getattr(AbstractCallback, hook_name)
+
+
 class AbstractCallback:
     """Base class of every callback.
+
+    A callback sees the loop as ``self.train_loop_obj`` (set at registration) with full read/write access to
+    its public attributes (docs/loop-state.md), and overrides the hooks it needs (docs/event-order.md).
 
     Args:
         callback_name (str): a readable name, shown by print_callbacks and in error messages.
@@ -39,19 +55,30 @@ class AbstractCallback:
             run every callback runs.
     """
 
-    def __init__(self, callback_name, execution_order=0, device_idx_execution=None):
+    # The loop, set at registration; hooks only run on registered callbacks, so they may use it unchecked.
+    train_loop_obj: 'TrainLoop'
+
+    def __init__(self, callback_name: str, execution_order: float = 0,
+                 device_idx_execution: Optional[int] = None) -> None:
         self.callback_name = callback_name
         self.execution_order = execution_order
         self.device_idx_execution = device_idx_execution
-        self.train_loop_obj = None
+        self.train_loop_obj = None  # type: ignore[assignment]  # None only until registration
 
-    def register_train_loop_object(self, train_loop_obj):
+    def register_train_loop_object(self, train_loop_obj: 'TrainLoop') -> 'AbstractCallback':
+        """Attach the callback to a loop and call on_train_loop_registration. Called by the handler."""
         self.train_loop_obj = train_loop_obj
         self.on_train_loop_registration()
         return self
 
+    def hooks_in_use(self) -> List[str]:
+        """The hooks the loop calls on this callback: by default every hook its class overrides. A callback that
+        decides per instance which hooks it needs (FunctionOnTrainLoop) overrides this; it is read when the
+        callback is registered, and hooks not listed cost nothing."""
+        return [name for name in HOOK_NAMES if overrides_hook(type(self), name)]
+
     @property
-    def message_service(self):
+    def message_service(self) -> Optional['MessageService']:
         """The loop's :class:`~aitoolbox_like.message_passing.MessageService`, through which callbacks pass
         data to each other; None before registration.
 
@@ -65,64 +92,109 @@ class AbstractCallback:
         return getattr(self.__dict__.get('train_loop_obj'), 'message_service', None)
 
     @message_service.setter
-    def message_service(self, service):
+    def message_service(self, service: 'MessageService') -> None:
         self.__dict__['_message_service'] = service
 
     @property
-    def state_key(self):
+    def state_key(self) -> str:
         """Name of this callback's state inside a checkpoint; subclasses add their distinguishing
         arguments so that two instances of one class keep separate state."""
         return type(self).__name__
 
-    def state_dict(self):
+    def state_dict(self) -> Optional[Dict[str, Any]]:
         """State to keep in checkpoints (only tensors, numbers, strings, lists and dicts), or None."""
         return None
 
-    def load_state_dict(self, state_dict):
-        pass
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore what state_dict returned; called when a fit resumes, after registration."""
 
-    def on_train_loop_registration(self):
-        pass
+    # ---- hooks, in the order of a fit -------------------------------------------------------------------
 
-    def on_multiprocess_start(self):
-        pass
+    def on_train_loop_registration(self) -> None:
+        """Once, when the callback is registered on the loop (at the start of fit, or by register_callbacks).
+        ``train_loop_obj`` is set; validate arguments against the loop here, and register further callbacks if
+        needed. In a DDP fit this runs inside each process, after the process group exists."""
 
-    def on_train_begin(self):
-        pass
+    def on_multiprocess_start(self) -> None:
+        """DDP only: in each process, after its process group is up and before the loaders are sharded (build
+        the data here, see InMultiProcessDataLoad)."""
 
-    def on_epoch_begin(self):
-        pass
+    def on_train_begin(self) -> None:
+        """Once per fit, after a resumed checkpoint was applied and before the first epoch: the model is on its
+        device and in train mode; the optimizer may still be set here."""
 
-    def on_batch_begin(self):
-        pass
+    def on_epoch_begin(self) -> None:
+        """At the start of every epoch; ``epoch`` is the new epoch's index."""
 
-    def on_after_backward(self):
-        pass
+    def on_batch_begin(self) -> None:
+        """Before each training batch; ``iteration`` and ``total_iteration_idx`` index it. Runs every step:
+        keep it cheap and never read a device value on the host here."""
 
-    def on_after_gradient_update(self, optimizer_idx):
-        pass
+    def on_after_backward(self) -> None:
+        """After every micro-batch's backward(): gradients hold this micro-batch's contribution (scaled under
+        fp16). Runs every step."""
 
-    def on_after_optimizer_step(self):
-        pass
+    def on_after_gradient_update(self, optimizer_idx: int) -> None:
+        """On optimizer-update steps only, for each optimizer before it steps: gradients are final and unscaled,
+        so clip or inspect them here. ``optimizer_idx`` (also ``train_loop_obj.optimizer_idx``) names the
+        optimizer about to step."""
 
-    def on_batch_end(self):
-        pass
+    def on_after_optimizer_step(self) -> None:
+        """On optimizer-update steps, after each optimizer's step() and before its zero_grad().
+        ``train_loop_obj.optimizer_update_applied()`` tells whether the update was applied (fp16 may skip)."""
 
-    def on_epoch_end(self):
-        pass
+    def on_batch_end(self) -> None:
+        """After each training batch (and its update, if any). Runs every step."""
 
-    def on_train_end(self):
-        pass
+    def on_epoch_end(self) -> None:
+        """After every epoch's end-of-epoch evaluation: this epoch's 'loss' / 'val_loss' / 'accumulated_loss'
+        are in ``train_history``. Set ``train_loop_obj.early_stop = True`` to stop after this epoch."""
 
-    def on_exception(self, exception):
-        pass
+    def on_train_end(self) -> None:
+        """Once at the end of fit, after the end-of-training evaluation; also after StopTraining."""
 
-    def on_after_batch_prediction(self, y_pred_batch, y_test_batch, metadata_batch, dataset_info):
-        pass
+    def on_exception(self, exception: BaseException) -> None:
+        """When fit fails with ``exception`` (which is re-raised afterwards): release resources, report."""
 
-    def __repr__(self):
+    def on_after_batch_prediction(self, y_pred_batch: Any, y_test_batch: Any, metadata_batch: Any,
+                                  dataset_info: Optional[Dict[str, Any]]) -> None:
+        """After each batch of a prediction pass run with ``execute_callbacks=True`` (predict_on_*_set)."""
+
+    def __repr__(self) -> str:
         return f'{type(self).__name__}({self.callback_name!r}, execution_order={self.execution_order}, ' \
                f'device_idx_execution={self.device_idx_execution})'
+
+
+class AbstractScheduler:
+    """Base of the learning-rate scheduler callbacks (callbacks/train_schedule.py): ``TrainLoop.get_schedulers()``
+    finds them by this class, and checkpoints save / restore the wrapped ``self.scheduler``."""
+
+    def __init__(self) -> None:
+        self.scheduler: Any = None
+        self._pending_state: Optional[Dict[str, Any]] = None
+
+    def state_dict(self) -> Optional[Dict[str, Any]]:
+        return self.scheduler.state_dict() if self.scheduler is not None else None
+
+    def load_state_dict(self, state_dict: Optional[Dict[str, Any]]) -> None:
+        if state_dict is None:
+            return
+        if self.scheduler is None:
+            # The scheduler is created when the callback is registered; keep the state until then.
+            self._pending_state = state_dict
+        else:
+            self._load_scheduler_state(state_dict)
+
+    def _load_scheduler_state(self, state_dict: Dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict)
+        # torch restores only the scheduler's counters; put its last learning rates back into the optimizer too,
+        # so a resume that does not also load the optimizer state still continues the same curve.
+        get_last_lr = getattr(self.scheduler, 'get_last_lr', None)
+        last_lr = get_last_lr() if callable(get_last_lr) else None
+        optimizer = getattr(self.scheduler, 'optimizer', None)
+        if last_lr is not None and optimizer is not None and len(last_lr) == len(optimizer.param_groups):
+            for group, lr in zip(optimizer.param_groups, last_lr):
+                group['lr'] = lr
 
 
 class AbstractExperimentCallback(AbstractCallback):
@@ -133,10 +205,14 @@ class AbstractExperimentCallback(AbstractCallback):
 
     Args:
         callback_name (str): a readable name.
-        project_name, experiment_name (str or None): names of the project and experiment folders.
+        project_name (str or None): name of the project folder.
+        experiment_name (str or None): name of the experiment folder.
         local_model_result_folder_path (str or None): root folder under which the project folder lives.
-        cloud_save_mode, bucket_name, cloud_dir_prefix (str or None): where results are uploaded (None: local only).
-        execution_order, device_idx_execution: as for AbstractCallback.
+        cloud_save_mode (str or None): where results are uploaded (None: local only).
+        bucket_name (str or None): the S3 bucket results are uploaded to.
+        cloud_dir_prefix (str or None): key prefix in the bucket.
+        execution_order: as for AbstractCallback.
+        device_idx_execution: as for AbstractCallback.
     """
 
     DEFAULT_PROJECT_NAME = 'default_project'

@@ -11,6 +11,7 @@ from email.mime.application import MIMEApplication
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 from email.utils import formataddr
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -21,10 +22,13 @@ from ._common import check_int, lower_is_better
 from .abstract import AbstractCallback, AbstractExperimentCallback, StopTraining
 from .performance_eval import ModelTrainHistoryFileWriter, ModelTrainHistoryPlot
 
+if TYPE_CHECKING:
+    from ..train_loop import TrainLoop
+
 logger = logging.getLogger(__name__)
 
 
-def _check_monitor_is_computed(loop, monitor, who):
+def _check_monitor_is_computed(loop: 'TrainLoop', monitor: str, who: str) -> None:
     if monitor == 'val_loss' and loop.validation_loader is None:
         raise ValueError(f"{who} monitors 'val_loss' but the TrainLoop has no validation_loader; pass one or "
                          f"monitor another history metric")
@@ -36,10 +40,11 @@ def _check_monitor_is_computed(loop, monitor, who):
 class ListRegisteredCallbacks(AbstractCallback):
     """Print the registered callbacks (in execution order) when training starts."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__('Print the list of registered callbacks')
 
-    def on_train_begin(self):
+    def on_train_begin(self) -> None:
+        """Print the registered callbacks."""
         self.train_loop_obj.callbacks_handler.print_registered_callback_names()
 
 
@@ -58,7 +63,8 @@ class EarlyStopping(AbstractCallback):
     evaluations. The loop OR-reduces ``early_stop`` across ranks, so one rank's decision stops all of them.
     """
 
-    def __init__(self, monitor='val_loss', min_delta=0., patience=0, mode='auto', restore_best_weights=False):
+    def __init__(self, monitor: str = 'val_loss', min_delta: float = 0., patience: int = 0, mode: str = 'auto',
+                 restore_best_weights: bool = False) -> None:
         super().__init__('EarlyStopping', execution_order=99)
         if mode not in ('auto', 'min', 'max'):
             raise ValueError(f"EarlyStopping: mode must be 'auto', 'min' or 'max', got {mode!r}")
@@ -72,20 +78,22 @@ class EarlyStopping(AbstractCallback):
         self.restore_best_weights = restore_best_weights
         self.minimize = lower_is_better(monitor) if mode == 'auto' else mode == 'min'
         self.patience_count = patience
-        self.best_performance = None
+        self.best_performance: Optional[float] = None
         self.best_epoch = 0
-        self.best_weights = None
+        self.best_weights: Optional[Dict[str, torch.Tensor]] = None
         self._weights_are_best = True
         self._warned_missing = False
 
     @property
-    def state_key(self):
+    def state_key(self) -> str:
+        """``EarlyStopping_<monitor>``."""
         return f'EarlyStopping_{self.monitor}'
 
-    def on_train_begin(self):
+    def on_train_begin(self) -> None:
+        """Check that the TrainLoop computes the monitored metric."""
         _check_monitor_is_computed(self.train_loop_obj, self.monitor, 'EarlyStopping')
 
-    def _improved(self, value):
+    def _improved(self, value: float) -> bool:
         best = self.best_performance
         if best is None or (math.isnan(best) and not math.isnan(value)):
             return True
@@ -93,7 +101,8 @@ class EarlyStopping(AbstractCallback):
             return value < best - self.min_delta
         return value > best + self.min_delta
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Compare this epoch's value with the best one; set ``early_stop`` when patience is used up."""
         loop = self.train_loop_obj
         value = loop.train_history.value_in_epoch(self.monitor, loop.epoch)
         if value is None:
@@ -121,10 +130,11 @@ class EarlyStopping(AbstractCallback):
         elif self.restore_best_weights and loop.num_epochs is not None and loop.epoch + 1 >= loop.num_epochs:
             self._restore()
 
-    def on_train_end(self):
+    def on_train_end(self) -> None:
+        """Restore the best weights (restore_best_weights=True)."""
         self._restore()
 
-    def _restore(self):
+    def _restore(self) -> None:
         if not self.restore_best_weights or self.best_weights is None or self._weights_are_best:
             return
         loop = self.train_loop_obj
@@ -134,14 +144,16 @@ class EarlyStopping(AbstractCallback):
         logger.info('EarlyStopping restored the weights of epoch %d (%s=%.6g)', self.best_epoch, self.monitor,
                     self.best_performance)
 
-    def state_dict(self):
-        state = {'best_performance': self.best_performance, 'best_epoch': self.best_epoch,
+    def state_dict(self) -> Dict[str, Any]:
+        """Best value and epoch, patience left (and the best weights, when kept)."""
+        state: Dict[str, Any] = {'best_performance': self.best_performance, 'best_epoch': self.best_epoch,
                  'patience_count': self.patience_count, 'weights_are_best': self._weights_are_best}
         if self.best_weights is not None:
             state['best_weights'] = self.best_weights
         return state
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore what state_dict returned."""
         self.best_performance = state_dict['best_performance']
         self.best_epoch = state_dict['best_epoch']
         self.patience_count = state_dict['patience_count']
@@ -154,7 +166,7 @@ class ThresholdEarlyStopping(AbstractCallback):
     in a row (above it for names containing 'loss' or 'error', below it otherwise). Epochs without a new value
     are ignored."""
 
-    def __init__(self, monitor, threshold, patience=0):
+    def __init__(self, monitor: str, threshold: float, patience: int = 0) -> None:
         super().__init__('Threshold early stopping', execution_order=99)
         check_int('patience', patience, 0, who='ThresholdEarlyStopping')
         self.monitor = monitor
@@ -164,13 +176,16 @@ class ThresholdEarlyStopping(AbstractCallback):
         self.minimize = lower_is_better(monitor)
 
     @property
-    def state_key(self):
+    def state_key(self) -> str:
+        """``ThresholdEarlyStopping_<monitor>``."""
         return f'ThresholdEarlyStopping_{self.monitor}'
 
-    def on_train_begin(self):
+    def on_train_begin(self) -> None:
+        """Check that the TrainLoop computes the monitored metric."""
         _check_monitor_is_computed(self.train_loop_obj, self.monitor, 'ThresholdEarlyStopping')
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Count this epoch's miss (or reset the count); set ``early_stop`` when patience is used up."""
         loop = self.train_loop_obj
         value = loop.train_history.value_in_epoch(self.monitor, loop.epoch)
         if value is None:
@@ -188,14 +203,16 @@ class ThresholdEarlyStopping(AbstractCallback):
             logger.info('Threshold %s=%s not reached; early stopping at epoch %d', self.monitor, self.threshold,
                         loop.epoch)
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
+        """The patience left."""
         return {'patience_count': self.patience_count}
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore what state_dict returned."""
         self.patience_count = state_dict['patience_count']
 
 
-def _loss_tensors(loss):
+def _loss_tensors(loss: Any) -> List[Any]:
     return list(loss.values()) if isinstance(loss, MultiLoss) else [loss]
 
 
@@ -210,20 +227,22 @@ class TerminateOnNaN(AbstractCallback):
         check_every_n_steps (int): how often the device flag is read when check_every_batch is on.
     """
 
-    def __init__(self, monitor='loss', check_every_batch=False, check_every_n_steps=50):
+    def __init__(self, monitor: str = 'loss', check_every_batch: bool = False, check_every_n_steps: int = 50) -> None:
         super().__init__('TerminateOnNaN', execution_order=98)
         check_int('check_every_n_steps', check_every_n_steps, 1, who='TerminateOnNaN')
         self.monitor = monitor
         self.check_every_batch = check_every_batch
         self.check_every_n_steps = check_every_n_steps
+        self._all_finite: Optional[torch.Tensor] = None
+        self._unchecked_steps = 0
+
+    def on_epoch_begin(self) -> None:
+        """Reset the batch check."""
         self._all_finite = None
         self._unchecked_steps = 0
 
-    def on_epoch_begin(self):
-        self._all_finite = None
-        self._unchecked_steps = 0
-
-    def on_batch_end(self):
+    def on_batch_end(self) -> None:
+        """Fold this batch's finiteness into the device flag; read it every ``check_every_n_steps`` batches."""
         if not self.check_every_batch:
             return
         loss_accum = self.train_loop_obj.loss_batch_accum
@@ -236,7 +255,7 @@ class TerminateOnNaN(AbstractCallback):
         if self._unchecked_steps >= self.check_every_n_steps:
             self._check_batches()
 
-    def _check_batches(self):
+    def _check_batches(self) -> None:
         self._unchecked_steps = 0
         if self._all_finite is None or bool(self._all_finite):
             return
@@ -246,7 +265,8 @@ class TerminateOnNaN(AbstractCallback):
                        loop.epoch, loop.iteration)
         raise StopTraining(f'non-finite training loss in epoch {loop.epoch}')
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Check the epoch's remaining batches and the monitored history value."""
         if self.check_every_batch:
             self._check_batches()
         loop = self.train_loop_obj
@@ -263,18 +283,20 @@ class AllPredictionsSame(AbstractCallback):
     """At the end of every epoch, warn (and optionally stop) when every validation prediction equals ``value``:
     the sign of a collapsed model."""
 
-    def __init__(self, value=0., stop_training=False, verbose=True):
+    def __init__(self, value: float = 0., stop_training: bool = False, verbose: bool = True) -> None:
         super().__init__('All predictions have the same value')
         self.value = value
         self.stop_training = stop_training
         self.verbose = verbose
 
-    def on_train_loop_registration(self):
+    def on_train_loop_registration(self) -> None:
+        """Check that the TrainLoop has a validation loader."""
         if self.train_loop_obj.validation_loader is None:
             raise ValueError('AllPredictionsSame checks the validation predictions, but the TrainLoop has no '
                              'validation_loader')
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Warn (and stop, with stop_training) when every validation prediction equals ``value``."""
         loop = self.train_loop_obj
         y_pred, _, _ = loop.predict_on_validation_set()
         if not bool((torch.as_tensor(y_pred) == self.value).all()):
@@ -289,17 +311,17 @@ class _FirstBatches:
     """An iterable over the first ``num_batches`` batches of a loader; ``len()`` is the subset's length and
     other attributes (dataset, batch_size, sampler) come from the wrapped loader."""
 
-    def __init__(self, loader, num_batches):
+    def __init__(self, loader: Any, num_batches: int) -> None:
         self.loader = loader
         self.num_batches = num_batches
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return itertools.islice(iter(self.loader), self.num_batches)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return min(len(self.loader), self.num_batches)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         if name == 'loader':
             raise AttributeError(name)
         return getattr(self.loader, name)
@@ -314,7 +336,7 @@ class DataSubsetTestRun(AbstractCallback):
         num_test_batches (int): test batches (0 keeps the whole test set).
     """
 
-    def __init__(self, num_train_batches=1, num_val_batches=0, num_test_batches=0):
+    def __init__(self, num_train_batches: int = 1, num_val_batches: int = 0, num_test_batches: int = 0) -> None:
         super().__init__('Run model on a small subset of the training dataset', execution_order=-100)
         check_int('num_train_batches', num_train_batches, 1, who='DataSubsetTestRun')
         check_int('num_val_batches', num_val_batches, 0, who='DataSubsetTestRun')
@@ -323,7 +345,8 @@ class DataSubsetTestRun(AbstractCallback):
         self.num_val_batches = num_val_batches
         self.num_test_batches = num_test_batches
 
-    def on_train_loop_registration(self):
+    def on_train_loop_registration(self) -> None:
+        """Check that the loaders to subset exist, and subset them."""
         loop = self.train_loop_obj
         for num, attr in ((self.num_val_batches, 'validation_loader'), (self.num_test_batches, 'test_loader')):
             if num > 0 and getattr(loop, attr) is None:
@@ -331,11 +354,12 @@ class DataSubsetTestRun(AbstractCallback):
                                  f'but the TrainLoop has no {attr}')
         self._subset_loaders()
 
-    def on_train_begin(self):
+    def on_train_begin(self) -> None:
+        """Subset the loaders again (they may have been replaced since registration)."""
         # Loaders may have been replaced since registration (e.g. built inside each DDP process).
         self._subset_loaders()
 
-    def _subset_loaders(self):
+    def _subset_loaders(self) -> None:
         loop = self.train_loop_obj
         for num, attr in ((self.num_train_batches, 'train_loader'), (self.num_val_batches, 'validation_loader'),
                           (self.num_test_batches, 'test_loader')):
@@ -344,7 +368,9 @@ class DataSubsetTestRun(AbstractCallback):
                 setattr(loop, attr, self.subset_data_loader(loader, num))
 
     @staticmethod
-    def subset_data_loader(data_loader, num_batches):
+    def subset_data_loader(data_loader: Any, num_batches: int) -> _FirstBatches:
+        """The first ``num_batches`` batches of ``data_loader`` (of the original loader, when it is already a
+        subset)."""
         if isinstance(data_loader, _FirstBatches):
             data_loader = data_loader.loader
         return _FirstBatches(data_loader, num_batches)
@@ -355,36 +381,27 @@ _FUNCTION_HOOK_FLAGS = (
     ('train_end', 'on_train_end'), ('batch_begin', 'on_batch_begin'), ('batch_end', 'on_batch_end'),
     ('after_gradient_update', 'on_after_gradient_update'), ('after_optimizer_step', 'on_after_optimizer_step'),
 )
-_function_callback_classes = {}
-
-
-def _function_callback_class(enabled_hooks):
-    """A subclass of FunctionOnTrainLoop that overrides exactly the enabled hooks: the handler dispatches a hook
-    only to classes that override it, so the disabled ones cost nothing per step."""
-    enabled_hooks = tuple(enabled_hooks)
-    cls = _function_callback_classes.get(enabled_hooks)
-    if cls is None:
-        def run(self, *args):
-            self.execute_callback()
-        cls = type('FunctionOnTrainLoop', (FunctionOnTrainLoop,), {hook: run for hook in enabled_hooks})
-        cls.__qualname__ = FunctionOnTrainLoop.__qualname__
-        _function_callback_classes[enabled_hooks] = cls
-    return cls
-
-
-def _rebuild_function_callback(enabled_hooks, state):
-    callback = object.__new__(_function_callback_class(enabled_hooks))
-    callback.__dict__.update(state)
-    return callback
 
 
 class FunctionOnTrainLoop(AbstractCallback):
     """Call ``fn_to_execute(train_loop)`` on the hooks switched on by the flags (and once at registration with
     tl_registration=True). Only the switched-on hooks are dispatched."""
 
-    def __init__(self, fn_to_execute, tl_registration=False, epoch_begin=False, epoch_end=False, train_begin=False,
-                 train_end=False, batch_begin=False, batch_end=False, after_gradient_update=False,
-                 after_optimizer_step=False, execution_order=0, device_idx_execution=None):
+    # The hook flags, set from the arguments of the same names.
+    epoch_begin: bool
+    epoch_end: bool
+    train_begin: bool
+    train_end: bool
+    batch_begin: bool
+    batch_end: bool
+    after_gradient_update: bool
+    after_optimizer_step: bool
+
+    def __init__(self, fn_to_execute: Callable[['TrainLoop'], Any], tl_registration: bool = False,
+                 epoch_begin: bool = False, epoch_end: bool = False, train_begin: bool = False,
+                 train_end: bool = False, batch_begin: bool = False, batch_end: bool = False,
+                 after_gradient_update: bool = False, after_optimizer_step: bool = False,
+                 execution_order: float = 0, device_idx_execution: Optional[int] = None) -> None:
         super().__init__('Execute given function as a callback', execution_order, device_idx_execution)
         if not callable(fn_to_execute):
             raise TypeError(f'FunctionOnTrainLoop: fn_to_execute must be a function of the train loop, got '
@@ -396,21 +413,28 @@ class FunctionOnTrainLoop(AbstractCallback):
         self.tl_registration = tl_registration
         for flag, value in flags.items():
             setattr(self, flag, value)
-        self._enabled_hooks = tuple(hook for flag, hook in _FUNCTION_HOOK_FLAGS if flags[flag])
-        if type(self) is FunctionOnTrainLoop:
-            self.__class__ = _function_callback_class(self._enabled_hooks)
+        self._enabled_hooks = [hook for flag, hook in _FUNCTION_HOOK_FLAGS if flags[flag]]
 
-    def __reduce__(self):
-        # The per-flags subclass is created at run time; rebuild it by its flags when unpickled (DDP spawn).
-        return _rebuild_function_callback, (self._enabled_hooks, self.__dict__)
+    def hooks_in_use(self) -> List[str]:
+        """Registration and the switched-on hooks."""
+        # Only the switched-on hooks are dispatched, so the others cost nothing per step.
+        return ['on_train_loop_registration'] + self._enabled_hooks
 
-    def on_train_loop_registration(self):
+    def _run(self, *args: Any, **kwargs: Any) -> None:
+        self.execute_callback()
+
+    on_epoch_begin = on_epoch_end = on_train_begin = on_train_end = on_batch_begin = on_batch_end = _run
+    on_after_gradient_update = on_after_optimizer_step = _run
+
+    def on_train_loop_registration(self) -> None:
+        """Mark gradient hooks as used on the loop; run the function with tl_registration=True."""
         if self.after_gradient_update or self.after_optimizer_step:
             self.train_loop_obj.grad_cb_used = True
         if self.tl_registration:
             self.execute_callback()
 
-    def execute_callback(self):
+    def execute_callback(self) -> None:
+        """Call ``fn_to_execute(train_loop)``."""
         self.fn_to_execute(self.train_loop_obj)
 
 
@@ -424,31 +448,39 @@ class Timer(AbstractCallback):
     last few queued steps may be counted in the evaluation instead of train_time.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__('Epoch timer')
-        self._epoch_start = None
-        self._train_start = None
-        self._train_end = None
+        self._epoch_start: Optional[float] = None
+        self._train_start: Optional[float] = None
+        self._train_end: Optional[float] = None
 
-    def on_epoch_begin(self):
+    def on_epoch_begin(self) -> None:
+        """Start the epoch clock."""
         self._epoch_start = time.perf_counter()
         self._train_start = None
 
-    def on_batch_begin(self):
+    def on_batch_begin(self) -> None:
+        """Start the training clock at the epoch's first batch."""
         if self._train_start is None:
             self._train_start = time.perf_counter()
 
-    def on_batch_end(self):
+    def on_batch_end(self) -> None:
+        """Note the end of the latest batch."""
         self._train_end = time.perf_counter()
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Write the epoch's times and throughput into the train history."""
         loop = self.train_loop_obj
         now = time.perf_counter()
-        loop.insert_metric_result_into_history('epoch_time', now - self._epoch_start)
+        epoch_start = self._epoch_start
+        assert epoch_start is not None, 'on_epoch_begin runs before on_epoch_end'
+        loop.insert_metric_result_into_history('epoch_time', now - epoch_start)
         num_batches = len(loop.loss_batch_accum)
         if self._train_start is None or num_batches == 0:
             return
-        train_time = max(self._train_end - self._train_start, 1e-9)
+        train_end = self._train_end
+        assert train_end is not None, 'on_batch_end ran after the on_batch_begin that started the clock'
+        train_time = max(train_end - self._train_start, 1e-9)
         loop.insert_metric_result_into_history('train_time', train_time)
         loop.insert_metric_result_into_history('batches_per_sec', num_batches / train_time)
         samples = self._num_samples(loop.train_loader, num_batches)
@@ -456,7 +488,7 @@ class Timer(AbstractCallback):
             loop.insert_metric_result_into_history('samples_per_sec', samples / train_time)
 
     @staticmethod
-    def _num_samples(loader, num_batches):
+    def _num_samples(loader: Any, num_batches: int) -> Optional[int]:
         batch_size = getattr(loader, 'batch_size', None)
         if not isinstance(batch_size, int):
             return None
@@ -480,13 +512,14 @@ class ProgressBar(AbstractCallback):
     sync, so it is never done per step (0 disables it).
     """
 
-    def __init__(self, loss_refresh_steps=50, leave=True):
+    def __init__(self, loss_refresh_steps: int = 50, leave: bool = True) -> None:
         super().__init__('Progress bar', execution_order=97, device_idx_execution=0)
         self.loss_refresh_steps = loss_refresh_steps
         self.leave = leave
-        self._bar = None
+        self._bar: Any = None     # the epoch's tqdm bar
 
-    def on_epoch_begin(self):
+    def on_epoch_begin(self) -> None:
+        """Open the epoch's bar."""
         from tqdm.auto import tqdm
         loop = self.train_loop_obj
         try:
@@ -497,7 +530,8 @@ class ProgressBar(AbstractCallback):
         self._bar = tqdm(total=total, desc=f'Epoch {loop.epoch + 1}{total_epochs}', leave=self.leave,
                          dynamic_ncols=True)
 
-    def on_batch_end(self):
+    def on_batch_end(self) -> None:
+        """Advance the bar (and show the running loss every ``loss_refresh_steps`` steps)."""
         if self._bar is None:
             return
         self._bar.update(1)
@@ -507,7 +541,8 @@ class ProgressBar(AbstractCallback):
             self._bar.set_postfix(loss=f'{float(last.total() if hasattr(last, "total") else last):.4g}',
                                   refresh=False)
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Show the epoch's metrics and close the bar."""
         if self._bar is None:
             return
         history = self.train_loop_obj.train_history
@@ -517,14 +552,16 @@ class ProgressBar(AbstractCallback):
         self._bar.set_postfix(postfix)
         self._close()
 
-    def on_train_end(self):
+    def on_train_end(self) -> None:
+        """Close a bar left open."""
         # A StopTraining inside an epoch skips on_epoch_end; do not leave the bar open.
         self._close()
 
-    def on_exception(self, exception):
+    def on_exception(self, exception: BaseException) -> None:
+        """Close a bar left open."""
         self._close()
 
-    def _close(self):
+    def _close(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -533,7 +570,7 @@ class ProgressBar(AbstractCallback):
 # ---------------------------------------------------------------------------------------------- notifications
 
 
-def _import_boto3(who):
+def _import_boto3(who: str) -> Tuple[Any, Any]:
     try:
         import boto3
         import botocore.config
@@ -561,36 +598,41 @@ class SESSender:
     connect_timeout_s = 10
     read_timeout_s = 30
 
-    def __init__(self, sender_name: str, sender_email: str, recipient_email, aws_region: str = 'eu-west-1'):
+    def __init__(self, sender_name: str, sender_email: str, recipient_email: Union[str, Sequence[str]],
+                 aws_region: str = 'eu-west-1') -> None:
         _import_boto3('SESSender')
         self.sender_name = sender_name
         self.sender_email = sender_email
         self.recipient_email = recipient_email
         self.aws_region = aws_region
-        self._client = None
+        self._client: Any = None
 
     @property
     def sender(self) -> str:
+        """``Name <address>`` of the sender."""
         return formataddr((self.sender_name, self.sender_email))
 
     @property
-    def recipients(self) -> list:
+    def recipients(self) -> List[str]:
+        """The recipient addresses as a list."""
         return [self.recipient_email] if isinstance(self.recipient_email, str) else list(self.recipient_email)
 
     @property
-    def client(self):
+    def client(self) -> Any:
+        """The boto3 SES client, created at first use."""
         if self._client is None:
             boto3, config = _import_boto3('SESSender')
             self._client = boto3.client('ses', region_name=self.aws_region, config=config.Config(
                 connect_timeout=self.connect_timeout_s, read_timeout=self.read_timeout_s))
         return self._client
 
-    def __getstate__(self):
+    def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
         state['_client'] = None
         return state
 
-    def build_message(self, subject: str, body: str, attachment_file_paths=None):
+    def build_message(self, subject: str, body: str,
+                      attachment_file_paths: Optional[Iterable[str]] = None) -> MIMEMultipart:
         """The MIME message: an HTML part (``body`` inside <html><body>) and one attachment per existing file
         (a missing file is skipped with a warning)."""
         message = MIMEMultipart('mixed')
@@ -612,7 +654,7 @@ class SESSender:
             message.attach(part)
         return message
 
-    def send_email(self, subject: str, body: str, attachment_file_paths=None) -> str:
+    def send_email(self, subject: str, body: str, attachment_file_paths: Optional[Iterable[str]] = None) -> str:
         """Send the email; returns SES's MessageId. Errors (botocore's) are raised to the caller."""
         message = self.build_message(subject, body, attachment_file_paths)
         response = self.client.send_raw_email(Source=self.sender, Destinations=self.recipients,
@@ -638,14 +680,15 @@ class EmailNotification(AbstractCallback):
         aws_region (str): SES region.
     """
 
-    def __init__(self, sender_name, sender_email, recipient_email, project_name=None, experiment_name=None,
-                 aws_region='eu-west-1'):
+    def __init__(self, sender_name: str, sender_email: str, recipient_email: Union[str, Sequence[str]],
+                 project_name: Optional[str] = None, experiment_name: Optional[str] = None,
+                 aws_region: str = 'eu-west-1') -> None:
         super().__init__('Send email to notify about the state of training', execution_order=98,
                          device_idx_execution=0)
         _import_boto3('EmailNotification')       # a missing extra fails here, not after the first epoch
         self.project_name = project_name
         self.experiment_name = experiment_name
-        self.ses_sender = None
+        self.ses_sender: Optional[SESSender] = None     # created at registration
         self.sender_name = sender_name
         self.sender_email = sender_email
         self.recipient_email = recipient_email
@@ -653,7 +696,8 @@ class EmailNotification(AbstractCallback):
         self.sent_count = 0
         self.failed_count = 0
 
-    def on_train_loop_registration(self):
+    def on_train_loop_registration(self) -> None:
+        """Take the names from the TrainLoop (or the defaults) and create the SES sender."""
         loop = self.train_loop_obj
         # A plain TrainLoop has no names; AIToolbox raised an error, the subject uses the defaults instead.
         if self.project_name is None:
@@ -662,13 +706,15 @@ class EmailNotification(AbstractCallback):
             self.experiment_name = getattr(loop, 'experiment_name', None) or AbstractExperimentCallback.DEFAULT_EXPERIMENT_NAME
         self.ses_sender = SESSender(self.sender_name, self.sender_email, self.recipient_email, self.aws_region)
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Send the end-of-epoch report."""
         epoch = self.train_loop_obj.epoch
         subject = f'End of epoch {epoch} report: {self.project_name}: {self.experiment_name}'
         body = f'<h2>End of epoch {epoch}</h2>\n{self.get_metric_list_html()}'
         self._send(subject, body)
 
-    def on_train_end(self):
+    def on_train_end(self) -> None:
+        """Send the end-of-training report."""
         subject = f'End of training: {self.project_name}: {self.experiment_name}'
         body = (f'<h2>End of training at epoch {self.train_loop_obj.epoch}</h2>\n{self.get_metric_list_html()}\n'
                 f'<h3>Used hyper parameters:</h3>\n{self.get_hyperparams_html()}')
@@ -692,17 +738,20 @@ class EmailNotification(AbstractCallback):
                  for name, value in hyperparams.items()]
         return '<ul>' + '\n'.join(items) + '</ul>'
 
-    def get_attachment_paths(self) -> list:
+    def get_attachment_paths(self) -> List[str]:
         """Files the history plot / file writer callbacks of this loop wrote at their last call."""
-        paths = []
+        paths: List[str] = []
         for callback in self.train_loop_obj.callbacks:
             if isinstance(callback, (ModelTrainHistoryPlot, ModelTrainHistoryFileWriter)):
                 paths += [p for p in callback.last_written_files if os.path.isfile(p) and p not in paths]
         return paths
 
-    def _send(self, subject, body):
+    def _send(self, subject: str, body: str) -> bool:
         try:
-            message_id = self.ses_sender.send_email(subject, body, self.get_attachment_paths())
+            # Inside the try: a sender missing (never registered) counts as a failed send, as it always did.
+            ses_sender = self.ses_sender
+            assert ses_sender is not None, 'the SES sender is created at registration'
+            message_id = ses_sender.send_email(subject, body, self.get_attachment_paths())
         except Exception as error:      # an email is a report: training goes on whatever went wrong
             self.failed_count += 1
             if self.failed_count == 1:
@@ -729,13 +778,19 @@ class LogUpload(AbstractExperimentCallback):
         log_file_path (str): the log file (e.g. the file a logging.FileHandler writes, or a tmux/tee log).
         fail_if_cloud_missing (bool): raise ValueError at registration when there is no S3 cloud_save_mode
             (False: log a warning and only keep the log where it is).
-        project_name, experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
-            cloud_dir_prefix: the experiment (None: from the tracking TrainLoop; see AbstractExperimentCallback).
+        project_name: the experiment (None: from the tracking TrainLoop; see AbstractExperimentCallback), as are
+            the following five.
+        experiment_name: see project_name.
+        local_model_result_folder_path: see project_name.
+        cloud_save_mode: see project_name.
+        bucket_name: see project_name.
+        cloud_dir_prefix: see project_name.
     """
 
-    def __init__(self, log_file_path='~/project/training.log', fail_if_cloud_missing=True,
-                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
-                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None):
+    def __init__(self, log_file_path: str = '~/project/training.log', fail_if_cloud_missing: bool = True,
+                 project_name: Optional[str] = None, experiment_name: Optional[str] = None,
+                 local_model_result_folder_path: Optional[str] = None, cloud_save_mode: Optional[str] = None,
+                 bucket_name: Optional[str] = None, cloud_dir_prefix: Optional[str] = None) -> None:
         super().__init__('Upload logging file to cloud', project_name, experiment_name,
                          local_model_result_folder_path, cloud_save_mode, bucket_name, cloud_dir_prefix,
                          execution_order=1500, device_idx_execution=0)
@@ -745,7 +800,9 @@ class LogUpload(AbstractExperimentCallback):
         self.uploads_on = False
         self._warned_missing = False
 
-    def on_train_loop_registration(self):
+    def on_train_loop_registration(self) -> None:
+        """Infer the experiment; check that uploads are possible (raise, or warn with
+        fail_if_cloud_missing=False)."""
         self.try_infer_experiment_details(infer_cloud_details=True)
         self.uploads_on = is_s3_mode(self.cloud_save_mode)     # raises for GCS and unknown modes
         if self.uploads_on:
@@ -756,13 +813,16 @@ class LogUpload(AbstractExperimentCallback):
             raise ValueError(f'{message} (or fail_if_cloud_missing=False to train without the upload)')
         logger.warning('%s; the log could be lost with this machine', message)
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Upload the log."""
         self.upload_log_file()
 
-    def on_train_end(self):
+    def on_train_end(self) -> None:
+        """Upload the log."""
         self.upload_log_file()
 
-    def on_exception(self, exception):
+    def on_exception(self, exception: BaseException) -> None:
+        """Upload the log of the failed run (an upload error is only logged)."""
         # The log of a failed run is the one most worth keeping.
         try:
             self.upload_log_file()
@@ -770,7 +830,7 @@ class LogUpload(AbstractExperimentCallback):
             logger.error('LogUpload could not upload %s after %s: %s', self.log_file_path,
                          type(exception).__name__, error)
 
-    def upload_log_file(self):
+    def upload_log_file(self) -> Optional[str]:
         """Snapshot the log file into the experiment folder and queue its upload; returns the snapshot's path
         (None when uploads are off or the log file does not exist yet, which is warned about once)."""
         if not self.uploads_on:

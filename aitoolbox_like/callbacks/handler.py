@@ -5,8 +5,12 @@ callback on a hook costs one loop over an empty list.
 """
 import inspect
 import logging
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from .abstract import HOOK_NAMES, AbstractCallback
+from .abstract import HOOK_NAMES, AbstractCallback, overrides_hook
+
+if TYPE_CHECKING:
+    from ..train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 
@@ -15,26 +19,34 @@ class CollectiveInRankRestrictedCallbackError(RuntimeError):
     """A callback that runs on one rank only called an operation every rank must join."""
 
 
-def _overrides(callback, hook_name):
-    hook = getattr(type(callback), hook_name, None)
-    return hook is not None and hook is not getattr(AbstractCallback, hook_name)
-
-
 def _describe(obj):
     return f'{type(obj).__module__}.{type(obj).__qualname__}'
 
 
 class CallbacksHandler:
-    def __init__(self, train_loop_obj):
+    """The loop's callbacks: registration (validated, ordered, rank-gated) and dispatch.
+
+    ``hook_lists[hook_name]`` is the one dispatch path: the loop's step and the ``execute_*`` methods both call
+    the functions in it, in order.
+    """
+
+    def __init__(self, train_loop_obj: 'TrainLoop') -> None:
         self.train_loop_obj = train_loop_obj
-        self.registered_cbs = []          # AIToolbox name; same objects as train_loop_obj.callbacks
-        self.cached_callbacks = []        # registered at the first fit
-        self._hook_lists = {name: [] for name in HOOK_NAMES}
-        self._custom_event_lists = {}
+        self.registered_cbs: List[AbstractCallback] = []    # AIToolbox name; same objects as loop.callbacks
+        self.cached_callbacks: List[AbstractCallback] = []  # registered at the first fit
+        self._hook_lists: Dict[str, List[Callable[..., Any]]] = {name: [] for name in HOOK_NAMES}
+        self._custom_event_lists: Dict[str, List[Callable[..., Any]]] = {}
+
+    @property
+    def hook_lists(self) -> Mapping[str, List[Callable[..., Any]]]:
+        """Per hook name, the bound methods to call, in execution order (only callbacks that use the hook).
+        Rebuilt when the registered callbacks change; read it, do not modify it."""
+        return self._hook_lists
 
     # ---- registration -------------------------------------------------------------------------
 
-    def register_callbacks(self, callbacks, cache_callbacks=False, print_callbacks=False):
+    def register_callbacks(self, callbacks: Optional[Sequence[AbstractCallback]], cache_callbacks: bool = False,
+                           print_callbacks: bool = False) -> None:
         """Attach callbacks to the loop.
 
         Args:
@@ -48,10 +60,10 @@ class CallbacksHandler:
             self.cached_callbacks += [cb for cb in callbacks if not any(cb is c for c in self.cached_callbacks)]
             return
         # Cached callbacks (a tracking loop's savers) join the first real registration, as in AIToolbox.
-        callbacks, self.cached_callbacks = self.cached_callbacks + callbacks, []
+        callbacks, self.cached_callbacks = self.cached_callbacks + list(callbacks), []
         loop = self.train_loop_obj
         new_callbacks = [cb for cb in callbacks if not any(cb is c for c in loop.callbacks)]
-        new_callbacks = [cb for cb in new_callbacks if self._runs_on_this_rank(cb)]
+        new_callbacks = [cb for cb in new_callbacks if self.runs_on_this_rank(cb)]
         # Stable sort before registering so on_train_loop_registration also follows execution_order.
         new_callbacks.sort(key=lambda cb: cb.execution_order)
         for callback in new_callbacks:
@@ -94,25 +106,36 @@ class CallbacksHandler:
 
     @staticmethod
     def _check_hook_signature(i, cb, hook_name):
-        if not _overrides(cb, hook_name):
+        if not overrides_hook(type(cb), hook_name):
             return
         expected = inspect.signature(getattr(AbstractCallback, hook_name))
         try:
             inspect.signature(getattr(cb, hook_name)).bind(*[None] * (len(expected.parameters) - 1))
         except TypeError:
+            names = ', '.join(name for name in expected.parameters if name != 'self')
             raise TypeError(f'callbacks[{i}] ({cb.callback_name!r}): {hook_name} must accept the arguments '
-                            f'{hook_name}{expected}'.replace('(self, ', '(')) from None
+                            f'{hook_name}({names})') from None
 
-    def _runs_on_this_rank(self, callback):
+    def runs_on_this_rank(self, callback: AbstractCallback) -> bool:
+        """Whether ``callback`` runs in this process (its device_idx_execution is None or this global rank)."""
         world_size = self.train_loop_obj.world_size
         return world_size == 1 or callback.device_idx_execution is None \
             or callback.device_idx_execution == self.train_loop_obj.global_rank
 
+    def regate_for_rank(self) -> None:
+        """Drop the callbacks that do not run in this process. Called once a distributed process knows its rank:
+        callbacks registered before the process group existed were gated as in a single process."""
+        loop = self.train_loop_obj
+        loop.callbacks[:] = [cb for cb in loop.callbacks if self.runs_on_this_rank(cb)]
+        self._rebuild_dispatch_lists()
+
     def _rebuild_dispatch_lists(self):
         callbacks = self.train_loop_obj.callbacks
         self.registered_cbs = callbacks
+        hooks_of = {id(cb): set(cb.hooks_in_use()) for cb in callbacks}
         for hook_name in HOOK_NAMES:
-            self._hook_lists[hook_name] = [self._bound(cb, hook_name) for cb in callbacks if _overrides(cb, hook_name)]
+            self._hook_lists[hook_name] = [self._bound(cb, hook_name) for cb in callbacks
+                                           if hook_name in hooks_of[id(cb)]]
         self._custom_event_lists = {}
 
     def _bound(self, callback, name):
@@ -124,53 +147,65 @@ class CallbacksHandler:
         # Only rank-restricted callbacks in a multi-process run pay for this wrapper; it lets the loop's
         # collectives name the callback instead of hanging while the other ranks never join.
         def guarded(*args, **kwargs):
-            loop._rank_restricted_callback = callback
+            loop.running_rank_restricted_callback = callback
             try:
                 return method(*args, **kwargs)
             finally:
-                loop._rank_restricted_callback = None
+                loop.running_rank_restricted_callback = None
         return guarded
 
     # ---- dispatch -----------------------------------------------------------------------------
 
-    def _run(self, hook_name, *args):
+    def _run(self, hook_name: str, *args: Any) -> None:
         for fn in self._hook_lists[hook_name]:
             fn(*args)
 
-    def execute_multiprocess_start(self):
+    def execute_multiprocess_start(self) -> None:
+        """Call on_multiprocess_start on the callbacks that use it."""
         self._run('on_multiprocess_start')
 
-    def execute_train_begin(self):
+    def execute_train_begin(self) -> None:
+        """Call on_train_begin on the callbacks that use it."""
         self._run('on_train_begin')
 
-    def execute_epoch_begin(self):
+    def execute_epoch_begin(self) -> None:
+        """Call on_epoch_begin on the callbacks that use it."""
         self._run('on_epoch_begin')
 
-    def execute_batch_begin(self):
+    def execute_batch_begin(self) -> None:
+        """Call on_batch_begin on the callbacks that use it."""
         self._run('on_batch_begin')
 
-    def execute_after_backward(self):
+    def execute_after_backward(self) -> None:
+        """Call on_after_backward on the callbacks that use it."""
         self._run('on_after_backward')
 
-    def execute_gradient_update(self, optimizer_idx=0):
+    def execute_gradient_update(self, optimizer_idx: int = 0) -> None:
+        """Call on_after_gradient_update(optimizer_idx) on the callbacks that use it."""
         self._run('on_after_gradient_update', optimizer_idx)
 
-    def execute_optimizer_step(self):
+    def execute_optimizer_step(self) -> None:
+        """Call on_after_optimizer_step on the callbacks that use it."""
         self._run('on_after_optimizer_step')
 
-    def execute_batch_end(self):
+    def execute_batch_end(self) -> None:
+        """Call on_batch_end on the callbacks that use it."""
         self._run('on_batch_end')
 
-    def execute_epoch_end(self):
+    def execute_epoch_end(self) -> None:
+        """Call on_epoch_end on the callbacks that use it."""
         self._run('on_epoch_end')
 
-    def execute_train_end(self):
+    def execute_train_end(self) -> None:
+        """Call on_train_end on the callbacks that use it."""
         self._run('on_train_end')
 
-    def execute_after_batch_prediction(self, y_pred_batch, y_test_batch, metadata_batch, dataset_info):
+    def execute_after_batch_prediction(self, y_pred_batch: Any, y_test_batch: Any, metadata_batch: Any,
+                                       dataset_info: Optional[Dict[str, Any]]) -> None:
+        """Call on_after_batch_prediction on the callbacks that use it."""
         self._run('on_after_batch_prediction', y_pred_batch, y_test_batch, metadata_batch, dataset_info)
 
-    def execute_exception(self, exception):
+    def execute_exception(self, exception: BaseException) -> None:
         """Tell every callback about the exception; one failing handler must not hide the others or
         the original error."""
         for fn in self._hook_lists['on_exception']:
@@ -179,8 +214,9 @@ class CallbacksHandler:
             except Exception:
                 logger.exception('on_exception handler %r failed while handling %r', fn, exception)
 
-    def call_event(self, event_name, **kwargs):
-        """Call ``cb.<event_name>(**kwargs)`` on every registered callback that defines it, in order."""
+    def call_event(self, event_name: str, **kwargs: Any) -> List[Any]:
+        """Call ``cb.<event_name>(**kwargs)`` on every registered callback that defines it, in order; returns
+        their results."""
         fns = self._custom_event_lists.get(event_name)
         if fns is None:
             fns = [self._bound(cb, event_name) for cb in self.train_loop_obj.callbacks
@@ -188,34 +224,64 @@ class CallbacksHandler:
             self._custom_event_lists[event_name] = fns
         return [fn(**kwargs) for fn in fns]
 
-    def has_hook(self, hook_name):
+    def has_hook(self, hook_name: str) -> bool:
+        """Whether any registered callback uses ``hook_name``."""
         return bool(self._hook_lists[hook_name])
 
     # ---- state for checkpoints ----------------------------------------------------------------
 
-    def _state_keys(self):
-        seen = {}
+    def _state_keys(self) -> Iterator[Tuple[str, AbstractCallback]]:
+        seen: Dict[str, int] = {}
         for cb in self.train_loop_obj.callbacks:
             key = cb.state_key
             seen[key] = seen.get(key, 0) + 1
             yield (key if seen[key] == 1 else f'{key}#{seen[key]}'), cb
 
-    def callbacks_state_dict(self):
+    def callbacks_state_dict(self) -> Dict[str, Any]:
+        """Every stateful callback's state_dict, by state_key (a '#n' suffix tells equal keys apart)."""
         return {key: state for key, cb in self._state_keys() if (state := cb.state_dict()) is not None}
 
-    def load_callbacks_state_dict(self, state):
+    def load_callbacks_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Give each callback its saved state (by state_key); callbacks without saved state are left alone."""
         for key, cb in self._state_keys():
             if key in state:
                 cb.load_state_dict(state[key])
 
     # ---- reporting ----------------------------------------------------------------------------
 
-    def print_registered_callback_names(self):
+    def print_registered_callback_names(self) -> None:
+        """Print the registered callbacks in execution order (print_callbacks=True)."""
         # A report the user asked for (print_callbacks=True), so it goes to stdout.
         print('CALLBACKS:')
         for cb in self.train_loop_obj.callbacks:
             print(f'  {cb.execution_order:>6}  {cb.callback_name}  ({type(cb).__name__}, '
                   f'device_idx_execution={cb.device_idx_execution})')
 
-    def __str__(self):
+    # ---- AIToolbox's container protocol ---------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.train_loop_obj.callbacks)
+
+    def __contains__(self, item: Any) -> bool:
+        """``'name' in handler`` (a callback_name), ``SomeCallback in handler`` (a class: exact type, as in AIToolbox)
+        or ``callback in handler`` (that object)."""
+        callbacks = self.train_loop_obj.callbacks
+        if isinstance(item, str):
+            return any(cb.callback_name == item for cb in callbacks)
+        if isinstance(item, type):
+            return any(type(cb) is item for cb in callbacks)
+        return any(cb is item for cb in callbacks)
+
+    def __iadd__(self, callbacks: Sequence[AbstractCallback]) -> 'CallbacksHandler':
+        """``handler += [cb, ...]`` registers the callbacks."""
+        self.register_callbacks(callbacks)
+        return self
+
+    __add__ = __iadd__
+
+    def should_enable_callback(self, callback: AbstractCallback) -> bool:
+        """AIToolbox's name for :meth:`runs_on_this_rank`."""
+        return self.runs_on_this_rank(callback)
+
+    def __str__(self) -> str:
         return 'CALLBACKS:\n' + '\n'.join(f'  {cb.callback_name}' for cb in self.train_loop_obj.callbacks)

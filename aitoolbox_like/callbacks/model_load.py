@@ -1,10 +1,11 @@
 """ModelLoadContinueTraining: continue training from a saved checkpoint of an earlier experiment."""
 import logging
 import os
+from typing import Any, Dict, Optional, Tuple
 
 from .. import loop_state
 from ..checkpoint import load_checkpoint
-from ..experiment import is_s3_mode, model_file_name
+from ..experiment import get_experiment, is_s3_mode, model_file_name
 from ..storage.base import join_key
 from .abstract import AbstractExperimentCallback
 
@@ -29,18 +30,30 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
             is never an error here: schedulers without saved state start fresh).
         used_data_parallel (bool): strip the 'module.' prefix of weights saved from a DataParallel model.
         custom_local_loader_class: not supported (AIToolbox's loader classes are replaced by one function).
-        project_name, experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
-            cloud_dir_prefix: as for every experiment callback; taken from a tracking TrainLoop when None.
+        project_name: as for every experiment callback; taken from a tracking TrainLoop when None (as are the
+            following five).
+        experiment_name: see project_name.
+        local_model_result_folder_path: see project_name.
+        cloud_save_mode: see project_name.
+        bucket_name: see project_name.
+        cloud_dir_prefix: see project_name.
         **kwargs: ``endpoint_url`` (S3-compatible endpoint; None: boto3's own resolution), ``map_location``
             (default 'cpu'), ``allow_unsafe_pickle`` (default False: a checkpoint that holds pickled Python
             objects is refused; only set it for files you trust).
     """
 
-    def __init__(self, saved_experiment_timestamp, saved_model_dir='checkpoint_model', epoch_num=None,
-                 ignore_saved_schedulers=False, ignore_missing_saved_schedulers=False, used_data_parallel=False,
-                 custom_local_loader_class=None, project_name=None, experiment_name=None,
-                 local_model_result_folder_path=None, cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None,
-                 **kwargs):
+    # Read by the loop before callbacks register (loop_state.prepare_fit): this callback names the experiment and
+    # continues its folder rather than starting a new one.
+    defines_experiment = True
+    continues_experiment = True
+
+    def __init__(self, saved_experiment_timestamp: str, saved_model_dir: str = 'checkpoint_model',
+                 epoch_num: Optional[int] = None, ignore_saved_schedulers: bool = False,
+                 ignore_missing_saved_schedulers: bool = False, used_data_parallel: bool = False,
+                 custom_local_loader_class: Any = None, project_name: Optional[str] = None,
+                 experiment_name: Optional[str] = None, local_model_result_folder_path: Optional[str] = None,
+                 cloud_save_mode: Optional[str] = None, bucket_name: Optional[str] = None,
+                 cloud_dir_prefix: Optional[str] = None, **kwargs: Any) -> None:
         super().__init__('Model loading and initialization from checkpoint before training', project_name,
                          experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
                          cloud_dir_prefix, execution_order=-10, device_idx_execution=None)
@@ -59,9 +72,11 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
         self.map_location = kwargs.get('map_location', 'cpu')
         self.allow_unsafe_pickle = kwargs.get('allow_unsafe_pickle', False)
         self.endpoint_url = kwargs.get('endpoint_url')
-        self.loaded_from = None
+        self.loaded_from: Optional[str] = None     # the checkpoint's path (or S3 URL), once loaded
 
-    def on_train_loop_registration(self):
+    def on_train_loop_registration(self) -> None:
+        """Load the checkpoint and hand it to the loop (``loop.resume_plan``), which applies it once every
+        callback is registered."""
         self.try_infer_experiment_details(infer_cloud_details=True)
         loop = self.train_loop_obj
         checkpoint, source = self._load()
@@ -73,26 +88,26 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
             schedulers = {cb.state_key for cb in loop.get_schedulers()}
             checkpoint['callbacks'] = {k: v for k, v in checkpoint.get('callbacks', {}).items()
                                        if k.split('#')[0] not in schedulers}
-        from ..experiment import get_experiment
         # The loop's own experiment (None on a plain TrainLoop without savers); adopted only when it is the one
         # the checkpoint came from.
         experiment = get_experiment(loop)
         # Registered first (execution order -10): the experiment folder is set before the saving callbacks
-        # register; the state itself is applied once every callback is registered.
-        loop_state.adopt_experiment(loop, checkpoint, experiment)
-        loop_state.set_pending_resume(loop, checkpoint, source)
+        # register; the loop applies the state itself once every callback is registered.
+        plan = loop_state.ResumePlan(source, checkpoint)
+        plan.load(loop, experiment)
+        loop.resume_plan = plan
         self.loaded_from = source
 
-    def _relative_path(self):
+    def _relative_path(self) -> str:
         return f'{self.project_name}/{self.experiment_name}_{self.saved_experiment_timestamp}/{self.saved_model_dir}'
 
-    def _file_name(self):
+    def _file_name(self) -> Optional[str]:
         """The file to load; None: the newest checkpoint of the folder (its ``latest`` pointer)."""
         if self.epoch_num is None and self.saved_model_dir != 'model':
             return None
         return model_file_name(self.experiment_name, self.saved_experiment_timestamp, self.epoch_num)
 
-    def _load(self):
+    def _load(self) -> Tuple[Dict[str, Any], str]:
         rel_dir = self._relative_path()
         file_name = self._file_name()
         local_dir = os.path.join(self.local_model_result_folder_path, *rel_dir.split('/'))
@@ -101,7 +116,7 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
             return load_checkpoint(path, map_location=self.map_location,
                                    allow_unsafe_pickle=self.allow_unsafe_pickle), path
         if is_s3_mode(self.cloud_save_mode):
-            target = join_key(self.cloud_dir_prefix, rel_dir, file_name)
+            target = join_key(self.cloud_dir_prefix or '', rel_dir, file_name or '')     # join_key skips empty parts
             return loop_state.load_resume_checkpoint(self.train_loop_obj, f's3://{self.bucket_name}/{target}',
                                                      map_location=self.map_location,
                                                      allow_unsafe_pickle=self.allow_unsafe_pickle,
@@ -110,7 +125,7 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
                                 f'{self.epoch_num})')
 
     @staticmethod
-    def _local_file(local_dir, file_name):
+    def _local_file(local_dir: str, file_name: Optional[str]) -> Optional[str]:
         if file_name is not None:
             path = os.path.join(local_dir, file_name)
             return path if os.path.isfile(path) else None

@@ -5,60 +5,38 @@ optimizer of the loop, and steps it either at the end of every epoch or after ev
 Update-level ("step") schedules advance only when the optimizer really stepped: not on gradient-accumulation
 micro-batches and not when the fp16 GradScaler skipped the update because of inf/NaN gradients.
 
-Registering any scheduler also registers one :class:`LRMonitor`, which writes the learning rate of every
-parameter group into the train history once per epoch.
+A fit with any scheduler also gets one :class:`LRMonitor` (added by callbacks/defaults.py), which writes the
+learning rate of every parameter group into the train history once per epoch.
 """
 import logging
 import math
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.optim import lr_scheduler as torch_lr_scheduler
 
 from ..multi_loss_optim import MultiLoss
 from ._common import check_int
-from .abstract import AbstractCallback
+from .abstract import AbstractCallback, AbstractScheduler
+
+if TYPE_CHECKING:
+    from ..train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 
 INTERVALS = ('epoch', 'step')
 
+#: Which optimizer of the loop a schedule drives: its index, the optimizer itself, or None (the only one).
+OptimizerIdx = Union[int, torch.optim.Optimizer, None]
+#: ``LambdaLR``'s factor function(s) of the step count.
+LRLambda = Union[Callable[[int], float], Sequence[Callable[[int], float]]]
 
-def _check_interval(interval, who):
+
+def _check_interval(interval: str, who: str) -> str:
     if interval not in INTERVALS:
         raise ValueError(f"{who}: interval must be 'epoch' (step the schedule after every epoch) or 'step' "
                          f"(after every optimizer update), got {interval!r}")
     return interval
-
-
-class AbstractScheduler:
-    """Marks a callback as a learning-rate scheduler (``TrainLoop.get_schedulers()`` finds it by this class) and
-    saves / restores the wrapped ``self.scheduler`` with checkpoints."""
-
-    def __init__(self):
-        self.scheduler = None
-        self._pending_state = None
-
-    def state_dict(self):
-        return self.scheduler.state_dict() if self.scheduler is not None else None
-
-    def load_state_dict(self, state_dict):
-        if state_dict is None:
-            return
-        if self.scheduler is None:
-            # The scheduler is created when the callback is registered; keep the state until then.
-            self._pending_state = state_dict
-        else:
-            self._load_scheduler_state(state_dict)
-
-    def _load_scheduler_state(self, state_dict):
-        self.scheduler.load_state_dict(state_dict)
-        # torch restores only the scheduler's counters; put its last learning rates back into the optimizer too,
-        # so a resume that does not also load the optimizer state still continues the same curve.
-        last_lr = getattr(self.scheduler, '_last_lr', None)
-        optimizer = getattr(self.scheduler, 'optimizer', None)
-        if last_lr is not None and optimizer is not None and len(last_lr) == len(optimizer.param_groups):
-            for group, lr in zip(optimizer.param_groups, last_lr):
-                group['lr'] = lr
 
 
 class GeneralLRSchedulerCallback(AbstractScheduler, AbstractCallback):
@@ -72,47 +50,45 @@ class GeneralLRSchedulerCallback(AbstractScheduler, AbstractCallback):
         **kwargs: arguments of the scheduler class.
     """
 
-    interval = 'epoch'
+    interval: str = 'epoch'
 
-    def __init__(self, scheduler_class, optimizer_idx=None, **kwargs):
+    def __init__(self, scheduler_class: Any, optimizer_idx: OptimizerIdx = None, **kwargs: Any) -> None:
         AbstractScheduler.__init__(self)
         AbstractCallback.__init__(self, 'General learn rate scheduler')
         self.scheduler_class = scheduler_class
         self.scheduler_args = kwargs
         self.optimizer_idx = optimizer_idx
-        self.optimizer = None
+        self.optimizer: Optional[torch.optim.Optimizer] = None
         self._loop_optimizer_idx = 0
-        self._built_for = None
-        self._step_count_box = None     # [number of real optimizer.step() calls], from a post-step hook
-        self._steps_seen = 0
-        self._last_amp_scale = None
+        self._built_for: Optional[torch.optim.Optimizer] = None
 
     @property
-    def state_key(self):
+    def state_key(self) -> str:
+        """The class name, with ``_optimizer<idx>`` for a schedule of a given optimizer index."""
         idx = self.optimizer_idx if isinstance(self.optimizer_idx, int) else None
         return type(self).__name__ if idx is None else f'{type(self).__name__}_optimizer{idx}'
 
     # ---- construction -------------------------------------------------------------------------
 
-    def register_train_loop_object(self, train_loop_obj):
+    def register_train_loop_object(self, train_loop_obj: 'TrainLoop') -> 'GeneralLRSchedulerCallback':
+        """Attach to the loop and build the scheduler on the selected optimizer (again only when the optimizer
+        changed), applying state loaded before registration."""
         self.train_loop_obj = train_loop_obj
         optimizer, loop_idx = self._resolve_optimizer()
         if self.scheduler is None or self._built_for is not optimizer:
             self.optimizer, self._loop_optimizer_idx, self._built_for = optimizer, loop_idx, optimizer
             self.scheduler = self.build_scheduler(optimizer)
-            self._watch_optimizer_steps(optimizer)
             if self._pending_state is not None:
                 self._load_scheduler_state(self._pending_state)
                 self._pending_state = None
-        LRMonitor.ensure_registered(train_loop_obj)
         self.on_train_loop_registration()
         return self
 
-    def build_scheduler(self, optimizer):
+    def build_scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
         """Create the torch scheduler for ``optimizer``; subclasses with computed arguments override it."""
         return self.scheduler_class(optimizer, **self.scheduler_args)
 
-    def _resolve_optimizer(self):
+    def _resolve_optimizer(self) -> Tuple[Any, int]:
         loop = self.train_loop_obj
         optimizers = loop.optimizers
         idx = self.optimizer_idx
@@ -133,59 +109,22 @@ class GeneralLRSchedulerCallback(AbstractScheduler, AbstractCallback):
         raise ValueError(f'{who}: optimizer_idx must be an index or one of the TrainLoop\'s optimizers, got '
                          f'{type(idx).__qualname__}')
 
-    def _watch_optimizer_steps(self, optimizer):
-        # A post-step hook runs only when optimizer.step() really runs. GradScaler.step() does not call it when
-        # it found inf/NaN gradients, so counting calls tells skipped fp16 updates apart without a host sync.
-        self._step_count_box = None
-        register = getattr(optimizer, 'register_step_post_hook', None)
-        if register is None:
-            return
-        box = [0]
-
-        def count_step(opt, args, kwargs):
-            box[0] += 1
-        register(count_step)
-        self._step_count_box = box
-        self._steps_seen = 0
-
     # ---- stepping -----------------------------------------------------------------------------
 
-    def on_train_begin(self):
-        loop = self.train_loop_obj
-        if self._step_count_box is not None:
-            self._steps_seen = self._step_count_box[0]
-        scaler = getattr(loop, 'amp_scaler', None)
-        self._last_amp_scale = scaler.get_scale() if scaler is not None and scaler.is_enabled() else None
+    def optimizer_stepped(self) -> bool:
+        """True at on_batch_end when this schedule's optimizer applied an update in this batch (not on
+        gradient-accumulation micro-batches, not when the fp16 GradScaler skipped the update)."""
+        return self.train_loop_obj.optimizer_update_applied(self._loop_optimizer_idx)
 
-    def optimizer_stepped(self):
-        """True at on_batch_end when this schedule's optimizer applied an update in this batch."""
-        loop = self.train_loop_obj
-        if not loop.should_execute_optimizer_update():
-            return False
-        scaler = loop.amp_scaler
-        fp16 = scaler.is_enabled()
-        if fp16 and getattr(self.optimizer, '_step_supports_amp_scaling', False):
-            # Fused optimizers receive the inf flag inside step(), which is then always called. A skipped update
-            # shows as a lower loss scale after scaler.update(): one host sync per update, only in this case.
-            scale = scaler.get_scale()
-            skipped = self._last_amp_scale is not None and scale < self._last_amp_scale
-            self._last_amp_scale = scale
-            if self._step_count_box is not None:
-                self._steps_seen = self._step_count_box[0]
-            return not skipped
-        if self._step_count_box is not None:
-            stepped = self._step_count_box[0] != self._steps_seen
-            self._steps_seen = self._step_count_box[0]
-            return stepped
-        return True
-
-    def step(self):
+    def step(self) -> None:
+        """Step the scheduler."""
         self.scheduler.step()
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Step the scheduler."""
         self.step()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f'{type(self).__name__}(optimizer_idx={self.optimizer_idx!r})'
 
 
@@ -202,7 +141,8 @@ class LRSchedulerCallback(GeneralLRSchedulerCallback):
         **kwargs: arguments of the scheduler class.
     """
 
-    def __init__(self, scheduler, interval='epoch', monitor=None, optimizer_idx=None, **kwargs):
+    def __init__(self, scheduler: Any, interval: str = 'epoch', monitor: Optional[str] = None,
+                 optimizer_idx: OptimizerIdx = None, **kwargs: Any) -> None:
         super().__init__(scheduler, optimizer_idx=optimizer_idx, **kwargs)
         self.callback_name = 'Learning rate scheduler'
         self.interval = _check_interval(interval, 'LRSchedulerCallback')
@@ -221,7 +161,8 @@ class LRSchedulerCallback(GeneralLRSchedulerCallback):
             raise TypeError(f'LRSchedulerCallback: scheduler must be a torch scheduler class, a function '
                             f'optimizer -> scheduler, or a scheduler object; got {type(scheduler).__qualname__}')
 
-    def build_scheduler(self, optimizer):
+    def build_scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
+        """The given scheduler (checked to drive ``optimizer``), or one built from the class / function."""
         scheduler = self.scheduler_class
         if isinstance(scheduler, (torch_lr_scheduler.LRScheduler, torch_lr_scheduler.ReduceLROnPlateau)):
             if scheduler.optimizer is not optimizer:
@@ -232,7 +173,8 @@ class LRSchedulerCallback(GeneralLRSchedulerCallback):
             return scheduler(optimizer, **self.scheduler_args)
         return scheduler(optimizer)
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Step an epoch schedule (with the monitored value, when set and recorded this epoch)."""
         if self.interval != 'epoch':
             return
         if self.monitor is None:
@@ -246,7 +188,8 @@ class LRSchedulerCallback(GeneralLRSchedulerCallback):
             return
         self.scheduler.step(value)
 
-    def on_batch_end(self):
+    def on_batch_end(self) -> None:
+        """Step a 'step' schedule after a real optimizer update."""
         if self.interval == 'step' and self.optimizer_stepped():
             self.scheduler.step()
 
@@ -259,17 +202,19 @@ class ReduceLROnPlateauScheduler(GeneralLRSchedulerCallback):
         **kwargs: ReduceLROnPlateau arguments (mode, factor, patience, threshold, cooldown, min_lr, eps).
     """
 
-    def __init__(self, main_multi_loss=None, **kwargs):
+    def __init__(self, main_multi_loss: Optional[str] = None, **kwargs: Any) -> None:
         super().__init__(torch_lr_scheduler.ReduceLROnPlateau, **kwargs)
         self.callback_name = 'Reduce learn rate if the model hits the plateau'
         self.main_multi_loss = main_multi_loss
 
-    def on_train_loop_registration(self):
+    def on_train_loop_registration(self) -> None:
+        """Check that the TrainLoop has a validation loader."""
         if self.train_loop_obj.validation_loader is None:
             raise ValueError('ReduceLROnPlateauScheduler follows the validation loss, but the TrainLoop has no '
                              'validation_loader; pass one, or use ReduceLROnPlateauMetricScheduler(metric_name)')
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Step the schedule with the validation loss."""
         val_loss = self.train_loop_obj.evaluate_loss_on_validation_set()
         if isinstance(val_loss, MultiLoss):
             if self.main_multi_loss is None:
@@ -289,17 +234,19 @@ class ReduceLROnPlateauMetricScheduler(GeneralLRSchedulerCallback):
         **kwargs: ReduceLROnPlateau arguments; use mode='max' for accuracy-like metrics.
     """
 
-    def __init__(self, metric_name, **kwargs):
+    def __init__(self, metric_name: str, **kwargs: Any) -> None:
         super().__init__(torch_lr_scheduler.ReduceLROnPlateau, **kwargs)
         self.metric_name = metric_name
         self.callback_name = 'Reduce learn rate if the model hits the plateau based on metric in TrainLoop history'
         self.execution_order = 1     # after the metric callbacks (order 0) that write the metric
 
     @property
-    def state_key(self):
+    def state_key(self) -> str:
+        """The base key with ``_<metric_name>``."""
         return f'{super().state_key}_{self.metric_name}'
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Step the schedule with the metric's value of this epoch (when it got one)."""
         history = self.train_loop_obj.train_history
         value = history.value_in_epoch(self.metric_name, self.train_loop_obj.epoch)
         if value is None:
@@ -322,17 +269,20 @@ class LambdaLRScheduler(GeneralLRSchedulerCallback):
         **kwargs: LambdaLR arguments (last_epoch).
     """
 
-    def __init__(self, lr_lambda, execute_epoch_end=True, execute_batch_end=False, **kwargs):
+    def __init__(self, lr_lambda: Optional[LRLambda], execute_epoch_end: bool = True, execute_batch_end: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(torch_lr_scheduler.LambdaLR, **dict(kwargs, lr_lambda=lr_lambda))
         self.callback_name = 'Lambda learning rate scheduler'
         self.execute_epoch_end = execute_epoch_end
         self.execute_batch_end = execute_batch_end
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Step the schedule (execute_epoch_end=True)."""
         if self.execute_epoch_end:
             self.scheduler.step()
 
-    def on_batch_end(self):
+    def on_batch_end(self) -> None:
+        """Step the schedule after a real optimizer update (execute_batch_end=True)."""
         if self.execute_batch_end and self.optimizer_stepped():
             self.scheduler.step()
 
@@ -340,7 +290,7 @@ class LambdaLRScheduler(GeneralLRSchedulerCallback):
 class StepLRScheduler(GeneralLRSchedulerCallback):
     """``StepLR`` stepped per epoch: multiply the learning rate by ``gamma`` every ``step_size`` epochs."""
 
-    def __init__(self, step_size, **kwargs):
+    def __init__(self, step_size: int, **kwargs: Any) -> None:
         super().__init__(torch_lr_scheduler.StepLR, **dict(kwargs, step_size=step_size))
         self.callback_name = 'Step learning rate scheduler'
 
@@ -349,22 +299,22 @@ class MultiStepLRScheduler(GeneralLRSchedulerCallback):
     """``MultiStepLR`` stepped per epoch: multiply the learning rate by ``gamma`` at each epoch of
     ``milestones_list``."""
 
-    def __init__(self, milestones_list, **kwargs):
+    def __init__(self, milestones_list: Sequence[int], **kwargs: Any) -> None:
         super().__init__(torch_lr_scheduler.MultiStepLR, **dict(kwargs, milestones=milestones_list))
         self.callback_name = 'Multi-step learning rate scheduler'
 
 
 # ---- warm-up schedules of AIToolbox (per optimizer update, HuggingFace formulas) ---------------------------
 
-def _warmup_factor(step, num_warmup_steps, start_factor=0.):
+def _warmup_factor(step: float, num_warmup_steps: int, start_factor: float = 0.) -> float:
     return start_factor + (1. - start_factor) * step / max(1, num_warmup_steps)
 
 
 class ConstantWithWarmupScheduler(LambdaLRScheduler):
     """Linear warm-up from 0 to the optimizer's learning rate over ``num_warmup_steps`` updates, then constant."""
 
-    def __init__(self, num_warmup_steps, last_epoch=-1, **kwargs):
-        def lr_lambda(step):
+    def __init__(self, num_warmup_steps: int, last_epoch: int = -1, **kwargs: Any) -> None:
+        def lr_lambda(step: int) -> float:
             return _warmup_factor(step, num_warmup_steps) if step < num_warmup_steps else 1.
         super().__init__(lr_lambda, execute_epoch_end=False, execute_batch_end=True, last_epoch=last_epoch, **kwargs)
         self.callback_name = 'Warmed up constant learning rate scheduler'
@@ -374,8 +324,9 @@ class CosineWithWarmupScheduler(LambdaLRScheduler):
     """Linear warm-up over ``num_warmup_steps`` updates, then cosine decay to 0 at ``num_training_steps``
     (``num_cycles=0.5``: half a cosine wave)."""
 
-    def __init__(self, num_warmup_steps, num_training_steps, num_cycles=0.5, last_epoch=-1, **kwargs):
-        def lr_lambda(step):
+    def __init__(self, num_warmup_steps: int, num_training_steps: int, num_cycles: float = 0.5, last_epoch: int = -1,
+                 **kwargs: Any) -> None:
+        def lr_lambda(step: int) -> float:
             if step < num_warmup_steps:
                 return _warmup_factor(step, num_warmup_steps)
             progress = (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
@@ -387,8 +338,9 @@ class CosineWithWarmupScheduler(LambdaLRScheduler):
 class HardRestartsCosineWithWarmupScheduler(LambdaLRScheduler):
     """Linear warm-up, then ``num_cycles`` cosine decays to 0, each restarting at the full learning rate."""
 
-    def __init__(self, num_warmup_steps, num_training_steps, num_cycles=0.5, last_epoch=-1, **kwargs):
-        def lr_lambda(step):
+    def __init__(self, num_warmup_steps: int, num_training_steps: int, num_cycles: float = 0.5, last_epoch: int = -1,
+                 **kwargs: Any) -> None:
+        def lr_lambda(step: int) -> float:
             if step < num_warmup_steps:
                 return _warmup_factor(step, num_warmup_steps)
             progress = (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
@@ -402,8 +354,9 @@ class HardRestartsCosineWithWarmupScheduler(LambdaLRScheduler):
 class LinearWithWarmupScheduler(LambdaLRScheduler):
     """Linear warm-up over ``num_warmup_steps`` updates, then linear decay to 0 at ``num_training_steps``."""
 
-    def __init__(self, num_warmup_steps, num_training_steps, last_epoch=-1, **kwargs):
-        def lr_lambda(step):
+    def __init__(self, num_warmup_steps: int, num_training_steps: int, last_epoch: int = -1,
+                 **kwargs: Any) -> None:
+        def lr_lambda(step: int) -> float:
             if step < num_warmup_steps:
                 return _warmup_factor(step, num_warmup_steps)
             return max(0., (num_training_steps - step) / max(1, num_training_steps - num_warmup_steps))
@@ -416,7 +369,8 @@ class LinearWithWarmupScheduler(LambdaLRScheduler):
 class _WarmupDecayScheduler(LambdaLRScheduler):
     """factor(t) = linear warm-up from ``warmup_start_factor`` to 1 for t < W, then ``decay(t - W)``."""
 
-    def __init__(self, callback_name, interval, num_warmup_steps, warmup_start_factor, optimizer_idx):
+    def __init__(self, callback_name: str, interval: str, num_warmup_steps: int, warmup_start_factor: float,
+                 optimizer_idx: OptimizerIdx) -> None:
         interval = _check_interval(interval, type(self).__name__)
         check_int('num_warmup_steps', num_warmup_steps, 0, who=type(self).__name__)
         if not 0. <= warmup_start_factor <= 1.:
@@ -428,19 +382,22 @@ class _WarmupDecayScheduler(LambdaLRScheduler):
         self.num_warmup_steps = num_warmup_steps
         self.warmup_start_factor = warmup_start_factor
 
-    def decay(self, t):
+    def decay(self, t: int) -> float:
+        """The factor ``t`` steps after the warm-up (1 here: constant)."""
         return 1.
 
-    def prepare(self):
+    def prepare(self) -> None:
         """Resolve arguments that need the running fit (e.g. the number of training steps)."""
 
-    def lr_factor(self, t):
+    def lr_factor(self, t: int) -> float:
+        """The learning-rate factor at step ``t``: the warm-up, then ``decay``."""
         w = self.num_warmup_steps
         if t < w:
             return _warmup_factor(t, w, self.warmup_start_factor)
         return self.decay(t - w)
 
-    def build_scheduler(self, optimizer):
+    def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch_lr_scheduler.LambdaLR:
+        """A LambdaLR following ``lr_factor``."""
         self.prepare()
         # A plain function, not a bound method: LambdaLR.state_dict() would try to save a method's attributes.
         return torch_lr_scheduler.LambdaLR(optimizer, lambda t: self.lr_factor(t))
@@ -450,7 +407,8 @@ class LinearWarmupScheduler(_WarmupDecayScheduler):
     """Linear warm-up from ``start_factor`` x lr to lr over ``num_warmup_steps`` epochs (interval='epoch') or
     optimizer updates (interval='step'), then constant."""
 
-    def __init__(self, num_warmup_steps, interval='step', start_factor=0., optimizer_idx=None):
+    def __init__(self, num_warmup_steps: int, interval: str = 'step', start_factor: float = 0.,
+                 optimizer_idx: OptimizerIdx = None) -> None:
         super().__init__('Linear warm-up learning rate scheduler', interval, num_warmup_steps, start_factor,
                          optimizer_idx)
 
@@ -458,12 +416,14 @@ class LinearWarmupScheduler(_WarmupDecayScheduler):
 class ExponentialScheduler(_WarmupDecayScheduler):
     """lr x ``gamma ** t`` after an optional linear warm-up."""
 
-    def __init__(self, gamma, interval='epoch', num_warmup_steps=0, warmup_start_factor=0., optimizer_idx=None):
+    def __init__(self, gamma: float, interval: str = 'epoch', num_warmup_steps: int = 0,
+                 warmup_start_factor: float = 0., optimizer_idx: OptimizerIdx = None) -> None:
         super().__init__('Exponential learning rate scheduler', interval, num_warmup_steps, warmup_start_factor,
                          optimizer_idx)
         self.gamma = gamma
 
-    def decay(self, t):
+    def decay(self, t: int) -> float:
+        """``gamma ** t``."""
         return self.gamma ** t
 
 
@@ -471,17 +431,23 @@ class _DecayToMinScheduler(_WarmupDecayScheduler):
     """Decay from lr to ``min_lr_factor`` x lr over the ``num_training_steps - num_warmup_steps`` steps after the
     warm-up (``num_training_steps`` None: the whole fit, in updates or epochs per interval), then constant."""
 
-    def __init__(self, callback_name, num_training_steps, min_lr_factor, interval, num_warmup_steps,
-                 warmup_start_factor, optimizer_idx):
+    def __init__(self, callback_name: str, num_training_steps: Optional[int], min_lr_factor: float, interval: str,
+                 num_warmup_steps: int, warmup_start_factor: float, optimizer_idx: OptimizerIdx) -> None:
         super().__init__(callback_name, interval, num_warmup_steps, warmup_start_factor, optimizer_idx)
         self.num_training_steps = num_training_steps
         self.min_lr_factor = min_lr_factor
-        self._decay_steps = None
+        self._decay_steps: Optional[int] = None     # set by prepare(), when the scheduler is built
 
-    def prepare(self):
+    def prepare(self) -> None:
+        """Resolve the number of decay steps from the fit."""
         self._decay_steps = max(1, self._total_steps() - self.num_warmup_steps)
 
-    def _total_steps(self):
+    def _decay_steps_set(self) -> int:
+        decay_steps = self._decay_steps
+        assert decay_steps is not None, 'prepare() runs before the scheduler uses decay()'
+        return decay_steps
+
+    def _total_steps(self) -> int:
         if self.num_training_steps is not None:
             return self.num_training_steps
         loop = self.train_loop_obj
@@ -497,14 +463,17 @@ class PolynomialScheduler(_DecayToMinScheduler):
     """Polynomial decay ``(1 - t / T) ** power`` from lr to ``min_lr_factor`` x lr over the steps after an optional
     warm-up; ``num_training_steps`` None means the whole fit (updates or epochs, per interval)."""
 
-    def __init__(self, num_training_steps=None, power=1., min_lr_factor=0., interval='step', num_warmup_steps=0,
-                 warmup_start_factor=0., optimizer_idx=None):
+    def __init__(self, num_training_steps: Optional[int] = None, power: float = 1., min_lr_factor: float = 0.,
+                 interval: str = 'step', num_warmup_steps: int = 0, warmup_start_factor: float = 0.,
+                 optimizer_idx: OptimizerIdx = None) -> None:
         super().__init__('Polynomial learning rate scheduler', num_training_steps, min_lr_factor, interval,
                          num_warmup_steps, warmup_start_factor, optimizer_idx)
         self.power = power
 
-    def decay(self, t):
-        remaining = 1. - min(t, self._decay_steps) / self._decay_steps
+    def decay(self, t: int) -> float:
+        """Polynomial decay to ``min_lr_factor``."""
+        decay_steps = self._decay_steps_set()
+        remaining = 1. - min(t, decay_steps) / decay_steps
         return self.min_lr_factor + (1. - self.min_lr_factor) * remaining ** self.power
 
 
@@ -512,33 +481,40 @@ class CosineScheduler(_DecayToMinScheduler):
     """Cosine decay from lr to ``min_lr_factor`` x lr over the steps after an optional warm-up (then constant);
     ``num_training_steps`` None means the whole fit (updates or epochs, per interval)."""
 
-    def __init__(self, num_training_steps=None, min_lr_factor=0., interval='step', num_warmup_steps=0,
-                 warmup_start_factor=0., optimizer_idx=None):
+    def __init__(self, num_training_steps: Optional[int] = None, min_lr_factor: float = 0., interval: str = 'step',
+                 num_warmup_steps: int = 0, warmup_start_factor: float = 0.,
+                 optimizer_idx: OptimizerIdx = None) -> None:
         super().__init__('Cosine learning rate scheduler', num_training_steps, min_lr_factor, interval,
                          num_warmup_steps, warmup_start_factor, optimizer_idx)
 
-    def decay(self, t):
-        cosine = 0.5 * (1. + math.cos(math.pi * min(t, self._decay_steps) / self._decay_steps))
+    def decay(self, t: int) -> float:
+        """Cosine decay to ``min_lr_factor``."""
+        decay_steps = self._decay_steps_set()
+        cosine = 0.5 * (1. + math.cos(math.pi * min(t, decay_steps) / decay_steps))
         return self.min_lr_factor + (1. - self.min_lr_factor) * cosine
 
 
 class FunctionScheduler(_WarmupDecayScheduler):
     """The learning rate is ``lr_fn(t, initial_lr)`` at step t (an epoch or an optimizer update, per interval)."""
 
-    def __init__(self, lr_fn, interval='epoch', optimizer_idx=None):
+    def __init__(self, lr_fn: Callable[[int, float], float], interval: str = 'epoch',
+                 optimizer_idx: OptimizerIdx = None) -> None:
         if not callable(lr_fn):
             raise TypeError(f'FunctionScheduler: lr_fn must be a function (step, initial_lr) -> lr, got '
                             f'{type(lr_fn).__qualname__}')
         super().__init__('Function learning rate scheduler', interval, 0, 0., optimizer_idx)
         self.lr_fn = lr_fn
 
-    def build_scheduler(self, optimizer):
+    def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch_lr_scheduler.LambdaLR:
+        """A LambdaLR with one factor function per param group: ``lr_fn(t, initial_lr) / initial_lr``."""
         base_lrs = [group.get('initial_lr', group['lr']) for group in optimizer.param_groups]
         if any(lr == 0 for lr in base_lrs):
             raise ValueError('FunctionScheduler: a param group has lr=0; lr_fn gets the initial lr, so set a '
                              'non-zero lr on the optimizer')
-        return torch_lr_scheduler.LambdaLR(
-            optimizer, [lambda t, base=base: self.lr_fn(t, base) / base for base in base_lrs])
+        def scaled(base: float) -> Callable[[int], float]:
+            # A plain function per group (a lambda, as LambdaLR.state_dict expects), bound to its initial lr.
+            return lambda t: self.lr_fn(t, base) / base
+        return torch_lr_scheduler.LambdaLR(optimizer, [scaled(base) for base in base_lrs])
 
 
 # ---- learning rate into the history ----------------------------------------------------------------------
@@ -546,23 +522,20 @@ class FunctionScheduler(_WarmupDecayScheduler):
 class LRMonitor(AbstractCallback):
     """Writes the learning rate of every param group into the train history at the start of every epoch (the
     rate the epoch's first update uses). Key ``'lr'`` when the loop has one param group in total, else
-    ``'lr_<optimizer_idx>_<group_idx>'``. Registered automatically by every scheduler callback; only one
-    LRMonitor per loop writes."""
+    ``'lr_<optimizer_idx>_<group_idx>'``. Added by default to every fit with a scheduler callback
+    (callbacks/defaults.py); only one LRMonitor per loop writes."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__('Learning rate monitor', execution_order=0)
         self._active = True
 
-    @staticmethod
-    def ensure_registered(loop):
-        if not any(isinstance(cb, LRMonitor) for cb in loop.callbacks):
-            loop.callbacks_handler.register_callbacks([LRMonitor()])
-
-    def on_train_begin(self):
+    def on_train_begin(self) -> None:
+        """Only the loop's first LRMonitor writes."""
         first = next(cb for cb in self.train_loop_obj.callbacks if isinstance(cb, LRMonitor))
         self._active = first is self
 
-    def on_epoch_begin(self):
+    def on_epoch_begin(self) -> None:
+        """Write the learning rates into the train history."""
         if not self._active:
             return
         loop = self.train_loop_obj

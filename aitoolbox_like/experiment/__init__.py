@@ -11,7 +11,7 @@ Our own bookkeeping stays at the root, so a script that lists ``checkpoint_model
 ``results/`` and loads every file finds only saved models and results; temporary files of atomic writes
 are created at the root too, so a crash mid-write leaves nothing partial inside those folders.
 
-One :class:`Experiment` per TrainLoop (``loop._experiment``) so every callback writes to the same folder.
+One :class:`Experiment` per TrainLoop (``loop.experiment``) so every callback writes to the same folder.
 """
 import json
 import logging
@@ -19,6 +19,7 @@ import os
 import shutil
 import uuid
 import zipfile
+from typing import Any, Dict
 
 from ..storage.base import join_key, validate_key, validate_key_part
 from ..storage.local import write_atomically, write_text_atomically
@@ -228,6 +229,17 @@ class Experiment:
         except OSError:
             return None
 
+    def wait_for_uploads(self, after_exception=False):
+        """Wait for every uploader's pending uploads (at most ExperimentUploader.wait_timeout_s, or
+        exception_wait_timeout_s when fit is failing) and return the uploads that failed. The loop calls this at
+        the end of fit."""
+        failures = []
+        for uploader in self.uploaders.values():
+            timeout = min(uploader.wait_timeout_s, uploader.exception_wait_timeout_s) if after_exception \
+                else uploader.wait_timeout_s
+            failures += uploader.wait(timeout)
+        return failures
+
     # ---- files of the experiment --------------------------------------------------------------
 
     def subdir(self, name):
@@ -292,7 +304,7 @@ def zip_source_dirs(source_dirs, zip_path):
 
 def get_experiment(loop, project_name=None, experiment_name=None, local_model_result_folder_path=None):
     """The loop's Experiment, created from the given names (or the tracking loop's) on first use."""
-    experiment = getattr(loop, '_experiment', None)
+    experiment = loop.experiment
     project_name = project_name if project_name is not None else getattr(loop, 'project_name', None)
     experiment_name = experiment_name if experiment_name is not None else getattr(loop, 'experiment_name', None)
     folder = local_model_result_folder_path if local_model_result_folder_path is not None else \
@@ -308,7 +320,7 @@ def get_experiment(loop, project_name=None, experiment_name=None, local_model_re
     if None in (project_name, experiment_name, folder):
         return None
     experiment = Experiment(loop, project_name, experiment_name, folder)
-    loop._experiment = experiment
+    loop.experiment = experiment
     return experiment
 
 
@@ -320,10 +332,11 @@ class ExperimentUploader:
     in a background thread (training does not wait). Set on the loop as ``loop.experiment_uploader``."""
 
     # Passed to S3Storage / BackgroundUploader; tests shorten the retries.
-    storage_options = {}
-    uploader_options = {}
-    # How long the end of fit (or an exception) waits for pending uploads.
+    storage_options: Dict[str, Any] = {}
+    uploader_options: Dict[str, Any] = {}
+    # How long the end of fit waits for pending uploads; after an exception, at most exception_wait_timeout_s.
     wait_timeout_s = 1800.0
+    exception_wait_timeout_s = 120.0
 
     def __init__(self, experiment, bucket_name, cloud_dir_prefix='', endpoint_url=None, storage=None):
         from ..storage import BackgroundUploader
@@ -404,23 +417,21 @@ def get_uploader(loop, experiment, cloud_save_mode, bucket_name, cloud_dir_prefi
     if uploader is None:
         uploader = ExperimentUploader(experiment, bucket_name, cloud_dir_prefix, endpoint_url)
         experiment.uploaders[key] = uploader
-        if getattr(loop, 'experiment_uploader', None) is None:
+        if loop.experiment_uploader is None:
             loop.experiment_uploader = uploader
-        from ..callbacks.model_save import WaitForUploads
-        if not any(isinstance(cb, WaitForUploads) for cb in loop.callbacks):
-            loop.callbacks_handler.register_callbacks([WaitForUploads()])
     return uploader
 
 
 def all_uploaders(loop):
-    experiment = getattr(loop, '_experiment', None)
+    """Every uploader of the loop's experiment (one per bucket / prefix / endpoint)."""
+    experiment = loop.experiment
     return list(experiment.uploaders.values()) if experiment is not None else []
 
 
 def __getattr__(name):
     # AIToolbox's aitoolbox.experiment package exported a few result packages; code where aitoolbox was renamed
     # aitoolbox_like imports them from here (the names live in the compat alias table).
-    from .. import compat
-    value = compat.extra_attribute(__name__, name)
+    from ..compat import extra_attribute
+    value = extra_attribute(__name__, name)
     globals()[name] = value
     return value

@@ -17,7 +17,8 @@ from aitoolbox_like.callbacks.basic import EmailNotification, LogUpload, SESSend
 from aitoolbox_like.callbacks.performance_eval import ModelTrainHistoryFileWriter  # noqa: E402
 from aitoolbox_like.experiment import ExperimentUploader  # noqa: E402
 from aitoolbox_like.storage.s3 import S3Storage  # noqa: E402
-from aitoolbox_like.train_loop import TrainLoop, TrainLoopCheckpoint  # noqa: E402
+from aitoolbox_like.tracking import TrainLoopCheckpoint  # noqa: E402
+from aitoolbox_like.train_loop import TrainLoop  # noqa: E402
 from helpers import MLP, loaders  # noqa: E402
 from s3_server import make_bucket, s3_server  # noqa: E402,F401  (pytest fixture)
 

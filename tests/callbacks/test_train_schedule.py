@@ -299,7 +299,8 @@ def test_one_lr_monitor_and_multiple_param_groups():
         return torch.optim.SGD([{'params': layers[0].parameters()}, {'params': layers[3].parameters(), 'lr': 0.01}],
                                lr=0.1)
     loop = make_loop(optimizer_fn=two_groups)
-    loop.fit(num_epochs=2, callbacks=[StepLRScheduler(1, gamma=0.5), LRMonitor()])
+    loop.fit(num_epochs=2, callbacks=[StepLRScheduler(1, gamma=0.5), LRMonitor(), LRMonitor()])
+    # the user's monitors are kept (the default one is not added beside them), and only one of them writes
     assert sum(isinstance(cb, LRMonitor) for cb in loop.callbacks) == 2
     assert loop.train_history['lr_0_0'] == pytest.approx([0.1, 0.05])
     assert loop.train_history['lr_0_1'] == pytest.approx([0.01, 0.005])

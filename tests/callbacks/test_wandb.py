@@ -17,7 +17,8 @@ wandb = pytest.importorskip('wandb')
 
 from aitoolbox_like import AbstractCallback  # noqa: E402
 from aitoolbox_like.callbacks.wandb import AlertConfig, WandBTracking  # noqa: E402
-from aitoolbox_like.train_loop import TrainLoop, TrainLoopCheckpoint  # noqa: E402
+from aitoolbox_like.tracking import TrainLoopCheckpoint  # noqa: E402
+from aitoolbox_like.train_loop import TrainLoop  # noqa: E402
 from helpers import MLP, loaders  # noqa: E402
 
 _BLOCK = 32 * 1024

@@ -16,7 +16,7 @@ torch.set_num_threads(1)
 from aitoolbox_like import AbstractCallback  # noqa: E402
 from aitoolbox_like.callbacks.basic import EarlyStopping  # noqa: E402
 from aitoolbox_like.callbacks.train_schedule import StepLRScheduler  # noqa: E402
-from aitoolbox_like.train_loop import TrainLoopCheckpoint  # noqa: E402
+from aitoolbox_like.tracking import TrainLoopCheckpoint  # noqa: E402
 from saving_helpers import make_parts, weights  # noqa: E402
 
 

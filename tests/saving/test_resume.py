@@ -14,7 +14,8 @@ from aitoolbox_like.callbacks.model_load import ModelLoadContinueTraining
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint, ModelIterationCheckpoint
 from aitoolbox_like.callbacks.train_schedule import StepLRScheduler
 from aitoolbox_like.checkpoint import CheckpointError, load_checkpoint
-from aitoolbox_like.train_loop import TrainLoop, TrainLoopCheckpoint
+from aitoolbox_like.train_loop import TrainLoop
+from aitoolbox_like.tracking import TrainLoopCheckpoint
 from saving_helpers import Net, assert_same_weights, make_parts, weights
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,7 +40,7 @@ def _reference(tmp_path, epochs=4, **kwargs):
 
 
 def _checkpoints(loop):
-    folder = os.path.join(loop._experiment.dir_path, 'checkpoint_model')
+    folder = os.path.join(loop.experiment.dir_path, 'checkpoint_model')
     return folder, sorted(f for f in os.listdir(folder) if f.endswith('.pth'))
 
 

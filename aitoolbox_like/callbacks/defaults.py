@@ -1,0 +1,41 @@
+"""The callbacks every fit gets without asking: the one place that adds them (as Keras' CallbackList adds its
+History and progress bar). The loop calls :func:`add_default_callbacks` once per fit, after the user's
+callbacks are registered and, in a distributed run, after the loaders are sharded."""
+from typing import TYPE_CHECKING, List
+
+from .abstract import AbstractCallback, AbstractScheduler
+from .basic import ProgressBar
+from .ddp import DistributedSamplerSetEpoch
+from .train_schedule import LRMonitor
+
+if TYPE_CHECKING:
+    from ..train_loop import TrainLoop
+
+
+def add_default_callbacks(loop: 'TrainLoop') -> List[AbstractCallback]:
+    """Register what this fit needs and the user did not register; returns the callbacks added.
+
+    - :class:`~aitoolbox_like.callbacks.basic.ProgressBar` when ``loop.progress_bar`` is on, in the main process;
+    - :class:`~aitoolbox_like.callbacks.train_schedule.LRMonitor` when a scheduler callback is registered;
+    - :class:`~aitoolbox_like.callbacks.ddp.DistributedSamplerSetEpoch` for the samplers a DDP fit gave the
+      loaders (``loop.distributed_samplers``); a second fit points the registered one at the new samplers.
+    """
+    def registered(cls: type) -> List[AbstractCallback]:
+        return [cb for cb in loop.callbacks if isinstance(cb, cls)]
+
+    added: List[AbstractCallback] = []
+    if loop.progress_bar and loop.is_main_process() and not registered(ProgressBar):
+        added.append(ProgressBar())
+    if registered(AbstractScheduler) and not registered(LRMonitor):
+        added.append(LRMonitor())
+    samplers = loop.distributed_samplers
+    if samplers is not None:
+        existing = registered(DistributedSamplerSetEpoch)
+        if existing:
+            setter = existing[0]
+            assert isinstance(setter, DistributedSamplerSetEpoch)
+            setter.train_sampler, setter.validation_sampler, setter.test_sampler = samplers
+        else:
+            added.append(DistributedSamplerSetEpoch(*samplers))
+    loop.callbacks_handler.register_callbacks(added)
+    return added

@@ -1,0 +1,133 @@
+"""The layering rules of docs/architecture.md, checked on the source: no import cycle (imports inside functions
+included), the core never imports a callback module except the callback framework and the one module that adds
+default callbacks, and no module reaches into another module's _private names."""
+import ast
+import os
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / 'aitoolbox_like'
+# The callback framework: what the loop is built on. Every other callbacks/ module is a callback library.
+CALLBACK_FRAMEWORK = {'aitoolbox_like.callbacks', 'aitoolbox_like.callbacks.abstract',
+                      'aitoolbox_like.callbacks.handler'}
+DEFAULTS = 'aitoolbox_like.callbacks.defaults'
+# Modules above the callback libraries: a loop with callbacks pre-registered, and the AIToolbox alias layer.
+ABOVE_CALLBACKS = {'aitoolbox_like.tracking'}
+# Third-party private attributes we cannot avoid, each explained where it is used.
+ALLOWED_THIRD_PARTY_PRIVATES = {
+    ('aitoolbox_like.distributed', '_num_samples'),
+    ('aitoolbox_like.callbacks.tensorboard', '_get_file_writer'),
+    ('aitoolbox_like.storage.s3', '_request_signer'),
+    ('aitoolbox_like.storage.s3', '_credentials'),
+}
+
+
+def _modules():
+    found = {}
+    for path in PACKAGE.rglob('*.py'):
+        if '_shim' in path.parts:
+            continue
+        name = '.'.join(path.relative_to(PACKAGE.parent).with_suffix('').parts)
+        found[name[:-len('.__init__')] if name.endswith('.__init__') else name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_type_checking_block(node):
+    return isinstance(node, ast.If) and 'TYPE_CHECKING' in ast.unparse(node.test)
+
+
+def _walk_runtime(tree):
+    """Every node that can execute at run time (``if TYPE_CHECKING:`` blocks are for the type checker only)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(child for child in ast.iter_child_nodes(node) if not _is_type_checking_block(child))
+
+
+def _imports(module, tree):
+    package = module if MODULES[module].name == '__init__.py' else module.rsplit('.', 1)[0]
+    for node in _walk_runtime(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split('.')[:len(package.split('.')) - node.level + 1] if node.level else []
+            target = '.'.join(base + ([node.module] if node.module else [])) if node.level else node.module
+            submodules = [f'{target}.{alias.name}' for alias in node.names if f'{target}.{alias.name}' in MODULES]
+            # `from . import x` imports the submodule x; only a name import depends on the package's own code.
+            targets = submodules if len(submodules) == len(node.names) else [target] + submodules
+        else:
+            continue
+        for target in targets:
+            while target not in MODULES and '.' in target:
+                target = target.rsplit('.', 1)[0]
+            if target in MODULES and target != module:
+                yield target
+
+
+def _graph():
+    return {module: set(_imports(module, ast.parse(path.read_text()))) for module, path in MODULES.items()}
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    cycles = []
+    state = {}
+
+    def visit(module, trail):
+        state[module] = 'open'
+        for target in sorted(graph[module]):
+            if state.get(target) == 'open':
+                cycles.append(trail[trail.index(target):] + [target])
+            elif target not in state:
+                visit(target, trail + [target])
+        state[module] = 'done'
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_core_does_not_import_callback_libraries():
+    offenders = []
+    for module, targets in _graph().items():
+        if module.startswith('aitoolbox_like.callbacks') or module.startswith('aitoolbox_like.compat') \
+                or module in ABOVE_CALLBACKS:
+            continue
+        for target in targets:
+            if target.startswith('aitoolbox_like.callbacks.') and target not in CALLBACK_FRAMEWORK:
+                if not (module == 'aitoolbox_like.train_loop' and target == DEFAULTS):
+                    offenders.append((module, target))
+    assert offenders == []
+
+
+def test_no_access_to_another_module_s_private_names():
+    offenders = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        own = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
+                    and isinstance(node.value, ast.Name) and node.value.id in ('self', 'cls'):
+                own.add(node.attr)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name)
+                                                          and node.value.id in ('self', 'cls')):
+                names = [] if node.attr in own else [node.attr]
+            else:
+                continue
+            for name in names:
+                if name.startswith('_') and not name.startswith('__') \
+                        and (module, name) not in ALLOWED_THIRD_PARTY_PRIVATES:
+                    offenders.append((module, node.lineno, name))
+    assert offenders == []
