@@ -1,6 +1,9 @@
 """Mixed-precision policy: which autocast dtype, and whether a GradScaler is needed."""
+from __future__ import annotations
+
 import contextlib
 import warnings
+from typing import Any, ContextManager
 
 import torch
 
@@ -13,9 +16,9 @@ class AmpPolicy:
     (fp16 with a custom scaler, as in AIToolbox).
     """
 
-    def __init__(self, use_amp, device):
+    def __init__(self, use_amp: bool | str | dict[str, Any] | None, device: torch.device | str) -> None:
         device = torch.device(device)
-        scaler_kwargs = {}
+        scaler_kwargs: dict[str, Any] = {}
         if isinstance(use_amp, dict):
             scaler_kwargs, use_amp = dict(use_amp), 'fp16'
         if use_amp is True:
@@ -34,20 +37,24 @@ class AmpPolicy:
             use_amp, scaler_kwargs = None, {}
         self.mode = use_amp
         self.device_type = device.type
-        self.dtype = {'fp16': torch.float16, 'bf16': torch.bfloat16}.get(use_amp)
+        dtypes: dict[str | None, torch.dtype] = {'fp16': torch.float16, 'bf16': torch.bfloat16}
+        self.dtype = dtypes.get(use_amp)
         # Always a GradScaler (disabled unless fp16) so callbacks can rely on loop.amp_scaler existing.
         self.scaler = torch.amp.GradScaler(device.type if device.type == 'cuda' else 'cpu',
                                            enabled=use_amp == 'fp16', **scaler_kwargs)
 
     @property
-    def enabled(self):
+    def enabled(self) -> bool:
+        """True when autocast is on (fp16 or bf16)."""
         return self.mode is not None
 
     @property
-    def uses_scaler(self):
+    def uses_scaler(self) -> bool:
+        """True for fp16, where losses must be scaled through ``scaler`` before backward."""
         return self.mode == 'fp16'
 
-    def autocast(self):
+    def autocast(self) -> ContextManager[Any]:
+        """The context the forward pass runs in: ``torch.autocast`` for the mode, or a no-op."""
         if self.mode is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=self.dtype)

@@ -4,17 +4,24 @@ A checkpoint is one ``torch.save`` dict that holds only tensors, numbers, string
 dicts, so it loads with ``torch.load(weights_only=True)``: loading a file then never runs code that
 came with it.
 """
+from __future__ import annotations
+
 import logging
 import os
 import pickle
 import re
 from collections import OrderedDict
+from collections.abc import Mapping
+from typing import IO, Any, TypeVar
 
 import torch
 
+from ._typing import StrPath
 from .storage.local import write_atomically
 
 logger = logging.getLogger(__name__)
+
+_ModuleT = TypeVar('_ModuleT', bound=torch.nn.Module)
 
 # Bump when the checkpoint dict layout changes incompatibly; a reader refuses newer files rather
 # than silently misreading them.
@@ -45,7 +52,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint cannot be written or read as asked; the message says why and what to do."""
 
 
-def _fsync_directory(directory):
+def _fsync_directory(directory: StrPath) -> None:
     # Makes the rename itself durable; some platforms (Windows) cannot open a directory.
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -59,7 +66,7 @@ def _fsync_directory(directory):
         os.close(fd)
 
 
-def atomic_torch_save(obj, path, temp_dir=None):
+def atomic_torch_save(obj: Any, path: StrPath, temp_dir: StrPath | None = None) -> None:
     """``torch.save(obj, path)`` such that ``path`` holds either the old file or the complete new one.
 
     The temporary file (``.<name>.<random>.tmp``) lives in the target directory, or in ``temp_dir`` (same
@@ -70,7 +77,7 @@ def atomic_torch_save(obj, path, temp_dir=None):
     _fsync_directory(os.path.dirname(path))
 
 
-def load_model_weights(model, state_dict, source='checkpoint'):
+def load_model_weights(model: _ModuleT, state_dict: Mapping[str, Any], source: str = 'checkpoint') -> _ModuleT:
     """``model.load_state_dict(state_dict)`` (strict), with a CheckpointError that names the missing and the
     unexpected keys when the checkpoint was saved from a different model."""
     try:
@@ -90,19 +97,19 @@ def load_model_weights(model, state_dict, source='checkpoint'):
     return model
 
 
-def _describe_key(key):
+def _describe_key(key: object) -> str:
     return f'[{key!r}]'
 
 
-def check_weights_only_safe(obj, where='checkpoint'):
+def check_weights_only_safe(obj: object, where: str = 'checkpoint') -> None:
     """Raise CheckpointError if ``obj`` holds anything ``torch.load(weights_only=True)`` would refuse.
 
     Run before saving so the mistake (a lambda, a numpy scalar, a custom object in a callback's
     state) is reported with its location now, not as an unreadable checkpoint at resume time.
     """
     # Iterative walk: deeply nested state must not hit the recursion limit; `seen` guards cycles.
-    stack = [(obj, where)]
-    seen = set()
+    stack: list[tuple[Any, str]] = [(obj, where)]
+    seen: set[int] = set()
     while stack:
         value, location = stack.pop()
         kind = type(value)
@@ -133,14 +140,14 @@ def check_weights_only_safe(obj, where='checkpoint'):
         )
 
 
-def _type_name(value):
+def _type_name(value: object) -> str:
     kind = type(value)
     if kind.__module__ == 'builtins':
         return kind.__qualname__
     return f'{kind.__module__}.{kind.__qualname__}'
 
 
-def _unsafe_reason(error):
+def _unsafe_reason(error: BaseException) -> str | None:
     """Return a short description if a weights_only failure is a refused object, else None.
 
     torch wraps the unpickler's own error in a long message; the original is its __context__.
@@ -163,23 +170,27 @@ def _unsafe_reason(error):
     return None
 
 
-def _short_error(error):
+def _short_error(error: BaseException) -> str:
     inner = error.__context__ if isinstance(error, pickle.UnpicklingError) and error.__context__ else error
     lines = str(inner).strip().splitlines()
     first = lines[0] if lines else ''
     return f'{type(inner).__name__}: {first}' if first else type(inner).__name__
 
 
-def load_checkpoint(path_or_file, map_location='cpu', allow_unsafe_pickle=False):
+def load_checkpoint(path_or_file: StrPath | IO[bytes], map_location: Any = 'cpu',
+                    allow_unsafe_pickle: bool = False) -> Any:
     """Load a checkpoint written by :func:`atomic_torch_save`.
 
     Uses ``torch.load(weights_only=True)`` unless ``allow_unsafe_pickle`` is set, which is only for
     files you trust (for example old checkpoints that pickled whole objects).
     """
-    is_path = isinstance(path_or_file, (str, bytes, os.PathLike))
-    name = os.fspath(path_or_file) if is_path else getattr(path_or_file, 'name', repr(path_or_file))
-    if is_path and not os.path.exists(path_or_file):
-        raise FileNotFoundError(f'Checkpoint file not found: {name}')
+    name: str
+    if isinstance(path_or_file, (str, bytes, os.PathLike)):
+        name = os.fspath(path_or_file)
+        if not os.path.exists(path_or_file):
+            raise FileNotFoundError(f'Checkpoint file not found: {name}')
+    else:
+        name = getattr(path_or_file, 'name', repr(path_or_file))
 
     try:
         checkpoint = torch.load(path_or_file, map_location=map_location,

@@ -1,11 +1,13 @@
 """Two small map-style datasets for data that is already in memory as lists (AIToolbox's
 ``torchtrain.data.dataset``)."""
+from __future__ import annotations
+
 from typing import Any, Sequence, Tuple
 
 from torch.utils.data import Dataset
 
 
-class BasicDataset(Dataset):
+class BasicDataset(Dataset[Any]):
     """A dataset whose examples are the rows (first dimension) of one indexable object: a list, a tensor,
     a numpy array.
 
@@ -16,7 +18,7 @@ class BasicDataset(Dataset):
         data: anything with ``len()`` and integer indexing; ``dataset[i]`` is ``data[i]``.
     """
 
-    def __init__(self, data: Sequence[Any]):
+    def __init__(self, data: Sequence[Any]) -> None:
         self.data = data
 
     def __len__(self) -> int:
@@ -26,7 +28,7 @@ class BasicDataset(Dataset):
         return self.data[idx]
 
 
-class ListDataset(Dataset):
+class ListDataset(Dataset[Tuple[Any, ...]]):
     """The list counterpart of ``torch.utils.data.TensorDataset``: example ``i`` is the tuple of the ``i``-th
     element of every given list.
 
@@ -40,7 +42,7 @@ class ListDataset(Dataset):
         ValueError: no list given, or the lists differ in length.
     """
 
-    def __init__(self, *data_lists: Sequence[Any]):
+    def __init__(self, *data_lists: Sequence[Any]) -> None:
         if not data_lists:
             raise ValueError('ListDataset needs at least one data list')
         lengths = [len(data_list) for data_list in data_lists]

@@ -1,7 +1,10 @@
 """TrainingHistory: per-metric lists of values, one entry per time the metric was computed."""
+from __future__ import annotations
+
 import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -15,28 +18,30 @@ class TrainingHistory:
     As in AIToolbox, ``history[name] = value`` APPENDS a value; ``history[name]`` returns the list.
     """
 
-    def __init__(self, has_validation=True, strict_content_check=False):
+    def __init__(self, has_validation: bool = True, strict_content_check: bool = False) -> None:
         self.strict_content_check = strict_content_check
         self.has_validation = has_validation
         self.train_history = self._empty_history()
-        self._epochs = {}
+        self._epochs: dict[str, list[int]] = {}
         self.current_epoch = 0   # the TrainLoop keeps this up to date; it labels new values
 
-    def _empty_history(self):
-        history = {'loss': [], 'accumulated_loss': []}
+    def _empty_history(self) -> dict[str, list[Any]]:
+        history: dict[str, list[Any]] = {'loss': [], 'accumulated_loss': []}
         if self.has_validation:
             history['val_loss'] = []
         return history
 
     @property
-    def empty_train_history(self):
+    def empty_train_history(self) -> dict[str, list[Any]]:
+        """A fresh history dict with only the default metrics (``loss``, ``accumulated_loss``, ``val_loss``)."""
         return self._empty_history()
 
-    def insert_single_result_into_history(self, metric_name, metric_result, epoch=None):
+    def insert_single_result_into_history(self, metric_name: str, metric_result: Any, epoch: int | None = None) -> None:
+        """Append ``metric_result`` to ``metric_name``'s list, labelled with ``epoch`` (default: ``current_epoch``)."""
         self.train_history.setdefault(metric_name, []).append(metric_result)
         self._epochs.setdefault(metric_name, []).append(self.current_epoch if epoch is None else epoch)
 
-    def value_in_epoch(self, metric_name, epoch):
+    def value_in_epoch(self, metric_name: str, epoch: int) -> Any:
         """The value of ``metric_name`` recorded in ``epoch``, or None when it was not computed then (e.g.
         evaluation every k epochs): a rule reading it must not count an older value again."""
         values = self.train_history.get(metric_name)
@@ -44,14 +49,16 @@ class TrainingHistory:
             return None
         return values[-1]
 
-    def get_epochs(self, metric_name):
+    def get_epochs(self, metric_name: str) -> list[int]:
         """Epoch index of each value of ``metric_name`` (same length as ``history[metric_name]``)."""
         return list(self._epochs.get(metric_name, []))
 
-    def get_train_history(self):
+    def get_train_history(self) -> dict[str, list[Any]]:
+        """The underlying ``{metric: [values]}`` dict (not a copy)."""
         return self.train_history
 
-    def get_train_history_dict(self, flatten_dict=False):
+    def get_train_history_dict(self, flatten_dict: bool = False) -> dict[str, list[Any]]:
+        """The history dict; ``flatten_dict=True`` expands dict-valued metrics (see :meth:`flatten_history`)."""
         if self.train_history == self._empty_history():
             logger.warning('Train History dict is empty')
         if not flatten_dict:
@@ -59,10 +66,10 @@ class TrainingHistory:
         return self.flatten_history(self.train_history)
 
     @staticmethod
-    def flatten_history(history):
+    def flatten_history(history: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
         """Expand metrics whose values are dicts into one list per key: ``{'f1': [{'a': 1}]}`` becomes
         ``{'f1_a': [1]}``. Works on any Python 3 (AIToolbox's used collections.Mapping, gone in 3.10)."""
-        flat = {}
+        flat: dict[str, list[Any]] = {}
         for name, values in history.items():
             if values and all(isinstance(v, Mapping) for v in values):
                 for sub_name in dict.fromkeys(k for v in values for k in v):
@@ -71,56 +78,63 @@ class TrainingHistory:
                 flat[name] = copy.deepcopy(values)
         return flat
 
-    def wrap_pre_prepared_history(self, history):
+    def wrap_pre_prepared_history(self, history: dict[str, list[Any]]) -> TrainingHistory:
+        """Adopt an existing ``{metric: [values]}`` dict (value i is taken as epoch i); returns ``self``."""
         self.train_history = history
         self._epochs = {name: list(range(len(values))) for name, values in history.items()}
         return self
 
-    def get_epoch_from_history(self, epoch):
+    def get_epoch_from_history(self, epoch: int) -> dict[str, Any]:
         """The values recorded in one epoch: ``{metric: value}``."""
         return {name: self.train_history[name][self._epochs[name].index(epoch)]
                 for name in self.train_history if epoch in self._epochs.get(name, [])}
 
     # ---- checkpoint state ----
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
+        """Values, their epochs and ``current_epoch``, for a checkpoint."""
         return {'train_history': copy.deepcopy(self.train_history), 'epochs': copy.deepcopy(self._epochs),
                 'current_epoch': self.current_epoch}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (deep copies, so the checkpoint dict stays untouched)."""
         self.train_history = copy.deepcopy(state['train_history'])
         self._epochs = copy.deepcopy(state['epochs'])
         self.current_epoch = state.get('current_epoch', 0)
 
     # ---- dict protocol ----
-    def __getitem__(self, metric_name):
+    def __getitem__(self, metric_name: str) -> list[Any]:
         return self.train_history[metric_name]
 
-    def __setitem__(self, metric_name, metric_result):
+    def __setitem__(self, metric_name: str, metric_result: Any) -> None:
         self.insert_single_result_into_history(metric_name, metric_result)
 
-    def __contains__(self, metric_name):
+    def __contains__(self, metric_name: object) -> bool:
         return metric_name in self.train_history
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self.train_history)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.train_history)
 
-    def keys(self):
+    def keys(self) -> KeysView[str]:
+        """Metric names, as ``dict.keys()``."""
         return self.train_history.keys()
 
-    def values(self):
+    def values(self) -> ValuesView[list[Any]]:
+        """Per-metric value lists, as ``dict.values()``."""
         return self.train_history.values()
 
-    def items(self):
+    def items(self) -> ItemsView[str, list[Any]]:
+        """``(metric, values)`` pairs, as ``dict.items()``."""
         return self.train_history.items()
 
-    def get(self, metric_name, default=None):
+    def get(self, metric_name: str, default: Any = None) -> Any:
+        """The value list of ``metric_name``, or ``default`` when it was never recorded."""
         return self.train_history.get(metric_name, default)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return str(self.train_history)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f'TrainingHistory({self.train_history!r})'

@@ -45,8 +45,8 @@ class Message:
         self.key = key
         self.value = value
         self.msg_handling_settings: List[MessageHandling] = \
-            list(msg_handling_settings) if isinstance(msg_handling_settings, (list, tuple)) \
-            else [msg_handling_settings]
+            [msg_handling_settings] if isinstance(msg_handling_settings, MessageHandling) \
+            else list(msg_handling_settings)
 
     def __repr__(self) -> str:
         return f'Message({self.key!r}, {self.value!r}, {[s.name for s in self.msg_handling_settings]})'

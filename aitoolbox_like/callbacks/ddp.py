@@ -1,5 +1,12 @@
 """Callbacks for DistributedDataParallel training: sampler epochs and building data inside each process."""
+from typing import Any, Callable, Union
+
+from torch.utils.data import DataLoader
+
 from .abstract import AbstractCallback
+
+#: Builds a DataLoader in each process; None or False: keep the TrainLoop's loader.
+LoaderBuildFn = Union[Callable[[], 'DataLoader[Any]'], None, bool]
 
 
 class DistributedSamplerSetEpoch(AbstractCallback):
@@ -7,16 +14,19 @@ class DistributedSamplerSetEpoch(AbstractCallback):
     epoch is shuffled differently (and identically in every process). A DDP fit registers it itself.
 
     Args:
-        train_sampler, validation_sampler, test_sampler: samplers with ``set_epoch`` (or None).
+        train_sampler: a sampler with ``set_epoch`` (or None).
+        validation_sampler: a sampler with ``set_epoch`` (or None).
+        test_sampler: a sampler with ``set_epoch`` (or None).
     """
 
-    def __init__(self, train_sampler, validation_sampler, test_sampler):
+    def __init__(self, train_sampler: Any, validation_sampler: Any, test_sampler: Any) -> None:
         super().__init__('set_epoch for DistributedSamplers at the start of each epoch', execution_order=-100)
         self.train_sampler = train_sampler
         self.validation_sampler = validation_sampler
         self.test_sampler = test_sampler
 
-    def on_epoch_begin(self):
+    def on_epoch_begin(self) -> None:
+        """``set_epoch(epoch)`` on every sampler that has it."""
         for sampler in (self.train_sampler, self.validation_sampler, self.test_sampler):
             if callable(getattr(sampler, 'set_epoch', None)):
                 sampler.set_epoch(self.train_loop_obj.epoch)
@@ -32,7 +42,8 @@ class InMultiProcessDataLoad(AbstractCallback):
     picklable: module-level functions or functools.partial of them, not lambdas.
     """
 
-    def __init__(self, train_loader_build_fn=None, val_loader_build_fn=None, test_loader_build_fn=None):
+    def __init__(self, train_loader_build_fn: LoaderBuildFn = None, val_loader_build_fn: LoaderBuildFn = None,
+                 test_loader_build_fn: LoaderBuildFn = None) -> None:
         super().__init__('Multiprocess in-process data loading logic infuser', execution_order=-100)
         for name, fn in (('train_loader_build_fn', train_loader_build_fn), ('val_loader_build_fn', val_loader_build_fn),
                          ('test_loader_build_fn', test_loader_build_fn)):
@@ -43,7 +54,8 @@ class InMultiProcessDataLoad(AbstractCallback):
         self.val_loader_build_fn = val_loader_build_fn
         self.test_loader_build_fn = test_loader_build_fn
 
-    def on_multiprocess_start(self):
+    def on_multiprocess_start(self) -> None:
+        """Replace the loop's loaders by those the given functions build."""
         loop = self.train_loop_obj
         if self.train_loader_build_fn not in (None, False):
             loop.train_loader = self.build_train_dataloader()
@@ -52,11 +64,20 @@ class InMultiProcessDataLoad(AbstractCallback):
         if self.test_loader_build_fn not in (None, False):
             loop.test_loader = self.build_test_dataloader()
 
-    def build_train_dataloader(self):
-        return self.train_loader_build_fn()
+    def build_train_dataloader(self) -> 'DataLoader[Any]':
+        """The train loader ``train_loader_build_fn`` builds."""
+        build = self.train_loader_build_fn
+        assert callable(build), 'called only when train_loader_build_fn is given'
+        return build()
 
-    def build_val_dataloader(self):
-        return self.val_loader_build_fn()
+    def build_val_dataloader(self) -> 'DataLoader[Any]':
+        """The validation loader ``val_loader_build_fn`` builds."""
+        build = self.val_loader_build_fn
+        assert callable(build), 'called only when val_loader_build_fn is given'
+        return build()
 
-    def build_test_dataloader(self):
-        return self.test_loader_build_fn()
+    def build_test_dataloader(self) -> 'DataLoader[Any]':
+        """The test loader ``test_loader_build_fn`` builds."""
+        build = self.test_loader_build_fn
+        assert callable(build), 'called only when test_loader_build_fn is given'
+        return build()

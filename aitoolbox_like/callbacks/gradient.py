@@ -7,16 +7,22 @@ They run in ``on_after_gradient_update(optimizer_idx)``, which the loop calls on
 """
 import logging
 import os
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
 from ._common import check_int, import_matplotlib, new_figure
 from .abstract import AbstractCallback, AbstractExperimentCallback
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from ..train_loop import TrainLoop
+
 logger = logging.getLogger(__name__)
 
 
-def _optimizer_params(loop, optimizer_idx):
+def _optimizer_params(loop: 'TrainLoop', optimizer_idx: int) -> List[torch.nn.Parameter]:
     """Parameters that the optimizer being stepped updates (all model parameters for a duck-typed optimizer
     without param_groups)."""
     optimizer = loop.optimizers[optimizer_idx]
@@ -26,7 +32,7 @@ def _optimizer_params(loop, optimizer_idx):
     return [p for group in groups for p in group['params']]
 
 
-def _layer_gradient(layer):
+def _layer_gradient(layer: Any) -> Optional[torch.Tensor]:
     """The gradient to inspect for one entry of ``model_layers_extract_def(model)``: a parameter's own gradient,
     a module's ``weight`` gradient (as AIToolbox), or all of a weight-less module's gradients flattened."""
     if isinstance(layer, torch.Tensor):
@@ -42,7 +48,8 @@ class GradientCallbackBase(AbstractCallback):
     """Base of the gradient callbacks; marks the loop as using gradient callbacks (``grad_cb_used``) for code
     that reads that AIToolbox flag."""
 
-    def on_train_loop_registration(self):
+    def on_train_loop_registration(self) -> None:
+        """Set the loop's ``grad_cb_used``."""
         self.train_loop_obj.grad_cb_used = True
 
 
@@ -50,13 +57,14 @@ class GradValueClip(GradientCallbackBase):
     """Clip every gradient element to [-max_grad_value, max_grad_value] before each optimizer step; with several
     optimizers each step clips only that optimizer's parameters."""
 
-    def __init__(self, max_grad_value):
+    def __init__(self, max_grad_value: float) -> None:
         super().__init__('Gradient value clipping')
         if max_grad_value <= 0:
             raise ValueError(f'GradValueClip: max_grad_value must be > 0, got {max_grad_value!r}')
         self.max_grad_value = max_grad_value
 
-    def on_after_gradient_update(self, optimizer_idx):
+    def on_after_gradient_update(self, optimizer_idx: int) -> None:
+        """Clip the gradients of the parameters of the optimizer about to step."""
         params = _optimizer_params(self.train_loop_obj, optimizer_idx)
         torch.nn.utils.clip_grad_value_(params, self.max_grad_value)
 
@@ -70,19 +78,20 @@ class GradNormClip(GradientCallbackBase):
         **kwargs: further ``torch.nn.utils.clip_grad_norm_`` arguments (norm_type, error_if_nonfinite, foreach).
     """
 
-    def __init__(self, max_grad_norm, **kwargs):
+    def __init__(self, max_grad_norm: float, **kwargs: Any) -> None:
         super().__init__('Gradient norm clipping')
         if max_grad_norm <= 0:
             raise ValueError(f'GradNormClip: max_grad_norm must be > 0, got {max_grad_norm!r}')
         self.max_grad_norm = max_grad_norm
         self.kwargs = kwargs
 
-    def on_after_gradient_update(self, optimizer_idx):
+    def on_after_gradient_update(self, optimizer_idx: int) -> None:
+        """Clip the gradient norm of the parameters of the optimizer about to step."""
         params = _optimizer_params(self.train_loop_obj, optimizer_idx)
         torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm, **self.kwargs)
 
 
-def _gradient_stats(grad):
+def _gradient_stats(grad: torch.Tensor) -> torch.Tensor:
     grad = grad.float()
     return torch.stack([grad.mean(), grad.std(unbiased=False) if grad.numel() > 1 else grad.new_zeros(()),
                         torch.linalg.vector_norm(grad), (grad == 0).float().mean()])
@@ -103,7 +112,8 @@ class GradientStatsPrint(GradientCallbackBase):
 
     STAT_NAMES = ('mean', 'std', 'norm', 'zero_fraction')
 
-    def __init__(self, model_layers_extract_def, stats_eval_freq=1, on_every_grad_update=False):
+    def __init__(self, model_layers_extract_def: Callable[[Any], Iterable[Any]], stats_eval_freq: int = 1,
+                 on_every_grad_update: bool = False) -> None:
         super().__init__('Print model gradient stats', device_idx_execution=0)
         if not callable(model_layers_extract_def):
             raise TypeError('GradientStatsPrint: model_layers_extract_def must be a function model -> list of layers')
@@ -111,13 +121,15 @@ class GradientStatsPrint(GradientCallbackBase):
         self.model_layers_extract_def = model_layers_extract_def
         self.stats_eval_freq = stats_eval_freq
         self.on_every_grad_update = on_every_grad_update
-        self._captured = None
-        self.last_stats = None
+        self._captured: Optional[List[Optional[torch.Tensor]]] = None
+        self.last_stats: Optional[List[Optional[Dict[str, float]]]] = None
 
-    def on_epoch_begin(self):
+    def on_epoch_begin(self) -> None:
+        """Forget the previous epoch's gradients."""
         self._captured = None
 
-    def on_after_gradient_update(self, optimizer_idx):
+    def on_after_gradient_update(self, optimizer_idx: int) -> None:
+        """Capture the statistics at the epoch's last update (or every update with on_every_grad_update)."""
         # At optimizer 0 no optimizer has stepped or zeroed yet, so every layer's gradient is there.
         if optimizer_idx != 0:
             return
@@ -130,13 +142,16 @@ class GradientStatsPrint(GradientCallbackBase):
         if self.on_every_grad_update:
             self._report(f'epoch {loop.epoch}, batch {loop.iteration}')
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Print the captured statistics in a reported epoch."""
         loop = self.train_loop_obj
         if loop.epoch % self.stats_eval_freq == 0 and self._captured is not None:
             self._report(f'end of epoch {loop.epoch}')
 
-    def _report(self, where):
-        values = [None if s is None else s.tolist() for s in self._captured]
+    def _report(self, where: str) -> None:
+        captured = self._captured
+        assert captured is not None, 'reported only after a capture'
+        values = [None if s is None else s.tolist() for s in captured]
         self.last_stats = [None if v is None else dict(zip(self.STAT_NAMES, v)) for v in values]
         # A report the user asked for by adding this callback, so it goes to stdout.
         print(f'---> Model layers gradients stats ({where})')
@@ -160,17 +175,22 @@ class GradDistributionPlot(AbstractExperimentCallback):
         model_layers_extract_def (callable): ``model -> list of layers`` (modules or parameters).
         grad_plots_dir_name (str): folder inside the experiment folder.
         file_format (str): 'png' (one image per layer) or 'pdf' (one multi-page file per epoch).
-        project_name, experiment_name, local_model_result_folder_path: experiment folder (inferred from a tracking
-            TrainLoop, else defaults).
-        cloud_save_mode, bucket_name, cloud_dir_prefix: 's3' / 'aws_s3' / 'aws' also uploads the plots to
+        project_name: experiment folder (inferred from a tracking TrainLoop, else defaults).
+        experiment_name: experiment folder (inferred from a tracking TrainLoop, else defaults).
+        local_model_result_folder_path: experiment folder (inferred from a tracking TrainLoop, else defaults).
+        cloud_save_mode: 's3' / 'aws_s3' / 'aws' also uploads the plots to
             ``s3://<bucket>/<prefix>/<project>/<experiment>_<timestamp>/results/<grad_plots_dir_name>/...`` in the
             background.
+        bucket_name: S3 bucket (with cloud_save_mode).
+        cloud_dir_prefix: key prefix in the bucket (with cloud_save_mode).
         bins (int): histogram bins.
     """
 
-    def __init__(self, model_layers_extract_def, grad_plots_dir_name='grad_distribution', file_format='png',
-                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
-                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, bins=100):
+    def __init__(self, model_layers_extract_def: Callable[[Any], Iterable[Any]],
+                 grad_plots_dir_name: str = 'grad_distribution', file_format: str = 'png',
+                 project_name: Optional[str] = None, experiment_name: Optional[str] = None,
+                 local_model_result_folder_path: Optional[str] = None, cloud_save_mode: Optional[str] = None,
+                 bucket_name: Optional[str] = None, cloud_dir_prefix: Optional[str] = None, bins: int = 100) -> None:
         super().__init__('Gradient distribution plotter', project_name, experiment_name,
                          local_model_result_folder_path, cloud_save_mode, bucket_name, cloud_dir_prefix,
                          device_idx_execution=0)
@@ -182,21 +202,24 @@ class GradDistributionPlot(AbstractExperimentCallback):
         self.grad_plots_dir_name = grad_plots_dir_name
         self.file_format = file_format
         self.bins = bins
-        self._captured = None
-        self.last_gradients = None      # the flattened gradients last plotted (numpy, per layer)
-        self.saved_plot_paths = []
+        self._captured: Optional[List[Optional[torch.Tensor]]] = None
+        self.last_gradients: Optional[List[Any]] = None      # the flattened gradients last plotted (numpy, per layer)
+        self.saved_plot_paths: List[str] = []
 
-    def on_train_loop_registration(self):
+    def on_train_loop_registration(self) -> None:
+        """Check that matplotlib is installed; infer the experiment (Google Cloud Storage is refused)."""
         import_matplotlib('GradDistributionPlot')     # fail at registration, not after the first epoch
         self.try_infer_experiment_details(infer_cloud_details=True)
         if self.cloud_save_mode in ('gcs', 'google_storage', 'google storage'):
             raise ValueError('GradDistributionPlot: Google Cloud Storage is not supported; use cloud_save_mode="s3" '
                              'or None (local only)')
 
-    def on_epoch_begin(self):
+    def on_epoch_begin(self) -> None:
+        """Forget the previous epoch's gradients."""
         self._captured = None
 
-    def on_after_gradient_update(self, optimizer_idx):
+    def on_after_gradient_update(self, optimizer_idx: int) -> None:
+        """Copy the chosen layers' gradients at the epoch's last update."""
         loop = self.train_loop_obj
         if optimizer_idx != 0 or not loop.is_last_batch:
             return
@@ -204,7 +227,8 @@ class GradDistributionPlot(AbstractExperimentCallback):
         # A device copy: the loop's zero_grad (set_to_none or in place) must not change what we plot.
         self._captured = [None if (g := _layer_gradient(layer)) is None else g.clone() for layer in layers]
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Plot (and upload) the captured gradients."""
         if self._captured is None:
             return
         gradients = [None if g is None else g.float().cpu().numpy() for g in self._captured]
@@ -214,13 +238,15 @@ class GradDistributionPlot(AbstractExperimentCallback):
         self.saved_plot_paths.extend(paths)
         self.upload_experiment_files(paths)
 
-    def plot_gradients(self, gradients):
+    def plot_gradients(self, gradients: Sequence[Any]) -> List[str]:
+        """Save the histograms of ``gradients`` (flattened numpy arrays or None, per layer) in this epoch's
+        folder; returns the written file paths."""
         epoch_dir = os.path.join(self.experiment_dir_path, 'results', self.grad_plots_dir_name,
                                  f'epoch_{self.train_loop_obj.epoch}')
         os.makedirs(epoch_dir, exist_ok=True)
         figures = [self._figure(i, grad) for i, grad in enumerate(gradients)]
         if self.file_format == 'png':
-            paths = []
+            paths: List[str] = []
             for i, fig in enumerate(figures):
                 path = os.path.join(epoch_dir, f'layer_{i}.png')
                 fig.savefig(path)
@@ -233,7 +259,7 @@ class GradDistributionPlot(AbstractExperimentCallback):
                 pdf.savefig(fig)
         return [path]
 
-    def _figure(self, layer_idx, grad):
+    def _figure(self, layer_idx: int, grad: Any) -> 'Figure':
         fig = new_figure(figsize=(6, 4))
         ax = fig.add_subplot()
         if grad is None:
@@ -259,18 +285,19 @@ class GradNormLogger(AbstractCallback):
         per_layer (bool): also log one norm per module.
     """
 
-    def __init__(self, norm_type=2., per_layer=False):
+    def __init__(self, norm_type: float = 2., per_layer: bool = False) -> None:
         # Before the clipping callbacks (order 0): the logged norm is the one clipping acts on.
         super().__init__('Gradient norm logger', execution_order=-1)
         self.norm_type = float(norm_type)
         self.per_layer = per_layer
-        self._sums = None
+        self._sums: Optional[torch.Tensor] = None
         self._count = 0
-        self._names = None
-        self._params = None
-        self._layer_indices = None
+        self._names: Optional[List[str]] = None                 # set in on_train_begin, as are the next two
+        self._params: Optional[List[torch.nn.Parameter]] = None
+        self._layer_indices: Optional[List[List[int]]] = None
 
-    def on_train_begin(self):
+    def on_train_begin(self) -> None:
+        """Collect the parameters (and, with per_layer, the modules owning them)."""
         model = self.train_loop_obj.model
         self._params = list(model.parameters())
         # Each layer is a list of indices into _params, so a parameter's norm is computed once per update and
@@ -285,31 +312,39 @@ class GradNormLogger(AbstractCallback):
                     self._names.append(name)
                     self._layer_indices.append(own)
 
-    def on_epoch_begin(self):
+    def on_epoch_begin(self) -> None:
+        """Reset the epoch's sums."""
         self._sums = None
         self._count = 0
 
-    def _layer_norm(self, param_norms, indices, device):
-        norms = [param_norms[i] for i in indices if param_norms[i] is not None]
+    def _layer_norm(self, param_norms: Sequence[Optional[torch.Tensor]], indices: Sequence[int],
+                    device: torch.device) -> torch.Tensor:
+        norms = [norm for norm in (param_norms[i] for i in indices) if norm is not None]
         if not norms:
             return torch.zeros((), device=device)
         return torch.linalg.vector_norm(torch.stack(norms), self.norm_type).to(device)
 
-    def on_after_gradient_update(self, optimizer_idx):
+    def on_after_gradient_update(self, optimizer_idx: int) -> None:
+        """Add this update's norms (on the device) to the epoch's sums."""
         # At optimizer 0 nothing has been stepped, clipped for later optimizers, or zeroed yet.
         if optimizer_idx != 0:
             return
+        params, layer_indices = self._params, self._layer_indices
+        assert params is not None and layer_indices is not None, 'set in on_train_begin'
         device = self.train_loop_obj.device
         param_norms = [None if p.grad is None else torch.linalg.vector_norm(p.grad.detach().float(), self.norm_type)
-                       for p in self._params]
-        norms = torch.stack([self._layer_norm(param_norms, indices, device) for indices in self._layer_indices])
+                       for p in params]
+        norms = torch.stack([self._layer_norm(param_norms, indices, device) for indices in layer_indices])
         self._sums = norms if self._sums is None else self._sums + norms
         self._count += 1
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Write the epoch's mean norms into the train history."""
         if self._sums is None:
             return
+        names = self._names
+        assert names is not None, 'set in on_train_begin'
         loop = self.train_loop_obj
         means = (self._sums / self._count).tolist()
-        for name, value in zip(self._names, means):
+        for name, value in zip(names, means):
             loop.insert_metric_result_into_history('grad_norm' if not name else f'grad_norm_{name}', value)

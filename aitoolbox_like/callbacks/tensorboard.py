@@ -10,6 +10,7 @@ or to ``log_dir`` itself (is_project=False). Open them with ``tensorboard --logd
 import logging
 import os
 import warnings
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Type
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -20,10 +21,15 @@ from .abstract import AbstractExperimentCallback
 from ..experiment import is_s3_mode
 from .performance_eval import history_series
 
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
 logger = logging.getLogger(__name__)
 
 
-def _summary_writer_class():
+def summary_writer_class() -> Type['SummaryWriter']:
+    """``torch.utils.tensorboard.SummaryWriter``, or an ImportError with the install hint when the tensorboard
+    extra is missing."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:
@@ -32,13 +38,13 @@ def _summary_writer_class():
     return SummaryWriter
 
 
-def unwrap_model(model):
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside a DistributedDataParallel wrapper: running the wrapper on one rank would start
     its buffer broadcast, a collective the other ranks never join."""
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
-def first_batch(data_loader):
+def first_batch(data_loader: Iterable[Any]) -> Any:
     """The first batch of a fresh pass over ``data_loader``, drawn without changing the training's random
     state: the global RNGs are forked, and a generator given to the loader or its sampler is restored."""
     generators = [g for g in (getattr(data_loader, 'generator', None),
@@ -54,16 +60,27 @@ def first_batch(data_loader):
             generator.set_state(state)
 
 
-def experiment_log_dir(callback, log_dir_name='tensorboard'):
+def experiment_log_dir(callback: AbstractExperimentCallback, log_dir_name: str = 'tensorboard') -> str:
     """TensorBoard run folder of an experiment callback: ``<experiment dir>/<log_dir_name>/<project>_<experiment>``."""
     return os.path.join(callback.experiment_dir_path, log_dir_name,
                         f'{callback.project_name}_{callback.experiment_name}')
 
 
 class TensorboardReporterBaseCB(AbstractExperimentCallback):
-    def __init__(self, callback_name, log_dir=None, is_project=True,
-                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
-                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, **kwargs):
+    """Base of the TensorBoard callbacks: the log folder, the SummaryWriter and the shared writing helpers
+    (arguments: see ``__init__``)."""
+
+    # Set by the subclasses that use the helpers reading them (batch losses, history metrics, hyperparameters,
+    # gradient histograms).
+    batch_sync_frequency: int
+    metric_names: Optional[Sequence[str]]
+    hparams: Optional[Dict[str, Any]]
+    _grads_logged_epoch: Optional[int]
+
+    def __init__(self, callback_name: str, log_dir: Optional[str] = None, is_project: bool = True,
+                 project_name: Optional[str] = None, experiment_name: Optional[str] = None,
+                 local_model_result_folder_path: Optional[str] = None, cloud_save_mode: Optional[str] = None,
+                 bucket_name: Optional[str] = None, cloud_dir_prefix: Optional[str] = None, **kwargs: Any) -> None:
         """Base of the TensorBoard callbacks: sets up the log folder and a SummaryWriter (``self.tb_writer``).
 
         Args:
@@ -79,21 +96,29 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
         """
         super().__init__(callback_name, project_name, experiment_name, local_model_result_folder_path,
                          cloud_save_mode, bucket_name, cloud_dir_prefix, execution_order=97, device_idx_execution=0)
-        self._summary_writer = _summary_writer_class()     # a missing extra fails at construction
-        self.log_dir = 'tensorboard' if log_dir is None else os.path.expanduser(log_dir)
+        self._summary_writer = summary_writer_class()     # a missing extra fails at construction
+        self.log_dir: str = 'tensorboard' if log_dir is None else os.path.expanduser(log_dir)
         self.is_project = is_project
         self.tb_writer_kwargs = kwargs
-        self.tb_writer = None
-        self.cloud_results_saver = None
-        self.last_written_files = []
-        self._loss_list = None
+        self.tb_writer: Optional['SummaryWriter'] = None     # created at registration
+        self.cloud_results_saver: Any = None
+        self.last_written_files: List[str] = []
+        self._loss_list: Optional[List[Any]] = None
         self._loss_flushed = 0
-        self._loss_sums = {}
+        self._loss_sums: Dict[str, float] = {}
         self._loss_count = 0
+
+    @property
+    def _writer(self) -> 'SummaryWriter':
+        """The SummaryWriter; the hooks that write run only after registration created it."""
+        writer = self.tb_writer
+        assert writer is not None, f'{self.callback_name}: the SummaryWriter is created at registration'
+        return writer
 
     # ---- set-up ---------------------------------------------------------------------------------
 
-    def on_train_loop_registration(self):
+    def on_train_loop_registration(self) -> None:
+        """Infer the experiment folder (is_project=True), create the log folder and open the SummaryWriter."""
         if self.is_project:
             self.try_infer_experiment_details(infer_cloud_details=True)
             self.prepare_results_saver()
@@ -102,7 +127,7 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
             self.tb_writer_kwargs['filename_suffix'] = f'_{self.train_loop_obj.experiment_timestamp}'
         self.tb_writer = self._summary_writer(log_dir=self.log_dir, **self.tb_writer_kwargs)
 
-    def create_log_dir(self):
+    def create_log_dir(self) -> str:
         """Create and return the log folder."""
         path = self.log_dir
         if self.is_project:
@@ -110,29 +135,31 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
         os.makedirs(path, exist_ok=True)
         return path
 
-    def prepare_results_saver(self):
+    def prepare_results_saver(self) -> None:
         """Kept for AIToolbox compatibility: uploads go through upload_experiment_files()."""
         self.cloud_results_saver = None
 
-    def on_train_end(self):
-        self.tb_writer.close()       # writing again later (a second fit) reopens a new event file
+    def on_train_end(self) -> None:
+        """Close the SummaryWriter and upload the event files."""
+        self._writer.close()       # writing again later (a second fit) reopens a new event file
         self.upload_to_cloud()
 
-    def on_exception(self, exception):
+    def on_exception(self, exception: BaseException) -> None:
+        """Close the SummaryWriter (if open), so the events written so far are on disk."""
         if self.tb_writer is not None:
             self.tb_writer.close()
 
-    def upload_to_cloud(self):
+    def upload_to_cloud(self) -> None:
         """Upload the event files (only with an S3 cloud_save_mode)."""
         if not is_s3_mode(self.cloud_save_mode):
             return
-        self.tb_writer.flush()
+        self._writer.flush()
         paths = [os.path.join(root, name) for root, _, names in os.walk(self.log_dir) for name in names]
         self.upload_experiment_files(paths)
 
     # ---- batch losses ---------------------------------------------------------------------------
 
-    def log_mid_train_loss(self):
+    def log_mid_train_loss(self) -> None:
         """Write the per-batch training losses not written yet (``train_loss/last_batch_<name>`` and the
         epoch's running mean ``train_loss/accumulated_batch_<name>``, name 'loss' for a single loss) for the
         steps that are multiples of ``batch_log_frequency``.
@@ -162,18 +189,18 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
             for name, value in zip(names, row):
                 self._loss_sums[name] = self._loss_sums.get(name, 0.0) + value
                 if step % frequency == 0:
-                    self.tb_writer.add_scalar(f'train_loss/last_batch_{name}', value, step)
-                    self.tb_writer.add_scalar(f'train_loss/accumulated_batch_{name}',
-                                              self._loss_sums[name] / self._loss_count, step)
+                    self._writer.add_scalar(f'train_loss/last_batch_{name}', value, step)
+                    self._writer.add_scalar(f'train_loss/accumulated_batch_{name}',
+                                            self._loss_sums[name] / self._loss_count, step)
         self._loss_flushed = len(accum)
 
-    def _maybe_log_mid_train_loss(self):
+    def _maybe_log_mid_train_loss(self) -> None:
         if (self.train_loop_obj.total_iteration_idx + 1) % self.batch_sync_frequency == 0:
             self.log_mid_train_loss()
 
     # ---- history metrics ------------------------------------------------------------------------
 
-    def log_train_history_metrics(self, metric_names, only_epoch=None):
+    def log_train_history_metrics(self, metric_names: Iterable[str], only_epoch: Optional[int] = None) -> None:
         """Write the latest value of each named history metric (tag ``loss/<m>`` for losses, else
         ``metrics/<m>``; dict-valued metrics per key), at step = epoch of the value.
 
@@ -188,28 +215,28 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
             if only_epoch is not None and epochs[-1] != only_epoch:
                 continue
             prefix = 'loss' if 'loss' in name else 'metrics'
-            self.tb_writer.add_scalar(f'{prefix}/{name}', values[-1], epochs[-1])
+            self._writer.add_scalar(f'{prefix}/{name}', values[-1], epochs[-1])
 
-    def _history_names(self):
+    def _history_names(self) -> List[str]:
         history = self.train_loop_obj.train_history
         return list(history.keys()) if self.metric_names is None else list(self.metric_names)
 
-    def _log_epoch_history(self):
+    def _log_epoch_history(self) -> None:
         names = [n for n in self._history_names() if not n.startswith('train_end_')]
         self.log_train_history_metrics(names, only_epoch=self.train_loop_obj.epoch)
 
-    def _hparams_to_write(self):
+    def _hparams_to_write(self) -> Optional[Dict[str, Any]]:
         """The given hparams, else the tracking TrainLoop's ``hyperparams`` (None when neither exists)."""
         return self.hparams if self.hparams is not None else getattr(self.train_loop_obj, 'hyperparams', None)
 
-    def _log_gradient_histograms_once(self, due):
+    def _log_gradient_histograms_once(self, due: bool) -> None:
         """Gradient histograms at the first optimizer update of an epoch in which ``due``."""
         epoch = self.train_loop_obj.epoch
         if self._grads_logged_epoch != epoch and due:
             self._grads_logged_epoch = epoch
             self.log_gradient_histograms(epoch)
 
-    def _log_train_end_history(self):
+    def _log_train_end_history(self) -> None:
         history = self.train_loop_obj.train_history
         wanted = self._history_names()
         names = [n for n in history.keys() if n.startswith('train_end_')
@@ -218,7 +245,7 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
 
     # ---- learning rates, histograms, graph, hyperparameters ---------------------------------------
 
-    def log_learning_rates(self, step):
+    def log_learning_rates(self, step: int) -> None:
         """``learning_rate/group_<i>`` of each param group (``learning_rate/optimizer_<k>_group_<i>`` for a
         MultiOptimizer)."""
         optimizers = self.train_loop_obj.optimizers
@@ -228,18 +255,20 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
                     continue
                 lr = group['lr']
                 tag = f'learning_rate/optimizer_{k}_group_{i}' if len(optimizers) > 1 else f'learning_rate/group_{i}'
-                self.tb_writer.add_scalar(tag, float(lr), step)
+                self._writer.add_scalar(tag, float(lr), step)
 
-    def log_parameter_histograms(self, step):
+    def log_parameter_histograms(self, step: int) -> None:
+        """A ``parameters/<name>`` histogram of every model parameter at ``step``."""
         for name, param in unwrap_model(self.train_loop_obj.model).named_parameters():
-            self.tb_writer.add_histogram(f'parameters/{name}', param.detach(), step)
+            self._writer.add_histogram(f'parameters/{name}', param.detach(), step)
 
-    def log_gradient_histograms(self, step):
+    def log_gradient_histograms(self, step: int) -> None:
+        """A ``gradients/<name>`` histogram of every model parameter that has a gradient, at ``step``."""
         for name, param in unwrap_model(self.train_loop_obj.model).named_parameters():
             if param.grad is not None:
-                self.tb_writer.add_histogram(f'gradients/{name}', param.grad.detach(), step)
+                self._writer.add_histogram(f'gradients/{name}', param.grad.detach(), step)
 
-    def log_model_graph(self, input_to_model=None):
+    def log_model_graph(self, input_to_model: Any = None) -> bool:
         """Trace the model once and write its graph. Without ``input_to_model`` the inputs are the first
         train batch minus its last element (the TTBasicModel convention: ``(*inputs, target)``). A model
         that cannot be traced only gets a warning; training goes on."""
@@ -260,7 +289,7 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
                 with warnings.catch_warnings():
                     # add_graph traces with torch.jit.trace, which warns about its own deprecation
                     warnings.simplefilter('ignore', DeprecationWarning)
-                    self.tb_writer.add_graph(model, input_to_model)
+                    self._writer.add_graph(model, input_to_model)
             finally:
                 model.train(was_training)
         except Exception as exc:       # the graph is a nice-to-have; never stop training for it
@@ -269,7 +298,7 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
             return False
         return True
 
-    def log_hparams(self, hparams, metric_names=None):
+    def log_hparams(self, hparams: Dict[str, Any], metric_names: Optional[Iterable[str]] = None) -> Dict[str, float]:
         """Write hyperparameters with the final value of metrics for TensorBoard's HPARAMS tab.
 
         Values that are not bool / int / float / str / None are written as their ``str()``. The metrics are
@@ -281,20 +310,21 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
                        for k, v in hparams.items()}
         history = self.train_loop_obj.train_history
         names = history.keys() if metric_names is None else [m for m in metric_names if m in history]
-        final = {}
+        final: Dict[str, float] = {}
         for name, (_, values) in history_series(history, list(names)).items():
             if values and _is_number(values[-1]):
                 final[f'hparam/{name}'] = float(values[-1])
         # Written into this run (SummaryWriter.add_hparams would start a separate run folder for them).
-        file_writer = self.tb_writer.file_writer or self.tb_writer._get_file_writer()   # reopened after close()
+        writer = self._writer
+        file_writer = writer.file_writer or writer._get_file_writer()   # reopened after close()
         for summary in hparams_summary(hparam_dict, final):
             file_writer.add_summary(summary)
         for tag, value in final.items():
-            self.tb_writer.add_scalar(tag, value, self.train_loop_obj.epoch)
+            writer.add_scalar(tag, value, self.train_loop_obj.epoch)
         return final
 
 
-def _to_device(data, device):
+def _to_device(data: Any, device: torch.device) -> Any:
     if isinstance(data, torch.Tensor):
         return data.to(device)
     if isinstance(data, (list, tuple)):
@@ -303,9 +333,13 @@ def _to_device(data, device):
 
 
 class TensorboardTrainBatchLoss(TensorboardReporterBaseCB):
-    def __init__(self, batch_log_frequency=1, log_dir=None, is_project=True,
-                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
-                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, batch_sync_frequency=100, **kwargs):
+    """Training loss of every k-th batch (arguments: see ``__init__``)."""
+
+    def __init__(self, batch_log_frequency: int = 1, log_dir: Optional[str] = None, is_project: bool = True,
+                 project_name: Optional[str] = None, experiment_name: Optional[str] = None,
+                 local_model_result_folder_path: Optional[str] = None, cloud_save_mode: Optional[str] = None,
+                 bucket_name: Optional[str] = None, cloud_dir_prefix: Optional[str] = None,
+                 batch_sync_frequency: int = 100, **kwargs: Any) -> None:
         """Training loss of every ``batch_log_frequency``-th batch (step = global batch index).
 
         The losses stay on the device during training and are copied to the host in one transfer every
@@ -327,23 +361,30 @@ class TensorboardTrainBatchLoss(TensorboardReporterBaseCB):
         self.batch_log_frequency = batch_log_frequency
         self.batch_sync_frequency = batch_sync_frequency
 
-    def on_batch_end(self):
+    def on_batch_end(self) -> None:
+        """Write the pending batch losses every ``batch_sync_frequency`` steps."""
         self._maybe_log_mid_train_loss()
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Write the epoch's remaining batch losses, flush and upload."""
         self.log_mid_train_loss()
-        self.tb_writer.flush()
+        self._writer.flush()
         self.upload_to_cloud()
 
-    def on_train_end(self):
+    def on_train_end(self) -> None:
+        """Write the remaining batch losses, then close the writer and upload."""
         self.log_mid_train_loss()      # a StopTraining mid-epoch skips on_epoch_end
         super().on_train_end()
 
 
 class TensorboardTrainHistoryMetric(TensorboardReporterBaseCB):
-    def __init__(self, metric_names=None, log_dir=None, is_project=True,
-                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
-                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, **kwargs):
+    """History metrics after each epoch and the ``train_end_*`` metrics at the end (arguments: see
+    ``__init__``)."""
+
+    def __init__(self, metric_names: Optional[Sequence[str]] = None, log_dir: Optional[str] = None,
+                 is_project: bool = True, project_name: Optional[str] = None, experiment_name: Optional[str] = None,
+                 local_model_result_folder_path: Optional[str] = None, cloud_save_mode: Optional[str] = None,
+                 bucket_name: Optional[str] = None, cloud_dir_prefix: Optional[str] = None, **kwargs: Any) -> None:
         """History metrics after each epoch (step = epoch) and the ``train_end_*`` metrics at the end.
 
         Args:
@@ -356,20 +397,25 @@ class TensorboardTrainHistoryMetric(TensorboardReporterBaseCB):
                          bucket_name, cloud_dir_prefix, **kwargs)
         self.metric_names = metric_names
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Write the history values of this epoch, flush and upload."""
         self._log_epoch_history()
-        self.tb_writer.flush()
+        self._writer.flush()
         self.upload_to_cloud()
 
-    def on_train_end(self):
+    def on_train_end(self) -> None:
+        """Write the ``train_end_*`` metrics, then close the writer and upload."""
         self._log_train_end_history()
         super().on_train_end()
 
 
 class TensorboardLearningRate(TensorboardReporterBaseCB):
-    def __init__(self, batch_log_frequency=None, log_dir=None, is_project=True,
-                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
-                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, **kwargs):
+    """Learning rate of each param group, per epoch or every k-th batch (arguments: see ``__init__``)."""
+
+    def __init__(self, batch_log_frequency: Optional[int] = None, log_dir: Optional[str] = None,
+                 is_project: bool = True, project_name: Optional[str] = None, experiment_name: Optional[str] = None,
+                 local_model_result_folder_path: Optional[str] = None, cloud_save_mode: Optional[str] = None,
+                 bucket_name: Optional[str] = None, cloud_dir_prefix: Optional[str] = None, **kwargs: Any) -> None:
         """Learning rate of each param group: after each epoch (step = epoch), or with
         ``batch_log_frequency=k`` every k-th batch (step = global batch index; for warmup schedules).
         Reading a learning rate is a Python float, no device sync."""
@@ -378,22 +424,27 @@ class TensorboardLearningRate(TensorboardReporterBaseCB):
         check_int('batch_log_frequency', batch_log_frequency, allow_none=True)
         self.batch_log_frequency = batch_log_frequency
 
-    def on_batch_end(self):
+    def on_batch_end(self) -> None:
+        """Write the learning rates every ``batch_log_frequency``-th batch (when set)."""
         step = self.train_loop_obj.total_iteration_idx
         if self.batch_log_frequency is not None and step % self.batch_log_frequency == 0:
             self.log_learning_rates(step)
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Write the learning rates (without ``batch_log_frequency``), flush and upload."""
         if self.batch_log_frequency is None:
             self.log_learning_rates(self.train_loop_obj.epoch)
-        self.tb_writer.flush()
+        self._writer.flush()
         self.upload_to_cloud()
 
 
 class TensorboardParameterHistograms(TensorboardReporterBaseCB):
-    def __init__(self, histogram_frequency=1, log_gradients=True, log_dir=None, is_project=True,
-                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
-                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, **kwargs):
+    """Parameter and gradient histograms every k epochs (arguments: see ``__init__``)."""
+
+    def __init__(self, histogram_frequency: int = 1, log_gradients: bool = True, log_dir: Optional[str] = None,
+                 is_project: bool = True, project_name: Optional[str] = None, experiment_name: Optional[str] = None,
+                 local_model_result_folder_path: Optional[str] = None, cloud_save_mode: Optional[str] = None,
+                 bucket_name: Optional[str] = None, cloud_dir_prefix: Optional[str] = None, **kwargs: Any) -> None:
         """Histograms of the parameters (``parameters/<name>``, after the epoch) and of their gradients
         (``gradients/<name>``, at the epoch's first optimizer update, after unscaling) every
         ``histogram_frequency`` epochs (epochs 0, k, 2k, ...; step = epoch). Each histogram copies the
@@ -406,24 +457,29 @@ class TensorboardParameterHistograms(TensorboardReporterBaseCB):
         self.log_gradients = log_gradients
         self._grads_logged_epoch = None
 
-    def _due(self):
+    def _due(self) -> bool:
         return self.train_loop_obj.epoch % self.histogram_frequency == 0
 
-    def on_after_optimizer_step(self):
+    def on_after_optimizer_step(self) -> None:
+        """Gradient histograms at the first optimizer update of a due epoch."""
         if self.log_gradients:
             self._log_gradient_histograms_once(self._due())
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Parameter histograms in a due epoch, flush and upload."""
         if self._due():
             self.log_parameter_histograms(self.train_loop_obj.epoch)
-        self.tb_writer.flush()
+        self._writer.flush()
         self.upload_to_cloud()
 
 
 class TensorboardModelGraph(TensorboardReporterBaseCB):
-    def __init__(self, input_to_model=None, log_dir=None, is_project=True,
-                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
-                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, **kwargs):
+    """The model graph, written once at the start of the first fit (arguments: see ``__init__``)."""
+
+    def __init__(self, input_to_model: Any = None, log_dir: Optional[str] = None, is_project: bool = True,
+                 project_name: Optional[str] = None, experiment_name: Optional[str] = None,
+                 local_model_result_folder_path: Optional[str] = None, cloud_save_mode: Optional[str] = None,
+                 bucket_name: Optional[str] = None, cloud_dir_prefix: Optional[str] = None, **kwargs: Any) -> None:
         """The model graph, written once at the start of the first fit (see
         TensorboardReporterBaseCB.log_model_graph for how the example input is found)."""
         super().__init__('Tensorboard model graph', log_dir, is_project, project_name, experiment_name,
@@ -431,17 +487,23 @@ class TensorboardModelGraph(TensorboardReporterBaseCB):
         self.input_to_model = input_to_model
         self._graph_written = False
 
-    def on_train_begin(self):
+    def on_train_begin(self) -> None:
+        """Write the model graph (first fit only)."""
         if not self._graph_written:
             self._graph_written = True
             self.log_model_graph(self.input_to_model)
-            self.tb_writer.flush()
+            self._writer.flush()
 
 
 class TensorboardHyperparameters(TensorboardReporterBaseCB):
-    def __init__(self, hparams=None, metric_names=None, log_dir=None, is_project=True,
-                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
-                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, **kwargs):
+    """Hyperparameters and final metrics for the HPARAMS tab, at the end of training (arguments: see
+    ``__init__``)."""
+
+    def __init__(self, hparams: Optional[Dict[str, Any]] = None, metric_names: Optional[Sequence[str]] = None,
+                 log_dir: Optional[str] = None, is_project: bool = True, project_name: Optional[str] = None,
+                 experiment_name: Optional[str] = None, local_model_result_folder_path: Optional[str] = None,
+                 cloud_save_mode: Optional[str] = None, bucket_name: Optional[str] = None,
+                 cloud_dir_prefix: Optional[str] = None, **kwargs: Any) -> None:
         """Hyperparameters and final metrics for TensorBoard's HPARAMS tab, written at the end of training.
 
         Args:
@@ -455,7 +517,8 @@ class TensorboardHyperparameters(TensorboardReporterBaseCB):
         self.hparams = hparams
         self.metric_names = metric_names
 
-    def on_train_end(self):
+    def on_train_end(self) -> None:
+        """Write the hyperparameters with the final metrics, then close the writer and upload."""
         hparams = self._hparams_to_write()
         if hparams:
             self.log_hparams(hparams, self.metric_names)
@@ -465,10 +528,16 @@ class TensorboardHyperparameters(TensorboardReporterBaseCB):
 
 
 class TensorboardFullTracking(TensorboardReporterBaseCB):
-    def __init__(self, metric_names=None, batch_log_frequency=1, log_dir=None, is_project=True,
-                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
-                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, batch_sync_frequency=100,
-                 log_learning_rate=True, histogram_frequency=None, log_graph=False, hparams=None, **kwargs):
+    """Batch losses, history metrics and learning rates in one event file, plus optional histograms, graph and
+    hyperparameters (arguments: see ``__init__``)."""
+
+    def __init__(self, metric_names: Optional[Sequence[str]] = None, batch_log_frequency: int = 1,
+                 log_dir: Optional[str] = None, is_project: bool = True, project_name: Optional[str] = None,
+                 experiment_name: Optional[str] = None, local_model_result_folder_path: Optional[str] = None,
+                 cloud_save_mode: Optional[str] = None, bucket_name: Optional[str] = None,
+                 cloud_dir_prefix: Optional[str] = None, batch_sync_frequency: int = 100,
+                 log_learning_rate: bool = True, histogram_frequency: Optional[int] = None, log_graph: bool = False,
+                 hparams: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
         """Batch losses, history metrics and learning rates in one callback (one event file), plus optional
         histograms, model graph and hyperparameters.
 
@@ -499,21 +568,26 @@ class TensorboardFullTracking(TensorboardReporterBaseCB):
         self._graph_written = False
         self._grads_logged_epoch = None
 
-    def _histograms_due(self):
+    def _histograms_due(self) -> bool:
         return self.histogram_frequency is not None and self.train_loop_obj.epoch % self.histogram_frequency == 0
 
-    def on_train_begin(self):
+    def on_train_begin(self) -> None:
+        """Write the model graph (with log_graph, first fit only)."""
         if self.log_graph and not self._graph_written:
             self._graph_written = True
             self.log_model_graph()
 
-    def on_batch_end(self):
+    def on_batch_end(self) -> None:
+        """Write the pending batch losses every ``batch_sync_frequency`` steps."""
         self._maybe_log_mid_train_loss()
 
-    def on_after_optimizer_step(self):
+    def on_after_optimizer_step(self) -> None:
+        """Gradient histograms at the first optimizer update of a due epoch."""
         self._log_gradient_histograms_once(self._histograms_due())
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Batch losses, history metrics, learning rates and (when due) parameter histograms; flush and
+        upload."""
         epoch = self.train_loop_obj.epoch
         self.log_mid_train_loss()
         self._log_epoch_history()
@@ -521,10 +595,11 @@ class TensorboardFullTracking(TensorboardReporterBaseCB):
             self.log_learning_rates(epoch)
         if self._histograms_due():
             self.log_parameter_histograms(epoch)
-        self.tb_writer.flush()
+        self._writer.flush()
         self.upload_to_cloud()
 
-    def on_train_end(self):
+    def on_train_end(self) -> None:
+        """Remaining batch losses, ``train_end_*`` metrics and hyperparameters; then close and upload."""
         self.log_mid_train_loss()
         self._log_train_end_history()
         hparams = self._hparams_to_write()

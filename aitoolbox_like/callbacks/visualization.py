@@ -7,6 +7,7 @@ the unwrapped model themselves, so the other ranks of a distributed run are not 
 """
 import logging
 import os
+from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -14,12 +15,19 @@ from ._common import check_int, import_matplotlib, new_figure
 from .abstract import AbstractExperimentCallback
 from .tensorboard import experiment_log_dir, first_batch, unwrap_model
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from torch.utils.tensorboard import SummaryWriter
+
 logger = logging.getLogger(__name__)
 
 _IMAGE_KEYS = ('image', 'images', 'pixel_values', 'x', 'input', 'inputs')
 
+#: Label -> display name: a sequence indexed by the label, or a mapping.
+ClassNames = Union[Sequence[str], Mapping[int, str]]
 
-def default_batch_images(batch):
+
+def default_batch_images(batch: Any) -> Any:
     """The images of a batch: the batch itself (a tensor), its first element (a tuple / list batch) or its
     'image' / 'images' / 'pixel_values' / 'x' / 'input(s)' entry (a dict batch)."""
     if isinstance(batch, torch.Tensor):
@@ -34,7 +42,7 @@ def default_batch_images(batch):
                      f'batch_image_fn=<function batch -> (N, C, H, W) tensor>')
 
 
-def _as_image_tensor(images):
+def _as_image_tensor(images: Any) -> torch.Tensor:
     if not isinstance(images, torch.Tensor):
         raise TypeError(f'batch_image_fn must return a tensor, got {type(images).__qualname__}')
     images = images.detach().cpu()
@@ -47,7 +55,7 @@ def _as_image_tensor(images):
     return images.float()
 
 
-def _import_torchvision_utils():
+def _import_torchvision_utils() -> Any:
     try:
         import torchvision.utils
     except ImportError as exc:
@@ -60,9 +68,12 @@ def _import_torchvision_utils():
 
 
 class _ImageCallbackBase(AbstractExperimentCallback):
-    def __init__(self, callback_name, every_n_epochs, batch_image_fn, save_to_file, save_to_tensorboard,
-                 images_dir_name, project_name, experiment_name, local_model_result_folder_path,
-                 cloud_save_mode, bucket_name, cloud_dir_prefix):
+    """Shared set-up of the image callbacks: the epoch schedule, the image folder and the SummaryWriter."""
+
+    def __init__(self, callback_name: str, every_n_epochs: int, batch_image_fn: Optional[Callable[[Any], Any]],
+                 save_to_file: bool, save_to_tensorboard: bool, images_dir_name: str, project_name: Optional[str],
+                 experiment_name: Optional[str], local_model_result_folder_path: Optional[str],
+                 cloud_save_mode: Optional[str], bucket_name: Optional[str], cloud_dir_prefix: Optional[str]) -> None:
         super().__init__(callback_name, project_name, experiment_name, local_model_result_folder_path,
                          cloud_save_mode, bucket_name, cloud_dir_prefix, execution_order=97, device_idx_execution=0)
         check_int('every_n_epochs', every_n_epochs, 1)
@@ -74,49 +85,58 @@ class _ImageCallbackBase(AbstractExperimentCallback):
         self.save_to_file = save_to_file
         self.save_to_tensorboard = save_to_tensorboard
         self.images_dir_name = images_dir_name
-        self.tb_writer = None
-        self.last_written_files = []
+        self.tb_writer: Optional['SummaryWriter'] = None     # opened at the first TensorBoard write
+        self.last_written_files: List[str] = []
 
-    def on_train_loop_registration(self):
+    def on_train_loop_registration(self) -> None:
+        """Infer the experiment folder."""
         self.try_infer_experiment_details(infer_cloud_details=True)
 
-    def _due(self):
+    def _due(self) -> bool:
         return self.train_loop_obj.epoch % self.every_n_epochs == 0
 
     @property
-    def images_dir_path(self):
+    def images_dir_path(self) -> str:
+        """``<experiment folder>/<images_dir_name>``."""
         return os.path.join(self.experiment_dir_path, self.images_dir_name)
 
-    def _writer(self):
+    def _writer(self) -> 'SummaryWriter':
         """A SummaryWriter on the same run folder as the TensorBoard callbacks, so the images show next to
         the curves."""
         if self.tb_writer is None:
-            from .tensorboard import _summary_writer_class
+            from .tensorboard import summary_writer_class
             log_dir = experiment_log_dir(self)
             os.makedirs(log_dir, exist_ok=True)
-            self.tb_writer = _summary_writer_class()(log_dir=log_dir)
+            self.tb_writer = summary_writer_class()(log_dir=log_dir)
         return self.tb_writer
 
-    def _images_of(self, batch):
+    def _images_of(self, batch: Any) -> torch.Tensor:
         return _as_image_tensor(self.batch_image_fn(batch))
 
-    def _finish(self, paths):
+    def _finish(self, paths: List[str]) -> List[str]:
         if self.tb_writer is not None:
             self.tb_writer.flush()
         self.last_written_files = paths
         self.upload_experiment_files(paths)
         return paths
 
-    def on_train_end(self):
+    def on_train_end(self) -> None:
+        """Close the SummaryWriter (if one was opened)."""
         if self.tb_writer is not None:
             self.tb_writer.close()
 
 
 class SaveBatchImages(_ImageCallbackBase):
-    def __init__(self, num_images=16, on_train_data=True, on_val_data=True, every_n_epochs=1, nrow=8,
-                 normalize=True, batch_image_fn=None, save_to_file=True, save_to_tensorboard=False,
-                 images_dir_name='batch_images', project_name=None, experiment_name=None,
-                 local_model_result_folder_path=None, cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None):
+    """The first train / validation batch as an image grid at the start of every k-th epoch (arguments: see
+    ``__init__``)."""
+
+    def __init__(self, num_images: int = 16, on_train_data: bool = True, on_val_data: bool = True,
+                 every_n_epochs: int = 1, nrow: int = 8, normalize: bool = True,
+                 batch_image_fn: Optional[Callable[[Any], Any]] = None, save_to_file: bool = True,
+                 save_to_tensorboard: bool = False, images_dir_name: str = 'batch_images',
+                 project_name: Optional[str] = None, experiment_name: Optional[str] = None,
+                 local_model_result_folder_path: Optional[str] = None, cloud_save_mode: Optional[str] = None,
+                 bucket_name: Optional[str] = None, cloud_dir_prefix: Optional[str] = None) -> None:
         """Save the first batch of the train / validation loader as an image grid at the start of each epoch.
 
         Shows what the model is fed, augmentations included. The batch comes from a fresh pass over the loader
@@ -150,24 +170,26 @@ class SaveBatchImages(_ImageCallbackBase):
         self.normalize = normalize
         self._vutils = _import_torchvision_utils()
 
-    def on_train_loop_registration(self):
+    def on_train_loop_registration(self) -> None:
+        """Infer the experiment folder; check that a validation loader exists when its images are wanted."""
         super().on_train_loop_registration()
         if self.on_val_data and self.train_loop_obj.validation_loader is None:
             raise ValueError('SaveBatchImages(on_val_data=True) needs a validation_loader; pass on_val_data=False')
 
-    def on_epoch_begin(self):
+    def on_epoch_begin(self) -> None:
+        """Save the grids in a due epoch."""
         if self._due():
             self.save_batch_images()
 
-    def make_grid(self, batch):
+    def make_grid(self, batch: Any) -> torch.Tensor:
         """The image grid of a batch, as torchvision.utils.make_grid makes it."""
         images = self._images_of(batch)[:self.num_images]
         return self._vutils.make_grid(images, nrow=self.nrow, normalize=self.normalize)
 
-    def save_batch_images(self):
+    def save_batch_images(self) -> List[str]:
         """Save the grids of this epoch; returns the written file paths."""
         loop = self.train_loop_obj
-        paths = []
+        paths: List[str] = []
         for split, wanted, loader in (('train', self.on_train_data, loop.train_loader),
                                       ('val', self.on_val_data, loop.validation_loader)):
             if not wanted:
@@ -184,10 +206,15 @@ class SaveBatchImages(_ImageCallbackBase):
 
 
 class PredictionVisualization(_ImageCallbackBase):
-    def __init__(self, num_images=16, every_n_epochs=1, class_names=None, ncols=4, batch_image_fn=None,
-                 save_to_file=True, save_to_tensorboard=False, images_dir_name='prediction_images',
-                 project_name=None, experiment_name=None, local_model_result_folder_path=None,
-                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None):
+    """A grid of validation images titled with predicted and true labels after every k-th epoch (arguments:
+    see ``__init__``)."""
+
+    def __init__(self, num_images: int = 16, every_n_epochs: int = 1, class_names: Optional[ClassNames] = None,
+                 ncols: int = 4, batch_image_fn: Optional[Callable[[Any], Any]] = None, save_to_file: bool = True,
+                 save_to_tensorboard: bool = False, images_dir_name: str = 'prediction_images',
+                 project_name: Optional[str] = None, experiment_name: Optional[str] = None,
+                 local_model_result_folder_path: Optional[str] = None, cloud_save_mode: Optional[str] = None,
+                 bucket_name: Optional[str] = None, cloud_dir_prefix: Optional[str] = None) -> None:
         """For image classification: a grid of the first validation images titled with the predicted and the
         true label (green when right, red when wrong), after every k-th epoch.
 
@@ -213,24 +240,29 @@ class PredictionVisualization(_ImageCallbackBase):
         self.num_images = num_images
         self.class_names = class_names
         self.ncols = ncols
-        self.last_predictions = None
+        self.last_predictions: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         import_matplotlib('PredictionVisualization')
 
-    def on_train_loop_registration(self):
+    def on_train_loop_registration(self) -> None:
+        """Infer the experiment folder; check that the TrainLoop has a validation loader."""
         super().on_train_loop_registration()
         if self.train_loop_obj.validation_loader is None:
             raise ValueError('PredictionVisualization needs a validation_loader in the TrainLoop')
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Draw the prediction grid in a due epoch."""
         if self._due():
             self.visualize_predictions()
 
-    def predict_first_images(self):
+    def predict_first_images(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(images, predicted labels, true labels)`` of the first num_images validation samples."""
         loop = self.train_loop_obj
-        model = unwrap_model(loop.model)
+        # A TTModel: its get_predictions is its own method, not a submodule (as torch.nn.Module types it).
+        model: Any = unwrap_model(loop.model)
         feed = loop.batch_model_feed_def
-        images, predicted, true = [], [], []
+        images: List[torch.Tensor] = []
+        predicted: List[torch.Tensor] = []
+        true: List[torch.Tensor] = []
         count = 0
         was_training = model.training
         model.eval()
@@ -252,14 +284,14 @@ class PredictionVisualization(_ImageCallbackBase):
         n = self.num_images
         return torch.cat(images)[:n], torch.cat(predicted)[:n], torch.cat(true)[:n]
 
-    def visualize_predictions(self):
+    def visualize_predictions(self) -> List[str]:
         """Draw and save this epoch's prediction grid; returns the written file paths."""
         loop = self.train_loop_obj
         images, predicted, true = self.predict_first_images()
         self.last_predictions = (predicted, true)
         fig = make_prediction_figure(images, predicted, true, self.class_names, self.ncols,
                                      title=f'Validation predictions after epoch {loop.epoch}')
-        paths = []
+        paths: List[str] = []
         if self.save_to_file:
             os.makedirs(self.images_dir_path, exist_ok=True)
             path = os.path.join(self.images_dir_path, f'predictions_epoch_{loop.epoch}.png')
@@ -270,7 +302,7 @@ class PredictionVisualization(_ImageCallbackBase):
         return self._finish(paths)
 
 
-def _to_labels(y):
+def _to_labels(y: Any) -> torch.Tensor:
     y = torch.as_tensor(y).detach().cpu()
     if y.dim() > 1 and y.shape[1] > 1:
         return y.argmax(dim=1)
@@ -280,7 +312,7 @@ def _to_labels(y):
     return y.long()
 
 
-def _label_name(label, class_names):
+def _label_name(label: int, class_names: Optional[ClassNames]) -> str:
     if class_names is None:
         return str(label)
     try:
@@ -289,7 +321,9 @@ def _label_name(label, class_names):
         return str(label)
 
 
-def make_prediction_figure(images, predicted, true, class_names=None, ncols=4, title=None):
+def make_prediction_figure(images: torch.Tensor, predicted: torch.Tensor, true: torch.Tensor,
+                           class_names: Optional[ClassNames] = None, ncols: int = 4,
+                           title: Optional[str] = None) -> 'Figure':
     """A matplotlib Figure: one panel per image, titled ``pred: <p> / true: <t>`` (green right, red wrong)."""
     n = images.shape[0]
     ncols = max(1, min(ncols, n))

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Set
 
 import torch
 
@@ -23,6 +23,9 @@ from .abstract import AbstractExperimentCallback
 from .performance_eval import history_series
 from .tensorboard import unwrap_model
 
+if TYPE_CHECKING:
+    from wandb.sdk.wandb_run import Run
+
 logger = logging.getLogger(__name__)
 
 _INSTALL_HINT = 'pip install aitoolbox_like[wandb]'
@@ -31,7 +34,7 @@ _CODE_SKIP_DIRS = {'__pycache__', '.git', '.hg', '.svn', '.ipynb_checkpoints', '
                    '.pytest_cache', 'wandb', '.wandb'}
 
 
-def import_wandb(who: str = 'WandBTracking'):
+def import_wandb(who: str = 'WandBTracking') -> Any:
     """The ``wandb`` module, or an ImportError with the install hint when the extra is missing."""
     try:
         import wandb
@@ -59,7 +62,7 @@ class AlertConfig:
     wandb_alert_level: Any = None
 
 
-def _to_number(value):
+def _to_number(value: Any) -> Optional[float]:
     """A plain float for a numeric history value (one-element tensors included), else None."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
@@ -68,12 +71,15 @@ def _to_number(value):
     return float(value) if is_number(value) else None
 
 
-def _json_safe(hyperparams):
+def _json_safe(hyperparams: Dict[str, Any]) -> Any:
     """A JSON-clean copy (values JSON cannot hold become their repr), as in the experiment's hyperparams.json."""
     return json.loads(json.dumps(hyperparams, default=repr))
 
 
 class WandBTracking(AbstractExperimentCallback):
+    """Track the training in Weights & Biases: config, history, batch losses, alerts, code and model watching
+    (what is logged and the arguments: see ``__init__``)."""
+
     def __init__(self, metric_names: Optional[Sequence[str]] = None, batch_log_frequency: Optional[int] = None,
                  hyperparams: Optional[Dict[str, Any]] = None, tags: Optional[Sequence[str]] = None,
                  alerts: Optional[List[AlertConfig]] = None, wandb_pre_initialized: bool = False,
@@ -81,7 +87,7 @@ class WandBTracking(AbstractExperimentCallback):
                  project_name: Optional[str] = None, experiment_name: Optional[str] = None,
                  local_model_result_folder_path: Optional[str] = None, *, batch_sync_frequency: int = 100,
                  watch_model: Optional[str] = None, watch_log_freq: int = 1000,
-                 finish_run_on_train_end: bool = True, **kwargs):
+                 finish_run_on_train_end: bool = True, **kwargs: Any) -> None:
         """Track the training in Weights & Biases (https://wandb.ai).
 
         Needs ``wandb`` installed (``pip install aitoolbox_like[wandb]``) and, to upload, ``wandb login``
@@ -158,21 +164,22 @@ class WandBTracking(AbstractExperimentCallback):
         self.watch_log_freq = watch_log_freq
         self.finish_run_on_train_end = finish_run_on_train_end
 
-        self.run = None
-        self.run_id = None
+        self.run: Optional['Run'] = None     # the wandb run, started in on_train_begin
+        self.run_id: Optional[str] = None
         self._resuming = False
         self._code_logged = False
-        self._watched = None
-        self._warned_alert_metrics = set()
-        self._loss_list = None
+        self._watched: Optional[torch.nn.Module] = None
+        self._warned_alert_metrics: Set[str] = set()
+        self._loss_list: Optional[List[Any]] = None
         self._loss_flushed = 0
-        self._loss_sums = {}
+        self._loss_sums: Dict[str, float] = {}
         self._loss_count = 0
 
     # ---- state (checkpoints) --------------------------------------------------------------------
 
     @property
     def state_key(self) -> str:
+        """Always ``'WandBTracking'``."""
         # One wandb run per loop: a subclass (or a differently configured instance) resuming a checkpoint
         # must find the run id under the same key.
         return 'WandBTracking'
@@ -182,6 +189,7 @@ class WandBTracking(AbstractExperimentCallback):
         return {'run_id': self.run_id} if self.run_id is not None else None
 
     def load_state_dict(self, state_dict: Dict[str, str]) -> None:
+        """Continue the checkpoint's wandb run (opened at the next on_train_begin)."""
         run_id = state_dict.get('run_id')
         if not run_id:
             return
@@ -191,19 +199,20 @@ class WandBTracking(AbstractExperimentCallback):
         self.run_id = run_id
         self._resuming = True
 
-    def __getstate__(self):
+    def __getstate__(self) -> Dict[str, Any]:
         # A DDP launch pickles the callbacks before training; a live run (or the module) cannot travel.
         state = self.__dict__.copy()
         state.update(run=None, _wandb=None, _watched=None, _loss_list=None)
         return state
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._wandb = import_wandb()
 
     # ---- set-up ---------------------------------------------------------------------------------
 
-    def on_train_loop_registration(self):
+    def on_train_loop_registration(self) -> None:
+        """Infer the experiment, the hyperparameters and the code to log from the TrainLoop."""
         self.try_infer_experiment_details(infer_cloud_details=False)
         self.try_infer_additional_logging_details()
 
@@ -219,7 +228,8 @@ class WandBTracking(AbstractExperimentCallback):
             script = loop_hyperparams.get('experiment_file_path')
             self.source_dirs = ([script] if script else []) + list(getattr(loop, 'source_dirs', None) or [])
 
-    def on_train_begin(self):
+    def on_train_begin(self) -> None:
+        """Start (or resume) the wandb run, and watch the model with watch_model."""
         if self.run is None:
             self._start_run()
         if self.watch_model is not None and self._watched is None:
@@ -228,7 +238,7 @@ class WandBTracking(AbstractExperimentCallback):
             watch = getattr(self.run, 'watch', None) or self._wandb.watch
             watch(self._watched, log=self.watch_model, log_freq=self.watch_log_freq)
 
-    def _wandb_dir(self):
+    def _wandb_dir(self) -> Optional[str]:
         if not self.is_project:
             if self.log_dir is not None:
                 os.makedirs(self.log_dir, exist_ok=True)
@@ -237,17 +247,17 @@ class WandBTracking(AbstractExperimentCallback):
                                     self.local_model_result_folder_path)
         return experiment.claim()
 
-    def _start_run(self):
+    def _start_run(self) -> None:
         wandb = self._wandb
         if self.wandb_pre_initialized:
             if wandb.run is None:
                 raise RuntimeError('WandBTracking(wandb_pre_initialized=True) found no wandb run: call wandb.init() '
                                    'before fit, or leave wandb_pre_initialized=False to let the callback start one')
-            self.run = wandb.run
-            if self._resuming and self.run.id != self.run_id:
+            self.run = run = wandb.run
+            if self._resuming and run.id != self.run_id:
                 logger.warning('Resuming a checkpoint of wandb run %s, but the pre-initialized wandb run is %s; '
                                'to continue the same run call wandb.init(id=%r, resume="allow")',
-                               self.run_id, self.run.id, self.run_id)
+                               self.run_id, run.id, self.run_id)
         else:
             init_kwargs = dict(project=self.project_name, name=self.experiment_name,
                                config=_json_safe(self.hyperparams) if self.hyperparams is not None else None,
@@ -255,10 +265,10 @@ class WandBTracking(AbstractExperimentCallback):
             if self.run_id is not None:
                 init_kwargs.update(id=self.run_id, resume='allow')
             init_kwargs.update(self.wandb_params_kwargs)
-            self.run = wandb.init(**init_kwargs)
-            logger.info('wandb run %s (%s) %s; local files in %s', self.run.id, self.run.name,
-                        'resumed' if self.run_id is not None else 'started', self.run.dir)
-        self.run_id = self.run.id
+            self.run = run = wandb.init(**init_kwargs)
+            logger.info('wandb run %s (%s) %s; local files in %s', run.id, run.name,
+                        'resumed' if self.run_id is not None else 'started', run.dir)
+        self.run_id = run.id
         if not self._code_logged:
             self._code_logged = True
             self.log_source_code()
@@ -267,28 +277,33 @@ class WandBTracking(AbstractExperimentCallback):
         """Log each of ``source_dirs`` as a code artifact (a folder: every file in it, caches and VCS folders
         skipped; a file: that file). A path that does not exist gets a warning."""
         make_safe = self._wandb.util.make_artifact_name_safe
+        run = self.run
         for source in self.source_dirs:
             path = os.path.abspath(os.path.expanduser(os.fspath(source)))
             name = make_safe(os.path.basename(path.rstrip(os.sep)) or 'source')
             if os.path.isdir(path):
-                self.run.log_code(path, name=name, include_fn=lambda p, root: True,
-                                  exclude_fn=lambda p, root: bool(
-                                      _CODE_SKIP_DIRS.intersection(os.path.relpath(p, root).split(os.sep)[:-1])))
+                assert run is not None, 'the code is logged once the run is started'
+                run.log_code(path, name=name, include_fn=lambda p, root: True,
+                             exclude_fn=lambda p, root: bool(
+                                 _CODE_SKIP_DIRS.intersection(os.path.relpath(p, root).split(os.sep)[:-1])))
             elif os.path.isfile(path):
+                assert run is not None, 'the code is logged once the run is started'
                 # log_code walks a folder: keep only this file of its parent folder.
-                self.run.log_code(os.path.dirname(path), name=name, include_fn=lambda p, root: p == path,
-                                  exclude_fn=lambda p, root: False)
+                run.log_code(os.path.dirname(path), name=name, include_fn=lambda p, root: p == path,
+                             exclude_fn=lambda p, root: False)
             else:
                 logger.warning('WandBTracking: source path %s does not exist; not logged to wandb', path)
 
     # ---- training events ------------------------------------------------------------------------
 
-    def on_batch_end(self):
+    def on_batch_end(self) -> None:
+        """Log the pending batch losses every ``batch_sync_frequency`` steps (with batch_log_frequency)."""
         if self.batch_log_frequency is not None and \
                 (self.train_loop_obj.total_iteration_idx + 1) % self.batch_sync_frequency == 0:
             self.log_mid_train_loss()
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
+        """Log the epoch's remaining batch losses and history values; send the alerts."""
         if self.batch_log_frequency is not None:
             self.log_mid_train_loss()
         metric_names = self.metric_names if self.metric_names is not None else \
@@ -297,7 +312,8 @@ class WandBTracking(AbstractExperimentCallback):
         if self.alerts:
             self.send_configured_alerts(self.alerts, metrics_log)
 
-    def on_train_end(self):
+    def on_train_end(self) -> None:
+        """Log the remaining batch losses and the ``train_end_*`` values; finish the run (or unwatch)."""
         if self.run is None:
             return
         if self.batch_log_frequency is not None:
@@ -308,7 +324,8 @@ class WandBTracking(AbstractExperimentCallback):
         else:
             self._unwatch()
 
-    def on_exception(self, exception):
+    def on_exception(self, exception: BaseException) -> None:
+        """Finish the run as failed (a run the callback started)."""
         if self.run is not None and not self.wandb_pre_initialized:
             # exit_code 1 marks the run as failed; it can still be resumed from a checkpoint.
             try:
@@ -317,17 +334,19 @@ class WandBTracking(AbstractExperimentCallback):
                 logger.error('WandBTracking: could not finish the wandb run after %s (%s: %s)',
                              type(exception).__name__, type(error).__name__, error)
 
-    def _unwatch(self):
+    def _unwatch(self) -> None:
         if self._watched is not None:
             try:
                 (getattr(self.run, 'unwatch', None) or self._wandb.unwatch)(self._watched)
             finally:
                 self._watched = None
 
-    def _finish_run(self, exit_code=None):
+    def _finish_run(self, exit_code: Optional[int] = None) -> None:
         try:
             self._unwatch()
-            self.run.finish(exit_code=exit_code)
+            run = self.run
+            assert run is not None, 'only an open run is finished'
+            run.finish(exit_code=exit_code)
         finally:
             self.run = None
 
@@ -383,7 +402,7 @@ class WandBTracking(AbstractExperimentCallback):
             the logged dict (``{'epoch': e, '<prefix>/<metric>': value, ...}``).
         """
         loop = self.train_loop_obj
-        metrics_log = {'epoch': loop.epoch}
+        metrics_log: Dict[str, float] = {'epoch': loop.epoch}
         for name, (epochs, values) in history_series(loop.train_history, list(metric_names)).items():
             if not values or epochs[-1] != loop.epoch:
                 continue
@@ -400,7 +419,7 @@ class WandBTracking(AbstractExperimentCallback):
         wanted = None if self.metric_names is None else set(self.metric_names)
         names = [n for n in history.keys() if n.startswith('train_end_')
                  and (wanted is None or n in wanted or n[len('train_end_'):] in wanted)]
-        final = {}
+        final: Dict[str, float] = {}
         for name, (_, values) in history_series(history, names).items():
             value = _to_number(values[-1]) if values else None
             if value is not None:

@@ -3,9 +3,16 @@
 S3Storage is imported lazily (it needs the optional boto3) so that ``import aitoolbox_like.storage``
 works without the s3 extra.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .base import Storage, StorageAuthError, StorageError, join_key, validate_key, validate_key_part
 from .local import LocalStorage
 from .uploader import BackgroundUploader, UploadFailure, UploadJob
+
+if TYPE_CHECKING:  # the runtime import is lazy, see __getattr__
+    from .s3 import S3Storage
 
 __all__ = [
     'Storage', 'StorageError', 'StorageAuthError', 'validate_key', 'validate_key_part', 'join_key',
@@ -13,7 +20,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name == 'S3Storage':
         from .s3 import S3Storage
         return S3Storage

@@ -3,8 +3,12 @@
 Keys are '/'-separated relative paths ("project/experiment/model/weights.pt") whatever the backend,
 so callbacks build keys once and any storage can hold them.
 """
+from __future__ import annotations
+
 import abc
 import re
+
+from .._typing import StrPath
 
 _DRIVE_RE = re.compile(r'^[A-Za-z]:')
 
@@ -17,7 +21,7 @@ class StorageAuthError(StorageError):
     """The storage rejected our credentials or permissions. Never carries the credentials."""
 
 
-def validate_key_part(name, what):
+def validate_key_part(name: str, what: str) -> str:
     """Return ``name`` if it is safe as one path component of a key, else raise ValueError.
 
     Used for user-supplied project and experiment names: they become directories, so anything
@@ -36,7 +40,7 @@ def validate_key_part(name, what):
     return name
 
 
-def validate_key(key, what='key'):
+def validate_key(key: str, what: str = 'key') -> str:
     """Return ``key`` if every '/'-separated part passes :func:`validate_key_part`."""
     if not isinstance(key, str):
         raise ValueError(f'{what} must be a string, got {type(key).__name__}: {key!r}')
@@ -53,7 +57,7 @@ def validate_key(key, what='key'):
     return key
 
 
-def join_key(*parts):
+def join_key(*parts: str) -> str:
     """Join key fragments with '/', ignoring empty ones (e.g. an empty prefix)."""
     return '/'.join(p.strip('/') for p in parts if p and p.strip('/'))
 
@@ -62,36 +66,36 @@ class Storage(abc.ABC):
     """Somewhere to put experiment files: a local folder or an S3 bucket."""
 
     @abc.abstractmethod
-    def save_file(self, local_path, key):
+    def save_file(self, local_path: StrPath, key: str) -> None:
         """Copy the local file to ``key``, replacing any existing object; readers never see a partial one."""
 
     @abc.abstractmethod
-    def load_file(self, key, local_path):
+    def load_file(self, key: str, local_path: StrPath) -> StrPath:
         """Copy ``key`` to ``local_path`` (parent folders created) and return ``local_path``.
 
         Raises FileNotFoundError if the key does not exist.
         """
 
     @abc.abstractmethod
-    def exists(self, key):
+    def exists(self, key: str) -> bool:
         """True if an object is stored under exactly ``key``."""
 
     @abc.abstractmethod
-    def list(self, prefix=''):
+    def list(self, prefix: str = '') -> list[str]:
         """Sorted keys that start with ``prefix`` (a plain string prefix, as in S3)."""
 
     @abc.abstractmethod
-    def delete(self, key):
+    def delete(self, key: str) -> None:
         """Remove ``key``; a missing key is not an error."""
 
     @abc.abstractmethod
-    def write_text(self, key, text):
+    def write_text(self, key: str, text: str) -> None:
         """Store ``text`` (UTF-8) under ``key``."""
 
     @abc.abstractmethod
-    def read_text(self, key):
+    def read_text(self, key: str) -> str:
         """Return the UTF-8 text stored under ``key``; FileNotFoundError if missing."""
 
     @abc.abstractmethod
-    def uri(self, key):
+    def uri(self, key: str) -> str:
         """A human-readable location for ``key`` (file:// or s3:// URI) for logs and messages."""

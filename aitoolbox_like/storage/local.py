@@ -1,11 +1,15 @@
 """Storage in a local folder (or any mounted filesystem)."""
+from __future__ import annotations
+
 import logging
 import os
 import re
 import secrets
 import shutil
 from pathlib import Path
+from typing import IO, Callable
 
+from .._typing import StrPath
 from .base import Storage, validate_key
 
 logger = logging.getLogger(__name__)
@@ -14,12 +18,13 @@ _PARTIAL_SUFFIX = '.partial'
 _PARTIAL_RE = re.compile(r'^\..+\.[0-9a-f]{12}\.partial$')
 
 
-def _temp_path_for(path, temp_suffix=_PARTIAL_SUFFIX, temp_dir=None):
+def _temp_path_for(path: Path, temp_suffix: str = _PARTIAL_SUFFIX, temp_dir: StrPath | None = None) -> Path:
     folder = path.parent if temp_dir is None else Path(os.path.abspath(os.fspath(temp_dir)))
     return folder / f'.{path.name}.{secrets.token_hex(6)}{temp_suffix}'
 
 
-def write_atomically(path, write, temp_suffix=_PARTIAL_SUFFIX, make_parents=True, temp_dir=None):
+def write_atomically(path: StrPath, write: Callable[[IO[bytes]], object], temp_suffix: str = _PARTIAL_SUFFIX,
+                     make_parents: bool = True, temp_dir: StrPath | None = None) -> None:
     """Run ``write(file_object)`` into a temp file, fsync it, then rename it over ``path``.
 
     Readers (and a crash) see the old file or the complete new one, never a half-written one; a failed
@@ -46,7 +51,7 @@ def write_atomically(path, write, temp_suffix=_PARTIAL_SUFFIX, make_parents=True
         raise
 
 
-def write_text_atomically(path, text, temp_dir=None):
+def write_text_atomically(path: StrPath, text: str, temp_dir: StrPath | None = None) -> None:
     """Store ``text`` (UTF-8) in the file ``path`` with :func:`write_atomically`."""
     data = text.encode('utf-8')
     write_atomically(path, lambda f: f.write(data), temp_dir=temp_dir)
@@ -55,13 +60,13 @@ def write_text_atomically(path, text, temp_dir=None):
 class LocalStorage(Storage):
     """Keys map to files under ``root_dir``; the folder is created on first write."""
 
-    def __init__(self, root_dir):
+    def __init__(self, root_dir: StrPath) -> None:
         self.root_dir = Path(os.path.abspath(os.path.expanduser(os.fspath(root_dir))))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f'LocalStorage({str(self.root_dir)!r})'
 
-    def path(self, key):
+    def path(self, key: str) -> Path:
         """The filesystem path that holds ``key``."""
         validate_key(key)
         path = Path(os.path.normpath(self.root_dir / key))
@@ -72,13 +77,15 @@ class LocalStorage(Storage):
             raise ValueError(f'key {key!r} resolves outside the storage root {self.root_dir}')
         return path
 
-    def save_file(self, local_path, key):
+    def save_file(self, local_path: StrPath, key: str) -> None:
+        """Copy ``local_path`` to the file for ``key`` atomically (temp file, fsync, rename)."""
         target = self.path(key)
         with open(local_path, 'rb') as src:
             write_atomically(target, lambda dst: shutil.copyfileobj(src, dst, 1024 * 1024))
         logger.debug('Saved %s to %s', local_path, target)
 
-    def load_file(self, key, local_path):
+    def load_file(self, key: str, local_path: StrPath) -> StrPath:
+        """Copy the file for ``key`` to ``local_path`` atomically and return ``local_path``."""
         source = self.path(key)
         try:
             src = open(source, 'rb')
@@ -88,10 +95,12 @@ class LocalStorage(Storage):
             write_atomically(local_path, lambda dst: shutil.copyfileobj(src, dst, 1024 * 1024))
         return local_path
 
-    def exists(self, key):
+    def exists(self, key: str) -> bool:
+        """True if a file is stored under exactly ``key``."""
         return self.path(key).is_file()
 
-    def list(self, prefix=''):
+    def list(self, prefix: str = '') -> list[str]:
+        """Sorted keys starting with ``prefix``; leftover ``.partial`` temp files are skipped."""
         # Walk only the folder the prefix names, not the whole tree.
         directory, _, _ = prefix.rpartition('/')
         start = self.path(directory) if directory else self.root_dir
@@ -109,20 +118,24 @@ class LocalStorage(Storage):
                     keys.append(key)
         return sorted(keys)
 
-    def delete(self, key):
+    def delete(self, key: str) -> None:
+        """Remove the file for ``key``; a missing file is not an error."""
         try:
             self.path(key).unlink()
         except FileNotFoundError:
             pass
 
-    def write_text(self, key, text):
+    def write_text(self, key: str, text: str) -> None:
+        """Store ``text`` (UTF-8) under ``key`` atomically."""
         write_text_atomically(self.path(key), text)
 
-    def read_text(self, key):
+    def read_text(self, key: str) -> str:
+        """Return the UTF-8 text stored under ``key``; FileNotFoundError if missing."""
         try:
             return self.path(key).read_text(encoding='utf-8')
         except FileNotFoundError:
             raise FileNotFoundError(f'No such key in storage: {self.uri(key)}') from None
 
-    def uri(self, key):
+    def uri(self, key: str) -> str:
+        """The ``file://`` URI of the file for ``key``."""
         return self.path(key).as_uri()

@@ -2,9 +2,13 @@
 
 boto3 is imported when an S3Storage is created, so the core package works without the s3 extra.
 """
+from __future__ import annotations
+
 import logging
 import os
+from typing import Any, Callable, NoReturn
 
+from .._typing import StrPath
 from .base import Storage, StorageAuthError, StorageError, join_key, validate_key
 
 logger = logging.getLogger(__name__)
@@ -20,7 +24,7 @@ _NOT_FOUND_CODES = frozenset({'404', 'NoSuchKey', 'NotFound'})
 _NO_BUCKET_CODES = frozenset({'NoSuchBucket'})
 
 
-def _import_boto3():
+def _import_boto3() -> Any:
     try:
         import boto3
         import boto3.s3.transfer
@@ -41,9 +45,10 @@ class S3Storage(Storage):
     boto3's usual chain (environment, profile, instance role) and are never logged.
     """
 
-    def __init__(self, bucket_name, cloud_dir_prefix='', endpoint_url=None, region_name=None,
-                 max_attempts=8, multipart_threshold=64 * 1024 * 1024,
-                 multipart_chunksize=16 * 1024 * 1024, client=None):
+    def __init__(self, bucket_name: str, cloud_dir_prefix: str = '', endpoint_url: str | None = None,
+                 region_name: str | None = None, max_attempts: int = 8,
+                 multipart_threshold: int = 64 * 1024 * 1024, multipart_chunksize: int = 16 * 1024 * 1024,
+                 client: Any = None) -> None:
         if not isinstance(bucket_name, str) or not bucket_name or '/' in bucket_name:
             raise ValueError(f'bucket_name must be a bucket name without "/", got {bucket_name!r}')
         boto3 = _import_boto3()
@@ -57,7 +62,7 @@ class S3Storage(Storage):
         self.cloud_dir_prefix = prefix
 
         if client is None:
-            config_kwargs = dict(
+            config_kwargs: dict[str, Any] = dict(
                 retries={'max_attempts': max_attempts, 'mode': 'standard'},
                 connect_timeout=10,
                 read_timeout=60,
@@ -76,26 +81,27 @@ class S3Storage(Storage):
         self.transfer_config = TransferConfig(multipart_threshold=multipart_threshold,
                                               multipart_chunksize=multipart_chunksize)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f'S3Storage({self.bucket_name!r}, {self.cloud_dir_prefix!r}, endpoint_url={self.endpoint_url!r})'
 
     # -- keys -------------------------------------------------------------------------------------
 
-    def _full_key(self, key):
+    def _full_key(self, key: str) -> str:
         validate_key(key)
         return join_key(self.cloud_dir_prefix, key)
 
-    def _relative_key(self, full_key):
+    def _relative_key(self, full_key: str) -> str:
         if not self.cloud_dir_prefix:
             return full_key
         return full_key[len(self.cloud_dir_prefix) + 1:]
 
-    def uri(self, key):
+    def uri(self, key: str) -> str:
+        """The ``s3://bucket/prefix/key`` URI of ``key``."""
         return f's3://{self.bucket_name}/{self._full_key(key)}'
 
     # -- errors -----------------------------------------------------------------------------------
 
-    def _translate(self, error, operation, key=None):
+    def _translate(self, error: BaseException, operation: str, key: str | None = None) -> BaseException:
         """Map a botocore/boto3 failure to our exceptions, or return the (unwrapped) error itself.
 
         Network errors and 5xx stay botocore's own types so callers (the uploader) can retry them.
@@ -138,7 +144,7 @@ class S3Storage(Storage):
                 return FileNotFoundError(f'No such key in storage: {self.uri(key)}')
         return error
 
-    def _scrub(self, text):
+    def _scrub(self, text: str) -> str:
         # Belt and braces: should a server ever quote our credentials back, blank them out.
         try:
             credentials = self.client._request_signer._credentials
@@ -151,7 +157,7 @@ class S3Storage(Storage):
                     text = text.replace(secret, '***')
         return text
 
-    def _raise_translated(self, error, operation, key=None):
+    def _raise_translated(self, error: BaseException, operation: str, key: str | None = None) -> NoReturn:
         translated = self._translate(error, operation, key)
         if translated is error:
             raise error
@@ -162,7 +168,7 @@ class S3Storage(Storage):
         # failures, server responses that may echo the access key id).
         raise translated from None
 
-    def _call(self, operation, key, fn, *args, **kwargs):
+    def _call(self, operation: str, key: str | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except Exception as error:
@@ -170,7 +176,7 @@ class S3Storage(Storage):
 
     # -- operations -------------------------------------------------------------------------------
 
-    def ensure_bucket(self):
+    def ensure_bucket(self) -> None:
         """Create the bucket if it does not exist yet."""
         import botocore.exceptions
         try:
@@ -183,7 +189,7 @@ class S3Storage(Storage):
         except Exception as error:
             self._raise_translated(error, 'HeadBucket')
 
-        kwargs = {'Bucket': self.bucket_name}
+        kwargs: dict[str, Any] = {'Bucket': self.bucket_name}
         region = self.client.meta.region_name
         # us-east-1 is the one region that rejects an explicit LocationConstraint.
         if region and region != 'us-east-1':
@@ -198,7 +204,8 @@ class S3Storage(Storage):
         except Exception as error:
             self._raise_translated(error, 'CreateBucket')
 
-    def save_file(self, local_path, key):
+    def save_file(self, local_path: StrPath, key: str) -> None:
+        """Upload ``local_path`` to ``key`` (multipart above ``multipart_threshold``)."""
         full_key = self._full_key(key)
         # upload_file switches to a multipart upload above multipart_threshold; S3 only makes the
         # object visible once every part is in, so readers never see a partial file.
@@ -206,7 +213,8 @@ class S3Storage(Storage):
                    full_key, Config=self.transfer_config)
         logger.debug('Uploaded %s to %s', local_path, self.uri(key))
 
-    def load_file(self, key, local_path):
+    def load_file(self, key: str, local_path: StrPath) -> StrPath:
+        """Download ``key`` to ``local_path`` (parent folders created) and return ``local_path``."""
         full_key = self._full_key(key)
         local_path_str = os.fspath(local_path)
         parent = os.path.dirname(os.path.abspath(local_path_str))
@@ -216,7 +224,8 @@ class S3Storage(Storage):
                    local_path_str, Config=self.transfer_config)
         return local_path
 
-    def exists(self, key):
+    def exists(self, key: str) -> bool:
+        """True if an object is stored under exactly ``key`` (a HEAD request)."""
         full_key = self._full_key(key)
         try:
             self._call('HeadObject', key, self.client.head_object, Bucket=self.bucket_name, Key=full_key)
@@ -224,15 +233,16 @@ class S3Storage(Storage):
             return False
         return True
 
-    def list(self, prefix=''):
+    def list(self, prefix: str = '') -> list[str]:
+        """Sorted keys (relative to ``cloud_dir_prefix``) that start with ``prefix``."""
         if self.cloud_dir_prefix:
             full_prefix = self.cloud_dir_prefix + '/' + prefix
         else:
             full_prefix = prefix
         paginator = self.client.get_paginator('list_objects_v2')
-        keys = []
+        keys: list[str] = []
 
-        def collect():
+        def collect() -> None:
             for page in paginator.paginate(Bucket=self.bucket_name, Prefix=full_prefix):
                 for item in page.get('Contents', ()):
                     keys.append(self._relative_key(item['Key']))
@@ -240,19 +250,22 @@ class S3Storage(Storage):
         self._call('ListObjectsV2', None, collect)
         return sorted(keys)
 
-    def delete(self, key):
+    def delete(self, key: str) -> None:
+        """Remove ``key``; a missing key is not an error (S3 semantics)."""
         full_key = self._full_key(key)
         self._call('DeleteObject', None, self.client.delete_object, Bucket=self.bucket_name, Key=full_key)
 
-    def write_text(self, key, text):
+    def write_text(self, key: str, text: str) -> None:
+        """Store ``text`` (UTF-8, ``text/plain``) under ``key``."""
         full_key = self._full_key(key)
         self._call('PutObject', key, self.client.put_object, Bucket=self.bucket_name, Key=full_key,
                    Body=text.encode('utf-8'), ContentType='text/plain; charset=utf-8')
 
-    def read_text(self, key):
+    def read_text(self, key: str) -> str:
+        """Return the UTF-8 text stored under ``key``; FileNotFoundError if missing."""
         full_key = self._full_key(key)
 
-        def read():
+        def read() -> str:
             response = self.client.get_object(Bucket=self.bucket_name, Key=full_key)
             with response['Body'] as body:
                 return body.read().decode('utf-8')

@@ -5,13 +5,17 @@ connection, timeout, 5xx) is retried with exponential backoff; an authentication
 because retrying cannot fix it. A "latest" pointer is written only after the object it names is
 fully uploaded, so a reader following the pointer always finds a complete file.
 """
+from __future__ import annotations
+
 import logging
 import os
 import queue
 import threading
 from dataclasses import dataclass
+from typing import Any, Callable
 
-from .base import StorageError
+from .._typing import StrPath
+from .base import Storage, StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -20,12 +24,13 @@ _STOP = object()
 
 @dataclass
 class UploadJob:
+    """One file to upload to ``key``, then optionally a "latest" pointer object naming it."""
     local_path: str
     key: str
-    latest_pointer_key: str = None
+    latest_pointer_key: str | None = None
     delete_local_after: bool = False
     # What the pointer object says; None: the uploaded object's key.
-    latest_pointer_text: str = None
+    latest_pointer_text: str | None = None
 
 
 @dataclass
@@ -35,10 +40,10 @@ class UploadFailure:
     local_path: str
     error: str
     attempts: int
-    latest_pointer_key: str = None
+    latest_pointer_key: str | None = None
 
 
-def _retryable_types():
+def _retryable_types() -> tuple[type[BaseException], ...]:
     try:
         import botocore.exceptions as bexc
     except ImportError:
@@ -52,7 +57,7 @@ _RETRYABLE_CLIENT_CODES = frozenset({'SlowDown', 'RequestTimeout', 'RequestTimeT
                                      'ThrottlingException'})
 
 
-def is_retryable(error, local_path=None):
+def is_retryable(error: BaseException, local_path: StrPath | None = None) -> bool:
     """Whether waiting and trying again might succeed."""
     if isinstance(error, StorageError):     # StorageAuthError included: retrying cannot fix either
         return False
@@ -84,17 +89,17 @@ class BackgroundUploader:
     callers that write a file per job) when the network is slower than training.
     """
 
-    def __init__(self, storage, max_queue_size=32, max_retries=6, initial_backoff_s=0.5,
-                 max_backoff_s=30.0):
+    def __init__(self, storage: Storage, max_queue_size: int = 32, max_retries: int = 6,
+                 initial_backoff_s: float = 0.5, max_backoff_s: float = 30.0) -> None:
         if max_queue_size < 1:
             raise ValueError(f'max_queue_size must be >= 1, got {max_queue_size}')
         self.storage = storage
         self.max_retries = max_retries
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
-        self.failures = []
+        self.failures: list[UploadFailure] = []
         self.retries = 0  # retry attempts made so far, all jobs together
-        self._queue = queue.Queue(maxsize=max_queue_size)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue_size)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._pending = 0
@@ -104,19 +109,20 @@ class BackgroundUploader:
         self._thread = threading.Thread(target=self._run, name='aitoolbox-uploader', daemon=True)
         self._thread.start()
 
-    def __enter__(self):
+    def __enter__(self) -> BackgroundUploader:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     @property
-    def pending_count(self):
+    def pending_count(self) -> int:
         """Jobs submitted and not yet finished (queued or in progress)."""
         with self._lock:
             return self._pending
 
-    def submit(self, local_path, key, latest_pointer_key=None, delete_local_after=False, latest_pointer_text=None):
+    def submit(self, local_path: StrPath, key: str, latest_pointer_key: str | None = None,
+               delete_local_after: bool = False, latest_pointer_text: str | None = None) -> UploadJob:
         """Queue ``local_path`` for upload to ``key``; then point ``latest_pointer_key`` at it.
 
         The pointer object holds ``latest_pointer_text`` (default: ``key``) and is written only after the
@@ -136,7 +142,7 @@ class BackgroundUploader:
             raise
         return job
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: float | None = None) -> list[UploadFailure]:
         """Block until every submitted job has finished (or ``timeout`` seconds passed).
 
         Returns the failures recorded since the previous ``wait``/``close`` call; ``failures`` keeps
@@ -148,7 +154,7 @@ class BackgroundUploader:
             self._reported = len(self.failures)
         return list(new)
 
-    def close(self, timeout=None):
+    def close(self, timeout: float | None = None) -> list[UploadFailure]:
         """Finish queued uploads (up to ``timeout`` seconds), then stop the worker.
 
         Jobs still unfinished at the timeout are abandoned and recorded as failures. Returns the
@@ -175,7 +181,7 @@ class BackgroundUploader:
 
     # -- worker -----------------------------------------------------------------------------------
 
-    def _run(self):
+    def _run(self) -> None:
         while True:
             job = self._queue.get()
             if job is _STOP:
@@ -190,13 +196,14 @@ class BackgroundUploader:
                     self._pending -= 1
                     self._idle.notify_all()
 
-    def _process(self, job):
+    def _process(self, job: UploadJob) -> None:
         ok = self._attempt(job, job.key, lambda: self.storage.save_file(job.local_path, job.key))
         if not ok:
             return
-        if job.latest_pointer_key is not None:
-            ok = self._attempt(job, job.latest_pointer_key,
-                               lambda: self.storage.write_text(job.latest_pointer_key,
+        pointer_key = job.latest_pointer_key
+        if pointer_key is not None:
+            ok = self._attempt(job, pointer_key,
+                               lambda: self.storage.write_text(pointer_key,
                                                                job.key if job.latest_pointer_text is None
                                                                else job.latest_pointer_text))
             if not ok:
@@ -207,7 +214,7 @@ class BackgroundUploader:
             except OSError as error:
                 logger.warning('Uploaded %s but could not delete the local copy: %s', job.key, error)
 
-    def _attempt(self, job, key, operation):
+    def _attempt(self, job: UploadJob, key: str, operation: Callable[[], object]) -> bool:
         delay = self.initial_backoff_s
         attempts = 0
         while True:
@@ -232,7 +239,7 @@ class BackgroundUploader:
                 self._abort.wait(delay)
                 delay = min(delay * 2, self.max_backoff_s)
 
-    def _record_failure(self, job, key, error, attempts):
+    def _record_failure(self, job: UploadJob, key: str, error: BaseException | str, attempts: int) -> None:
         text = error if isinstance(error, str) else _describe(error)
         failure = UploadFailure(key=key, local_path=job.local_path, error=text, attempts=attempts,
                                 latest_pointer_key=job.latest_pointer_key)
@@ -242,5 +249,5 @@ class BackgroundUploader:
             self.failures.append(failure)
 
 
-def _describe(error):
+def _describe(error: BaseException) -> str:
     return f'{type(error).__name__}: {error}'
