@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test typecheck bench docs clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,11 +20,21 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/digits_cnn.py --epochs 8 --output-dir demo_output
 
+# Static type check of the package (configuration: [mypy] in setup.cfg).
+typecheck: $(STAMP)
+	$(PY) -m mypy aitoolbox_like
+
+# The type check runs first: a type error fails `make test` before the (slower) test suite starts.
 test: $(STAMP)
+	$(PY) -m mypy aitoolbox_like
 	$(PY) -m pytest -q tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/loop_overhead.py
 
+# The documentation site (mkdocs.yml) into build/site; --strict: a broken link, anchor or API reference fails.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) demo_output .pytest_cache
+	rm -rf $(VENV) demo_output .pytest_cache .mypy_cache

