@@ -175,7 +175,7 @@ class _BoundFeedDefinition:
         return self._feed_def.get_predictions(self._model, batch_data, device)
 
 
-def resolve_model(model: TTModel | ModelWrap) -> tuple[nn.Module, BatchFeed]:
+def resolve_model(model: Any) -> tuple[nn.Module, BatchFeed]:
     """Return ``(nn.Module to train, object with get_loss/get_loss_eval/get_predictions)``."""
     if isinstance(model, ModelWrap):
         return model.model, _BoundFeedDefinition(model.model, model.batch_model_feed_def)
