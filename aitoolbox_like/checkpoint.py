@@ -10,6 +10,7 @@ import logging
 import os
 import pickle
 import re
+import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import IO, Any, TypeVar
@@ -97,6 +98,18 @@ def load_model_weights(model: _ModuleT, state_dict: Mapping[str, Any], source: s
     return model
 
 
+def _is_plain_pickle(path_or_file: Any) -> bool:
+    """True for a file written by pickle.dump (not torch.save's zip format): it starts with pickle's PROTO opcode."""
+    if not isinstance(path_or_file, (str, bytes, os.PathLike)):
+        return False
+    try:
+        with open(path_or_file, 'rb') as f:
+            head = f.read(2)
+    except OSError:
+        return False
+    return len(head) == 2 and head[0] == 0x80 and head[1] >= 2 and not zipfile.is_zipfile(path_or_file)
+
+
 def _describe_key(key: object) -> str:
     return f'[{key!r}]'
 
@@ -178,19 +191,22 @@ def _short_error(error: BaseException) -> str:
 
 
 def load_checkpoint(path_or_file: StrPath | IO[bytes], map_location: Any = 'cpu',
-                    allow_unsafe_pickle: bool = False) -> Any:
+                    allow_unsafe_pickle: bool = False, source_name: str | None = None) -> Any:
     """Load a checkpoint written by :func:`atomic_torch_save`.
 
     Uses ``torch.load(weights_only=True)`` unless ``allow_unsafe_pickle`` is set, which is only for
     files you trust (for example old checkpoints that pickled whole objects).
+
+    Args:
+        source_name: how errors name the checkpoint (e.g. its ``s3://`` address when the file is a downloaded copy).
     """
     name: str
     if isinstance(path_or_file, (str, bytes, os.PathLike)):
-        name = os.fspath(path_or_file)
+        name = source_name or str(os.fspath(path_or_file))
         if not os.path.exists(path_or_file):
             raise FileNotFoundError(f'Checkpoint file not found: {name}')
     else:
-        name = getattr(path_or_file, 'name', repr(path_or_file))
+        name = source_name or str(getattr(path_or_file, 'name', repr(path_or_file)))
 
     try:
         checkpoint = torch.load(path_or_file, map_location=map_location,
@@ -199,6 +215,11 @@ def load_checkpoint(path_or_file: StrPath | IO[bytes], map_location: Any = 'cpu'
         raise
     except pickle.UnpicklingError as error:
         reason = None if allow_unsafe_pickle else _unsafe_reason(error)
+        if reason is None and not allow_unsafe_pickle and _is_plain_pickle(path_or_file):
+            raise CheckpointError(
+                f'Checkpoint {name} is a plain pickle file, not a weights-only checkpoint written with torch.save: '
+                f'aitoolbox_like loads checkpoints with torch.load(weights_only=True). Re-save it with torch.save, or, '
+                f'if you trust where it came from, load it with allow_unsafe_pickle=True.') from None
         if reason is not None:
             raise CheckpointError(
                 f'Checkpoint {name} contains arbitrary Python objects ({reason}), which '

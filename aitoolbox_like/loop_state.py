@@ -164,6 +164,7 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False):
         'model_state_dict': {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
                              for k, v in model.state_dict().items()},
         'optimizer_state_dict': optimizer_state,
+        'optimizer_class': optimizer_class_names(loop),
         'schedulers_state_dict': [cb.state_dict() for cb in loop.get_schedulers()],
         'amp': loop.amp_scaler.state_dict() if loop.amp_scaler is not None else {},
         'epoch': loop.epoch,
@@ -189,15 +190,83 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False):
 # ---------------------------------------------------------------------------------------------- restore
 
 
+def optimizer_class_names(loop):
+    """The class of each optimizer the loop steps (checkpoints record them, so a resume with another optimizer
+    class is refused instead of failing a step later)."""
+    return [type(optimizer).__qualname__ for optimizer in loop.optimizers] if loop.optimizer is not None else []
+
+
+def validate_checkpoint(loop, checkpoint, source='checkpoint'):
+    """Check that ``checkpoint`` fits the loop's model and optimizer(s), before anything is changed: a load that
+    would fail part-way must fail here, with the model, the optimizer and the experiment folder untouched."""
+    if not isinstance(checkpoint, dict) or 'model_state_dict' not in checkpoint:
+        raise CheckpointError(f'{source} is not a training checkpoint (no model_state_dict); pass a file written by '
+                              f'ModelCheckpoint / ModelIterationCheckpoint / ModelTrainEndSave')
+    _check_model_fits(loop.model, checkpoint['model_state_dict'], source)
+    optimizer_state = checkpoint.get('optimizer_state_dict')
+    if optimizer_state is None or loop.optimizer is None:
+        return      # no optimizer yet (a callback sets it): checked again when the checkpoint is applied
+    if not callable(getattr(loop.optimizer, 'load_state_dict', None)):
+        raise CheckpointError(f'{source} holds optimizer state but the optimizer '
+                              f'{type(loop.optimizer).__qualname__} has no load_state_dict()')
+    saved_classes = checkpoint.get('optimizer_class')
+    own_classes = optimizer_class_names(loop)
+    if saved_classes is not None and list(saved_classes) != own_classes:
+        raise CheckpointError(f'{source} was saved with the optimizer {", ".join(saved_classes)}, but this TrainLoop '
+                              f'has {", ".join(own_classes)}: its state (e.g. Adam\'s moments) does not fit. Build the '
+                              f'same optimizer class as the saved run, or load only the weights '
+                              f'(PyTorchLocalModelLoader / checkpoint.load_model_weights)')
+    states = optimizer_state if isinstance(optimizer_state, list) else [optimizer_state]
+    optimizers = list(loop.optimizers)
+    if len(states) != len(optimizers):
+        raise CheckpointError(f'{source} holds the state of {len(states)} optimizer(s), this TrainLoop has '
+                              f'{len(optimizers)}')
+    for idx, (optimizer, state) in enumerate(zip(optimizers, states)):
+        _check_optimizer_fits(optimizer, state, f'{source} (optimizer {idx})')
+
+
+def _check_model_fits(model, state_dict, source):
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(own))
+    reshaped = [f'{k} {tuple(state_dict[k].shape)} vs {tuple(own[k].shape)}' for k in own
+                if k in state_dict and isinstance(state_dict[k], torch.Tensor) and isinstance(own[k], torch.Tensor)
+                and state_dict[k].shape != own[k].shape]
+    details = ([f'missing {missing[:5]}'] if missing else []) + ([f'unexpected {unexpected[:5]}'] if unexpected else []) \
+        + ([f'different shapes {reshaped[:5]}'] if reshaped else [])
+    if details:
+        raise CheckpointError(f'{source} was saved from a different model than {type(model).__qualname__}: '
+                              f'{"; ".join(details)}. Nothing was loaded.')
+
+
+def _check_optimizer_fits(optimizer, state, source):
+    groups = getattr(optimizer, 'param_groups', None)
+    if groups is None or not isinstance(state, dict) or 'param_groups' not in state:
+        return      # a duck-typed optimizer: its own load_state_dict decides
+    saved_groups = state['param_groups']
+    if len(saved_groups) != len(groups) or any(len(s['params']) != len(g['params'])
+                                               for s, g in zip(saved_groups, groups)):
+        raise CheckpointError(f'{source}: the saved optimizer has parameter groups of sizes '
+                              f'{[len(g["params"]) for g in saved_groups]}, this one '
+                              f'{[len(g["params"]) for g in groups]}; was it built over other parameters?')
+    params = {saved_id: param for s, g in zip(saved_groups, groups) for saved_id, param in zip(s['params'], g['params'])}
+    for saved_id, param_state in state.get('state', {}).items():
+        param = params.get(saved_id)
+        if param is None:
+            continue
+        for name, value in param_state.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                raise CheckpointError(f'{source}: its state {name!r} has shape {tuple(value.shape)} for a parameter of '
+                                      f'shape {tuple(param.shape)}; was it saved with a different model?')
+
+
 def apply_checkpoint(loop, checkpoint, source='checkpoint', restore_rng=True, restore_position=True):
     """Load a checkpoint dict into the loop: weights, optimizer, scaler, history, counters, callbacks and RNG.
     A checkpoint in AIToolbox's layout restores what it has (weights, optimizer, schedulers, scaler, epoch).
 
     Returns the position inside an epoch to continue from (a dict for :meth:`ResumePlan.reopen_epoch`), or None
     when the checkpoint was taken at an epoch's end (or ``restore_position`` is False)."""
-    if not isinstance(checkpoint, dict) or 'model_state_dict' not in checkpoint:
-        raise CheckpointError(f'{source} is not a training checkpoint (no model_state_dict); pass a file written by '
-                              f'ModelCheckpoint / ModelIterationCheckpoint / ModelTrainEndSave')
+    validate_checkpoint(loop, checkpoint, source)
     _load_model(loop, checkpoint['model_state_dict'], source)
     optimizer_state = checkpoint.get('optimizer_state_dict')
     if optimizer_state is not None:
@@ -292,6 +361,8 @@ class ResumePlan:
         """Read the checkpoint (once) and move the run into its experiment folder."""
         if self.checkpoint is None:
             self.checkpoint, self.source_name = load_resume_checkpoint(loop, self.source, experiment, callbacks)
+        # Before the run moves into the checkpoint's folder: a checkpoint that does not fit changes nothing.
+        validate_checkpoint(loop, self.checkpoint, self.source_name)
         adopt_experiment(loop, self.checkpoint, experiment)
 
     def apply(self, loop: 'TrainLoop') -> None:
@@ -466,8 +537,10 @@ def _download_and_load(storage, key, map_location, allow_unsafe_pickle):
     try:
         local = os.path.join(tmp_dir, key.rsplit('/', 1)[-1])
         storage.load_file(key, local)
-        return load_checkpoint(local, map_location=map_location, allow_unsafe_pickle=allow_unsafe_pickle), \
-            storage.uri(key)
+        uri = storage.uri(key)
+        # Errors name the s3:// address, not the temporary copy (deleted by the time the user reads them).
+        return load_checkpoint(local, map_location=map_location, allow_unsafe_pickle=allow_unsafe_pickle,
+                               source_name=uri), uri
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 

@@ -27,6 +27,8 @@ import copy
 import datetime
 import logging
 import math
+import numbers
+import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -41,7 +43,7 @@ from .callbacks.defaults import add_default_callbacks       # the one place defa
 from .callbacks.handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError
 from .history import TrainingHistory
 from .message_passing import MessageService
-from .model import ModelWrap, resolve_model
+from .model import ModelWrap, TTBasicModel, resolve_model
 from .multi_loss_optim import MultiLoss, MultiOptimizer
 from .parallel import TTDataParallel
 from .predictions import append_predictions, batch_size_of, combine_prediction_metadata_batches, torch_cat_transf
@@ -249,6 +251,9 @@ class TrainLoop:
                              f'num_iterations={num_iterations})')
         if grad_accumulation < 1:
             raise ValueError('grad_accumulation must be >= 1')
+        if resume_from is not None and not isinstance(resume_from, (str, os.PathLike, dict)):
+            raise TypeError(f"resume_from must be a checkpoint path, an experiment folder, 's3://bucket/key', "
+                            f"'latest' or a loaded checkpoint dict, got {type(resume_from).__qualname__}")
         # What can be judged before any process starts; the rest once callbacks are registered (a callback
         # may build the loaders in each DDP process or set the optimizer).
         self._check_fit_inputs(final=False)
@@ -358,6 +363,11 @@ class TrainLoop:
             raise ValueError("fit() needs a train_loader, but the TrainLoop was given train_loader=None: pass a "
                              "DataLoader as the TrainLoop's second argument (with gpu_mode='ddp' it may instead be "
                              "built in each process: fit(..., in_process_data_load=InMultiProcessDataLoad(...)))")
+        if final and self.criterion is None and isinstance(self.model, TTBasicModel) \
+                and type(self.model).get_loss is TTBasicModel.get_loss:
+            raise ValueError(f'{type(self.model).__qualname__} is a TTBasicModel, whose get_loss calls the criterion, '
+                             f'but the TrainLoop has criterion=None: pass one as the sixth argument (e.g. '
+                             f'nn.CrossEntropyLoss())')
         optimizer = self.optimizer
         if optimizer is None:
             if final:
@@ -373,6 +383,12 @@ class TrainLoop:
         if missing:
             raise TypeError(f'optimizer ({type(optimizer).__qualname__}) has no {" or ".join(missing)}(); pass a '
                             f'torch.optim optimizer or aitoolbox_like.MultiOptimizer([...])')
+        own = {id(p) for p in self.model.parameters()}
+        held = [id(p) for o in self.optimizers for g in getattr(o, 'param_groups', ()) for p in g['params']]
+        if own and held and not own.intersection(held):
+            raise ValueError(f'the optimizer ({type(optimizer).__qualname__}) holds none of the model\'s parameters: '
+                             f'it was built for another model (or a copy); build it from this one, e.g. '
+                             f'torch.optim.SGD(model.parameters(), lr=...)')
 
     def _epochs_for_iterations(self, num_iterations):
         try:
@@ -465,25 +481,48 @@ class TrainLoop:
         hooks = self.callbacks_handler.hook_lists
         update = (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch
         # DDP: micro-batches that do not update skip the gradient all-reduce (no_sync must cover the forward too).
+        # The try blocks cost nothing unless they catch: they turn common mistakes into errors naming the fix.
         with distributed.skip_grad_sync(self.ddp_model, not update):
-            if self._amp.enabled:
-                with self._amp.autocast():
+            try:
+                if self._amp.enabled:
+                    with self._amp.autocast():
+                        loss = self._feed.get_loss(batch_data, self.criterion, self.device)
+                else:
                     loss = self._feed.get_loss(batch_data, self.criterion, self.device)
-            else:
-                loss = self._feed.get_loss(batch_data, self.criterion, self.device)
+            except TypeError as error:
+                if self.criterion is None and "'NoneType' object is not callable" in str(error):
+                    raise TypeError(f'{self._get_loss_name()} called the criterion, but the TrainLoop has '
+                                    f'criterion=None: pass one as the TrainLoop\'s sixth argument (e.g. '
+                                    f'nn.CrossEntropyLoss())') from error
+                raise
             try:
                 self.loss_batch_accum.append(loss.detach())
             except AttributeError:
+                if isinstance(loss, numbers.Number):
+                    raise TypeError(f'{self._get_loss_name()} returned the Python number {loss!r}; return the loss '
+                                    f'tensor itself (not loss.item()), so that backward() can reach the '
+                                    f'parameters') from None
                 self.loss_batch_accum.append(_loss_value(loss))
             if self.grad_accumulation > 1:
                 loss = loss / self.grad_accumulation
             if self._amp.uses_scaler:
                 loss = self.amp_scaler.scale(loss) if isinstance(loss, torch.Tensor) else loss.scale(self.amp_scaler)
-            loss.backward()
+            try:
+                loss.backward()
+            except RuntimeError as error:
+                if isinstance(loss, torch.Tensor) and loss.dim() > 0 and loss.numel() != 1:
+                    raise ValueError(f'{self._get_loss_name()} returned a loss of shape {tuple(loss.shape)}; return '
+                                     f'a scalar (e.g. criterion with reduction=\'mean\', or loss.mean())') from error
+                raise
         for fn in hooks['on_after_backward']:
             fn()
         if update:
             self._optimizer_update(hooks)
+
+    def _get_loss_name(self) -> str:
+        feed_def = self.batch_model_feed_def
+        owner = feed_def if feed_def is not None else self.model
+        return f'{type(owner).__qualname__}.get_loss'
 
     def _optimizer_update(self, hooks):
         optimizers = self.optimizers

@@ -62,7 +62,15 @@ class CallbacksHandler:
         # Cached callbacks (a tracking loop's savers) join the first real registration, as in AIToolbox.
         callbacks, self.cached_callbacks = self.cached_callbacks + list(callbacks), []
         loop = self.train_loop_obj
-        new_callbacks = [cb for cb in callbacks if not any(cb is c for c in loop.callbacks)]
+        unique: List[AbstractCallback] = []
+        for cb in callbacks:
+            if any(cb is seen for seen in unique):
+                # Registered twice, a StepLR would step twice per epoch: keep the first.
+                logger.warning('%s (%s) is in the callbacks list more than once; it is registered once',
+                               cb.callback_name, type(cb).__name__)
+            else:
+                unique.append(cb)
+        new_callbacks = [cb for cb in unique if not any(cb is c for c in loop.callbacks)]
         new_callbacks = [cb for cb in new_callbacks if self.runs_on_this_rank(cb)]
         # Stable sort before registering so on_train_loop_registration also follows execution_order.
         new_callbacks.sort(key=lambda cb: cb.execution_order)

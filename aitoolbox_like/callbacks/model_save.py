@@ -7,6 +7,7 @@ uploader (training does not wait for the network). Checkpoints hold the full tra
 """
 import copy
 import logging
+import math
 import os
 from typing import Any, Optional
 
@@ -52,6 +53,9 @@ class ExperimentSaverBase(AbstractCallback):
 
     def on_train_loop_registration(self):
         loop = self.train_loop_obj
+        if self.hyperparams is not None and not isinstance(self.hyperparams, dict):
+            raise TypeError(f'{type(self).__name__}: hyperparams must be a dict of hyperparameter names to values (or '
+                            f'None), got {type(self.hyperparams).__qualname__}')
         if not callable(getattr(loop.optimizer, 'state_dict', None)):
             raise AttributeError(f'{type(self).__name__}: the optimizer {type(loop.optimizer).__qualname__} has no '
                                  f'state_dict(), so checkpoints could not restore it; use a torch optimizer or '
@@ -108,7 +112,8 @@ class ModelCheckpoint(ExperimentSaverBase):
         cloud_dir_prefix (str): key prefix in the bucket.
         rm_subopt_local_models (bool or str): delete local epoch checkpoints that are not among the
             ``num_best_checkpoints_kept`` best by ``monitor`` (a str names the metric, as in AIToolbox). The newest
-            checkpoint is always kept, so a run can resume. Cloud copies are kept.
+            checkpoint is always kept, so a run can resume. Cloud copies are kept; with S3, a checkpoint is deleted
+            locally only once its upload is confirmed.
         num_best_checkpoints_kept (int): how many best checkpoints survive rm_subopt_local_models.
         monitor (str or None): history metric that ranks checkpoints; None: 'val_loss' with a validation
             loader, else 'loss'.
@@ -135,6 +140,8 @@ class ModelCheckpoint(ExperimentSaverBase):
         self.mode = mode
         self.scored = []        # [[score, epoch, file name]] of the epoch checkpoints, oldest first
         self.latest_checkpoint_path = None
+        self._nan_reported = False
+        self._monitor_missing_reported = False
 
     @property
     def state_key(self):
@@ -156,10 +163,32 @@ class ModelCheckpoint(ExperimentSaverBase):
             return self.mode == 'min'
         return lower_is_better(self._monitor_name())
 
+    def on_train_begin(self):
+        # What can be known to be wrong before the first step: the loop's own losses that will never be computed.
+        loop = self.train_loop_obj
+        monitor = self._monitor_name()
+        if monitor == 'val_loss' and loop.validation_loader is None:
+            raise ValueError(f"{type(self).__name__}: monitor='val_loss' but the TrainLoop has no validation_loader; "
+                             f"pass one, or monitor='loss'")
+        if monitor in ('loss', 'val_loss') and not loop.end_auto_eval:
+            raise ValueError(f"{type(self).__name__}: monitor={monitor!r} is computed by the end-of-epoch evaluation, "
+                             f"which end_auto_eval=False turns off; set end_auto_eval=True (or an epoch interval), or "
+                             f"monitor a metric a callback computes")
+
     def _current_score(self):
         loop = self.train_loop_obj
-        value = loop.train_history.value_in_epoch(self._monitor_name(), loop.epoch)
-        return float(value) if isinstance(value, (int, float)) else None
+        name = self._monitor_name()
+        value = loop.train_history.value_in_epoch(name, loop.epoch)
+        if not isinstance(value, (int, float)):
+            return None
+        if math.isnan(value):
+            # A diverged epoch must never become the best checkpoint.
+            if not self._nan_reported:
+                logger.warning('%s: the monitored %r is NaN in epoch %d; a NaN epoch is never the best checkpoint',
+                               type(self).__name__, name, loop.epoch)
+                self._nan_reported = True
+            return None
+        return float(value)
 
     def _best_files(self):
         sign = 1 if self._lower_is_better() else -1
@@ -196,11 +225,27 @@ class ModelCheckpoint(ExperimentSaverBase):
                 self.uploader.upload_experiment_file(pointer)
 
     def _remove_suboptimal(self, folder, newest):
-        keep = set(self._best_files()[:self.num_best_checkpoints_kept]) | {newest}
+        best = self._best_files()
+        if not best:
+            # No value of the monitor yet (a wrong name, or a metric not computed so far): nothing is known to be
+            # worse, so nothing is deleted.
+            if not self._monitor_missing_reported:
+                logger.warning('%s: rm_subopt_local_models ranks checkpoints by %r, which has no value in the history '
+                               '(its metrics: %s); no checkpoint is deleted until it has one. Check monitor=.',
+                               type(self).__name__, self._monitor_name(), sorted(self.train_loop_obj.train_history))
+                self._monitor_missing_reported = True
+            return
+        keep = set(best[:self.num_best_checkpoints_kept]) | {newest}
         for name in os.listdir(folder):
             if name.startswith(f'model_{self.experiment_name}_') and name.endswith('.pth') and name not in keep:
+                path = os.path.join(folder, name)
+                if self.uploader is not None:
+                    # The uploader owns files it still has to send: it deletes this one once its upload is
+                    # confirmed (deleting it now would lose it while S3 is down).
+                    self.uploader.remove_local_file(path)
+                    continue
                 try:
-                    os.remove(os.path.join(folder, name))
+                    os.remove(path)
                     logger.debug('Removed sub-optimal checkpoint %s', name)
                 except FileNotFoundError:
                     pass
