@@ -4,6 +4,7 @@ Import the ``s3_server`` fixture into a conftest.py. It starts one server per te
 AWS credentials for boto3 in this process for the session, and always stops the server at the end.
 """
 import atexit
+import contextlib
 import logging
 import os
 import random
@@ -189,6 +190,20 @@ class SeaweedS3Server:
     @property
     def running(self):
         return self.process is not None and self.process.poll() is None
+
+    def restart(self, graceful=True):
+        """Stop the server and start it again (same ports, same data)."""
+        self.stop(graceful=graceful)
+        self.start()
+
+    @contextlib.contextmanager
+    def outage(self):
+        """``with server.outage(): ...``: the server is down (killed) inside the block and up again after it."""
+        self.stop(graceful=False)
+        try:
+            yield self
+        finally:
+            self.start()
 
     def remove_socket_files(self):
         # weed leaves its unix sockets in /tmp named by port; remove only ours.

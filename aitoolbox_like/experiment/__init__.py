@@ -6,6 +6,7 @@ Local layout (the same keys in the cloud, under ``<cloud_dir_prefix>/``), as in 
         checkpoint_model/   model/   results/          only the files AIToolbox writes there
         hyperparams_list.txt   <script>.py   source_code.zip
         hyperparams.json   latest_checkpoint.txt   best_checkpoint.txt   .aitoolbox_like_run     ours
+        pending_uploads.json                           ours, only while uploads are unconfirmed
 
 Our own bookkeeping stays at the root, so a script that lists ``checkpoint_model/``, ``model/`` or
 ``results/`` and loads every file finds only saved models and results; temporary files of atomic writes
@@ -16,13 +17,19 @@ One :class:`Experiment` per TrainLoop (``loop.experiment``) so every callback wr
 import json
 import logging
 import os
+import shlex
 import shutil
+import sys
+import time
 import uuid
 import zipfile
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
-from ..storage.base import join_key, validate_key, validate_key_part
-from ..storage.local import write_atomically, write_text_atomically
+from ..storage.base import (StorageError, StorageUnreachableError, UploadsIncompleteError, join_key, validate_key,
+                            validate_key_part)
+from ..storage.journal import JOURNAL_NAME, SyncReport, UploadJournal, sync_journal
+from ..storage.local import remove_stray_temp_files, write_atomically, write_text_atomically
+from ..storage.uploader import UploadFailure, is_retryable
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +37,9 @@ S3_SAVE_MODES = ('s3', 'aws_s3', 'aws')
 GCS_SAVE_MODES = ('gcs', 'google_storage', 'google storage')
 LOCAL_SAVE_MODES = ('local', None, False, '')
 MARKER_FILE = '.aitoolbox_like_run'
+# The journal of uploads not confirmed yet (storage.journal); the sync command uploads what it lists.
+PENDING_UPLOADS = JOURNAL_NAME
+ACCESS_CHECK_PREFIX = '.aitoolbox_like_access_check'
 HYPERPARAMS_TXT = 'hyperparams_list.txt'
 HYPERPARAMS_JSON = 'hyperparams.json'
 SOURCE_ZIP = 'source_code.zip'
@@ -146,12 +156,31 @@ def copy_experiment_script(folder, hyperparams):
     return target
 
 
+def sync_command(folder):
+    """The shell command that uploads what the journal of the experiment folder ``folder`` lists."""
+    return f'{shlex.quote(os.path.basename(sys.executable) or "python")} -m aitoolbox_like.experiment.sync ' \
+           f'{shlex.quote(os.fspath(folder))}'
+
+
+def sync_experiment(folder, endpoint_url: Optional[str] = None) -> SyncReport:
+    """Upload the files the experiment folder's ``pending_uploads.json`` lists (uploads a run queued but could
+    not confirm: S3 was down when it ended, or it was killed), to the bucket / prefix / key each entry records.
+
+    ``endpoint_url`` replaces the recorded S3 endpoint. Uploads that fail stay listed (run it again later); the
+    command line ``python -m aitoolbox_like.experiment.sync FOLDER`` does the same. Do not run it while a run is
+    still training into the folder (that run uploads its own files; both would upload them).
+    """
+    return sync_journal(_abs_folder(folder), endpoint_url=endpoint_url)
+
+
 class Experiment:
     """Where one run writes: ``<root>/<project>/<experiment>_<loop.experiment_timestamp>``.
 
     ``claim()`` makes the folder this run's own. Two runs started in the same second get the same
     timestamp; the second one to claim finds the folder marked by the other and moves to ``<ts>_1``
-    (``_2``, ...), updating ``loop.experiment_timestamp`` so every callback follows.
+    (``_2``, ...), updating ``loop.experiment_timestamp`` so every callback follows. With S3 uploads the
+    experiment's prefix in the bucket is claimed the same way (a marker object created only if absent), so
+    runs on different machines never share a prefix, and the local folder takes the name claimed in S3.
     """
 
     def __init__(self, loop, project_name, experiment_name, local_model_result_folder_path):
@@ -161,7 +190,22 @@ class Experiment:
         self.root = _abs_folder(local_model_result_folder_path)
         self.run_id = uuid.uuid4().hex
         self.claimed = False
+        # True once the run continues an existing experiment (resume): its folder and S3 prefix are taken over.
+        self.continued = False
         self.uploaders = {}
+        self._cloud_claims: List['ExperimentUploader'] = []
+        self._base_timestamp = None
+        self._journal: Optional[UploadJournal] = None
+        self._reported_unfinished = None
+
+    @property
+    def journal(self) -> UploadJournal:
+        """The journal of unconfirmed uploads, ``<experiment folder>/pending_uploads.json`` (follows the folder)."""
+        path = os.path.join(self.dir_path, PENDING_UPLOADS)
+        if self._journal is None:
+            self._journal = UploadJournal(path)
+        self._journal.path = path
+        return self._journal
 
     @property
     def folder_name(self):
@@ -181,12 +225,19 @@ class Experiment:
             (self.project_name, self.experiment_name, self.root)
 
     def adopt(self, experiment_timestamp):
-        """Continue the experiment of a checkpoint: write to its folder again (resume)."""
+        """Continue the experiment of a checkpoint: write to its folder again (resume). Temporary files a killed
+        save left there are removed, and the uploads its journal lists are queued again."""
         validate_key_part(f'{self.experiment_name}_{experiment_timestamp}', 'experiment_timestamp')
         self.loop.experiment_timestamp = experiment_timestamp
         self.claimed = True
+        self.continued = True
         os.makedirs(self.dir_path, exist_ok=True)
         self._write_marker(exclusive=False)
+        self._follow_name()
+        remove_stray_temp_files(self.dir_path)
+        for uploader in self._cloud_claims:
+            uploader.claim_prefix(self.key_prefix, self.run_id, exclusive=False)
+            uploader.resume_pending()
 
     def claim(self):
         """Create the experiment folder for this run (once); returns its path. In a distributed run only rank 0
@@ -199,17 +250,90 @@ class Experiment:
         return self.dir_path
 
     def _claim_here(self):
-        base = self.loop.experiment_timestamp
+        base = self._base_timestamp = self.loop.experiment_timestamp
         suffix = 0
         while True:
             self.loop.experiment_timestamp = base if suffix == 0 else f'{base}_{suffix}'
-            os.makedirs(self.dir_path, exist_ok=True)
-            if self._write_marker(exclusive=True) or self._read_marker() == self.run_id:
+            if self._claim_name(self._cloud_claims):
                 break
             suffix += 1
         if suffix:
             logger.info('Experiment folder %s_%s was taken by another run; using %s', self.experiment_name, base,
                         self.dir_path)
+        self._follow_name()
+        remove_stray_temp_files(self.dir_path)
+
+    def _follow_name(self):
+        # The journal lives in the experiment folder, whose name the claim may have changed.
+        if self._journal is not None:
+            self._journal.path = os.path.join(self.dir_path, PENDING_UPLOADS)
+
+    def _claim_name(self, cloud_claims):
+        """Claim the current name locally and in every bucket of ``cloud_claims``; on any refusal give back what
+        was claimed here and return False."""
+        os.makedirs(self.dir_path, exist_ok=True)
+        fresh = self._write_marker(exclusive=True)
+        if not fresh and self._read_marker() != self.run_id:
+            return False
+        done: List[Any] = []
+        for uploader in cloud_claims:
+            if not uploader.claim_prefix(self.key_prefix, self.run_id):
+                for other in done:
+                    other.release_prefix(self.key_prefix, self.run_id)
+                if fresh:
+                    self._release_local(self.dir_path)
+                return False
+            done.append(uploader)
+        return True
+
+    def _release_local(self, folder):
+        try:
+            os.remove(os.path.join(folder, MARKER_FILE))
+            os.rmdir(folder)
+        except OSError:
+            pass
+
+    def add_cloud_claim(self, uploader):
+        """Claim the experiment's prefix in ``uploader``'s bucket too (done by the uploader when it is created).
+
+        Before the folder is claimed, the claim waits for :meth:`claim`. A continued experiment takes its prefix
+        over. Else, when another run holds the prefix of this name, the experiment moves to the next free name
+        (``_1``, ``_2``, ... free locally and in every bucket), and the local folder moves with it, so the local
+        folder and the S3 prefix always have the same name.
+        """
+        self._cloud_claims.append(uploader)
+        if not self.claimed or not self.loop.is_main_process():
+            return
+        if self.continued:
+            uploader.claim_prefix(self.key_prefix, self.run_id, exclusive=False)
+            return
+        if uploader.claim_prefix(self.key_prefix, self.run_id):
+            return
+        if any(u.uploader.unconfirmed() for u in self._cloud_claims):
+            raise StorageError(f'the S3 prefix {uploader.storage.uri(self.key_prefix)} belongs to another run, and '
+                               f'this run has already uploaded files under its name; give every uploader of a run '
+                               f'the same experiment before training starts')
+        old_dir, old_timestamp = self.dir_path, self.loop.experiment_timestamp
+        others = [u for u in self._cloud_claims if u is not uploader]
+        base = self._base_timestamp or old_timestamp
+        suffix = 0
+        while True:
+            suffix += 1
+            self.loop.experiment_timestamp = f'{base}_{suffix}'
+            if self.loop.experiment_timestamp != old_timestamp and self._claim_name(self._cloud_claims):
+                break
+        new_dir = self.dir_path
+        # Move what this run already wrote (its marker aside) into the new folder, then give the old name back.
+        for name in os.listdir(old_dir):
+            if name != MARKER_FILE:
+                os.replace(os.path.join(old_dir, name), os.path.join(new_dir, name))
+        self._release_local(old_dir)
+        self._follow_name()
+        old_prefix = f'{self.project_name}/{self.experiment_name}_{old_timestamp}'
+        for other in others:
+            other.release_prefix(old_prefix, self.run_id)
+        logger.info('The S3 prefix %s belongs to another run; this run uses %s (local folder %s)',
+                    uploader.storage.uri(old_prefix), uploader.storage.uri(self.key_prefix), new_dir)
 
     def _write_marker(self, exclusive):
         path = os.path.join(self.dir_path, MARKER_FILE)
@@ -230,14 +354,64 @@ class Experiment:
             return None
 
     def wait_for_uploads(self, after_exception=False):
-        """Wait for every uploader's pending uploads (at most ExperimentUploader.wait_timeout_s, or
-        exception_wait_timeout_s when fit is failing) and return the uploads that failed. The loop calls this at
-        the end of fit."""
+        """Wait for the pending uploads of every uploader, ``ExperimentUploader.wait_timeout_s`` seconds at most
+        in all (``exception_wait_timeout_s`` when fit is failing), and return the uploads that are not in the
+        storage: those that failed, and those still pending at the time limit. The loop calls this at the end of
+        fit.
+
+        What is not uploaded is logged once, in one message that lists the files and gives the command that
+        uploads them later (:func:`sync_command`); the uploads still pending go on in the background while the
+        process lives, and the journal keeps them for a later process. With
+        ``ExperimentUploader.upload_failure = 'raise'`` an :class:`UploadsIncompleteError` is raised after the
+        message (not while fit is already failing).
+        """
+        uploaders = list(self.uploaders.values())
+        if not uploaders:
+            return []
+        limit = max(u.wait_timeout_s for u in uploaders)
+        if after_exception:
+            limit = min(limit, max(u.exception_wait_timeout_s for u in uploaders))
+        deadline = time.monotonic() + limit
         failures = []
-        for uploader in self.uploaders.values():
-            timeout = min(uploader.wait_timeout_s, uploader.exception_wait_timeout_s) if after_exception \
-                else uploader.wait_timeout_s
-            failures += uploader.wait(timeout)
+        for uploader in uploaders:
+            pending = uploader.pending_count
+            if pending:
+                logger.info('Waiting for %d upload(s) to %s to finish (at most %.0f s)', pending,
+                            uploader.storage.uri(self.key_prefix), max(deadline - time.monotonic(), 0.0))
+            failures += uploader.uploader.wait(deadline - time.monotonic())
+        unfinished = [(u, job) for u in uploaders for job in u.uploader.unconfirmed()]
+        unfinished_ids = {job.id for _, job in unfinished}
+        failed_ids = {f.job_id for u in uploaders for f in u.uploader.failures}
+        for u, job in unfinished:
+            if job.id not in failed_ids:       # still queued or being retried
+                failures.append(UploadFailure(key=job.key, local_path=job.local_path, attempts=0,
+                                              error=f'not uploaded within {limit:.0f} s (still queued'
+                                                    f'{"; last error: " + job.last_error if job.last_error else ""})',
+                                              latest_pointer_key=job.latest_pointer_key, job_id=job.id))
+        lost = [f for f in failures if f.job_id not in unfinished_ids]
+        if not unfinished and not lost:
+            return failures
+        signature = frozenset((job.id for _, job in unfinished))
+        if after_exception and signature == self._reported_unfinished:
+            return []       # already reported (and raised) by the wait this one follows
+        self._reported_unfinished = signature
+        lines = [f'  {os.path.relpath(job.local_path, self.dir_path)} -> {u.storage.uri(job.key)}'
+                 f'{" (" + job.last_error + ")" if job.last_error else ""}' for u, job in unfinished]
+        message = (f'{len(unfinished)} file(s) of the experiment {self.dir_path} are not in S3 yet after waiting '
+                   f'{limit:.0f} s (ExperimentUploader.wait_timeout_s):\n' + '\n'.join(lines))
+        command = sync_command(self.dir_path)
+        if unfinished:
+            message += (f'\nThe local files are complete and kept, and {PENDING_UPLOADS} in the experiment folder '
+                        f'lists them. Upload them later with:\n    {command}\n(a run resumed into this experiment '
+                        f'uploads them too).')
+        if lost:
+            message += '\nNot uploaded and cannot be any more (the local file is gone):\n' + '\n'.join(
+                f'  {f.local_path} -> {f.key} ({f.error})' for f in lost)
+        logger.error(message)
+        option = max((u.upload_failure for u in uploaders), key=lambda o: o == 'raise')
+        if option == 'raise' and not after_exception:
+            raise UploadsIncompleteError(message, [job.local_path for _, job in unfinished] +
+                                         [f.local_path for f in lost], command)
         return failures
 
     # ---- files of the experiment --------------------------------------------------------------
@@ -329,17 +503,39 @@ def get_experiment(loop, project_name=None, experiment_name=None, local_model_re
 
 class ExperimentUploader:
     """Uploads files of the local experiment folder to the same relative keys in the cloud experiment folder,
-    in a background thread (training does not wait). Set on the loop as ``loop.experiment_uploader``."""
+    in a background thread (training does not wait). Set on the loop as ``loop.experiment_uploader``.
 
-    # Passed to S3Storage / BackgroundUploader; tests shorten the retries.
+    At creation (the start of fit) it checks the bucket (HeadBucket), that it may write and delete under the
+    experiment's prefix, and claims the prefix for this run (see :meth:`Experiment.add_cloud_claim`); an
+    unreachable endpoint is a :class:`StorageUnreachableError`, a missing bucket or refused credentials a
+    :class:`StorageError` / :class:`StorageAuthError`, before any training.
+
+    Nothing is lost, nothing is silent: every upload is recorded in the experiment's ``pending_uploads.json``
+    until the storage confirmed it; network errors are retried (backoff up to ``max_backoff_s``) for as long as
+    the process lives; a file the run deletes (``rm_subopt_local_models``) is deleted only after its upload is
+    confirmed (:meth:`remove_local_file`); what is still unconfirmed when fit ends is reported once, with the
+    command that uploads it later (see :meth:`Experiment.wait_for_uploads`).
+
+    Class attributes (set them on the class, before fit):
+        storage_options: passed to S3Storage (tests shorten botocore's retries).
+        uploader_options: passed to BackgroundUploader (``max_retries`` None by default: retry until confirmed).
+        wait_timeout_s: how long the end of fit waits for the pending uploads, in all (10 min).
+        exception_wait_timeout_s: the same when fit is failing with an exception (2 min).
+        upload_failure: 'warn' (default): log the uploads not confirmed at the end of fit; 'raise': also raise
+            UploadsIncompleteError from fit.
+    """
+
     storage_options: Dict[str, Any] = {}
     uploader_options: Dict[str, Any] = {}
-    # How long the end of fit waits for pending uploads; after an exception, at most exception_wait_timeout_s.
-    wait_timeout_s = 1800.0
+    wait_timeout_s = 600.0
     exception_wait_timeout_s = 120.0
+    upload_failure = 'warn'
 
     def __init__(self, experiment, bucket_name, cloud_dir_prefix='', endpoint_url=None, storage=None):
         from ..storage import BackgroundUploader
+        if self.upload_failure not in ('warn', 'raise'):
+            raise ValueError(f"ExperimentUploader.upload_failure must be 'warn' or 'raise', got "
+                             f'{self.upload_failure!r}')
         self.experiment = experiment
         if storage is None:
             from ..storage.s3 import S3Storage
@@ -349,16 +545,109 @@ class ExperimentUploader:
         self.bucket_name = bucket_name
         self.cloud_dir_prefix = cloud_dir_prefix or ''
         self._check_access()
-        self.uploader = BackgroundUploader(storage, **self.uploader_options)
-
-    def _check_access(self):
-        # Fail at the start of fit, not after the first epoch: a wrong key or a missing bucket shows here.
-        from ..storage import StorageError
+        options = {'max_retries': None, 'max_queue_size': None, **self.uploader_options}
+        self.uploader = BackgroundUploader(storage, journal=experiment.journal, **options)
         try:
-            self.storage.exists(join_key(self.experiment.project_name, '.aitoolbox_like_access_check'))
+            self._checked(lambda: experiment.add_cloud_claim(self))
+        except BaseException:
+            self.uploader.close(timeout=0)
+            raise
+        if experiment.claimed and experiment.continued:
+            self.resume_pending()
+
+    def _endpoint(self):
+        return getattr(self.storage, 'endpoint_url', None) or self.storage.uri('')
+
+    def _checked(self, operation):
+        """Run a start-of-fit storage operation; our errors get the hint about cloud_save_mode='local', network
+        errors become a StorageUnreachableError naming the endpoint."""
+        try:
+            return operation()
         except StorageError as error:
             raise type(error)(f"{error} (cloud_save_mode='s3' uploads the experiment to S3; pass "
                               f"cloud_save_mode='local' to keep it only on this machine)") from None
+        except Exception as error:
+            if not is_retryable(error):
+                raise
+            raise StorageUnreachableError(
+                f'Cannot reach the S3 endpoint {self._endpoint()} (bucket {self.bucket_name!r}): '
+                f'{type(error).__name__}: {error}. Check endpoint_url (or AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL) and '
+                f"that this machine can reach the server, or pass cloud_save_mode='local' to keep the experiment "
+                f'only on this machine.') from None
+
+    def _check_access(self):
+        # Fail at the start of fit, not after the first epoch: a wrong key, a missing bucket or an unreachable
+        # endpoint shows here. HeadBucket: the bucket itself (a HeadObject 404 cannot tell "no such key" from
+        # "no such bucket"); then a put and a delete under the experiment's prefix: the permissions uploads need.
+        check_bucket = getattr(self.storage, 'check_bucket', None)
+        if check_bucket is not None:
+            self._checked(check_bucket)
+        probe = join_key(self.experiment.key_prefix, f'{ACCESS_CHECK_PREFIX}.{self.experiment.run_id}')
+        self._checked(lambda: self.storage.write_text(probe, 'access check of aitoolbox_like; safe to delete'))
+        self._checked(lambda: self.storage.delete(probe))
+
+    # ---- the experiment's prefix in the bucket --------------------------------------------------------
+
+    def claim_prefix(self, key_prefix, run_id, exclusive=True):
+        """Make ``key_prefix`` (an experiment folder as a key) this run's in the bucket: create its marker object
+        holding ``run_id`` only if absent (``exclusive``; then read back), or overwrite it (a continued run).
+        True if the prefix is ours. A prefix holding objects but no marker (a run of an older version, or of
+        AIToolbox) counts as taken."""
+        marker = join_key(key_prefix, MARKER_FILE)
+        if not exclusive:
+            self.storage.write_text(marker, run_id)
+            return True
+        try:
+            if self.storage.read_text(marker).strip() == run_id:
+                return True
+            return False
+        except FileNotFoundError:
+            pass
+        if any(not key.rsplit('/', 1)[-1].startswith(ACCESS_CHECK_PREFIX)
+               for key in self.storage.list(key_prefix + '/')):
+            return False
+        if not self.storage.create_exclusive(marker, run_id):
+            try:
+                return self.storage.read_text(marker).strip() == run_id
+            except FileNotFoundError:
+                return False
+        # Read back: a server that ignores If-None-Match lets every writer "create" the marker; the last wins.
+        return self.storage.read_text(marker).strip() == run_id
+
+    def release_prefix(self, key_prefix, run_id):
+        """Give ``key_prefix`` back (delete its marker) if this run holds it."""
+        marker = join_key(key_prefix, MARKER_FILE)
+        try:
+            if self.storage.read_text(marker).strip() == run_id:
+                self.storage.delete(marker)
+        except FileNotFoundError:
+            pass
+
+    def resume_pending(self):
+        """Queue again the uploads of this bucket / prefix / endpoint that the experiment's journal lists (a
+        previous process queued them and never saw them confirmed). Returns how many were queued."""
+        journal = self.experiment.journal
+        location = self.storage.location()
+        queued = set(job.id for job in self.uploader.unconfirmed())
+        count = 0
+        for entry in journal.entries():
+            if entry['id'] in queued or any(entry.get(k) != v for k, v in location.items()):
+                continue
+            path = journal.local_path(entry)
+            if not os.path.isfile(path):
+                logger.warning('%s was listed for upload but no longer exists; dropped from %s', path, journal.path)
+                journal.remove(entry['id'])
+                continue
+            self.uploader.submit(path, entry['key'], latest_pointer_key=entry.get('pointer_key'),
+                                 delete_local_after=bool(entry.get('delete_local_after')),
+                                 latest_pointer_text=entry.get('pointer_text'), job_id=entry['id'])
+            count += 1
+        if count:
+            logger.info('Queued again %d upload(s) that a previous run of %s left unconfirmed', count,
+                        self.experiment.dir_path)
+        return count
+
+    # ---- uploads ---------------------------------------------------------------------------------------
 
     def key_for(self, local_path):
         """The cloud key of a file inside the local experiment folder."""
@@ -383,6 +672,14 @@ class ExperimentUploader:
         self.uploader.submit(local_path, key, latest_pointer_key=pointer, latest_pointer_text=text)
         return key
 
+    def remove_local_file(self, local_path):
+        """Delete a local file of the experiment once every upload of it is confirmed (now, if none is pending).
+
+        What ``rm_subopt_local_models`` uses: deleting a file whose upload is still queued (S3 down) would lose
+        it. Returns True if the file was deleted now.
+        """
+        return self.uploader.delete_after_upload(local_path)
+
     @property
     def pending_count(self):
         return self.uploader.pending_count
@@ -399,12 +696,18 @@ class ExperimentUploader:
             logger.info('Waiting for %d upload(s) to %s to finish', pending, self.storage.uri(self.experiment.key_prefix))
         failures = self.uploader.wait(timeout)
         if self.uploader.pending_count:
-            logger.error('%d upload(s) to %s still unfinished after %.0f s; the local files in %s are complete',
-                         self.uploader.pending_count, self.bucket_name, timeout, self.experiment.dir_path)
+            logger.error('%d upload(s) to %s still unfinished after %.0f s; the local files in %s are complete; '
+                         'upload them later with: %s', self.uploader.pending_count, self.bucket_name, timeout,
+                         self.experiment.dir_path, sync_command(self.experiment.dir_path))
         for failure in failures:
             logger.error('Upload failed: %s -> %s (%s); the local copy is kept', failure.local_path,
                          self.storage.uri(failure.key), failure.error)
         return failures
+
+    def close(self, timeout=None):
+        """Stop the uploader after at most ``timeout`` seconds (None: once everything is uploaded); what is not
+        uploaded by then stays in the journal for a later run or the sync command. Returns the failures."""
+        return self.uploader.close(timeout)
 
 
 def get_uploader(loop, experiment, cloud_save_mode, bucket_name, cloud_dir_prefix='', endpoint_url=None):

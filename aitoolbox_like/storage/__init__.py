@@ -7,16 +7,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import Storage, StorageAuthError, StorageError, join_key, validate_key, validate_key_part
-from .local import LocalStorage
+from .base import (Storage, StorageAuthError, StorageError, StorageUnreachableError, UploadsIncompleteError, join_key,
+                   validate_key, validate_key_part)
+from .journal import SyncReport, UploadJournal, sync_journal
+from .local import LocalStorage, remove_stray_temp_files
 from .uploader import BackgroundUploader, UploadFailure, UploadJob
 
 if TYPE_CHECKING:  # the runtime import is lazy, see __getattr__
     from .s3 import S3Storage
 
 __all__ = [
-    'Storage', 'StorageError', 'StorageAuthError', 'validate_key', 'validate_key_part', 'join_key',
-    'LocalStorage', 'S3Storage', 'BackgroundUploader', 'UploadFailure', 'UploadJob',
+    'Storage', 'StorageError', 'StorageAuthError', 'StorageUnreachableError', 'UploadsIncompleteError',
+    'validate_key', 'validate_key_part', 'join_key', 'LocalStorage', 'S3Storage', 'remove_stray_temp_files',
+    'BackgroundUploader', 'UploadFailure', 'UploadJob', 'UploadJournal', 'SyncReport', 'sync_journal',
 ]
 
 

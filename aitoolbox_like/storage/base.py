@@ -21,6 +21,25 @@ class StorageAuthError(StorageError):
     """The storage rejected our credentials or permissions. Never carries the credentials."""
 
 
+class StorageUnreachableError(StorageError):
+    """The storage could not be reached when a run started (no server at the endpoint, no network).
+
+    Raised by the start-of-fit check only: once training runs, the uploader retries network errors instead.
+    """
+
+
+class UploadsIncompleteError(StorageError):
+    """Some files of an experiment were not uploaded when fit ended (raised with ``upload_failure='raise'``).
+
+    ``not_uploaded`` lists the local paths; ``sync_command`` is the command that uploads them later.
+    """
+
+    def __init__(self, message: str, not_uploaded: list[str] | None = None, sync_command: str = '') -> None:
+        super().__init__(message)
+        self.not_uploaded = list(not_uploaded or [])
+        self.sync_command = sync_command
+
+
 def validate_key_part(name: str, what: str) -> str:
     """Return ``name`` if it is safe as one path component of a key, else raise ValueError.
 
@@ -99,3 +118,14 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def uri(self, key: str) -> str:
         """A human-readable location for ``key`` (file:// or s3:// URI) for logs and messages."""
+
+    def create_exclusive(self, key: str, text: str) -> bool:
+        """Store ``text`` under ``key`` only if no object is there yet; True if this call created it.
+
+        The check and the write are one step of the storage (no other writer can slip in between).
+        """
+        raise NotImplementedError(f'{type(self).__name__} cannot create objects exclusively')
+
+    def location(self) -> dict[str, str | None]:
+        """What identifies this storage in the upload journal (``bucket``/``prefix``/``endpoint`` or ``root``)."""
+        raise NotImplementedError(f'{type(self).__name__} cannot be named in an upload journal')

@@ -6,6 +6,7 @@ import os
 import re
 import secrets
 import shutil
+import threading
 from pathlib import Path
 from typing import IO, Callable
 
@@ -16,6 +17,12 @@ logger = logging.getLogger(__name__)
 
 _PARTIAL_SUFFIX = '.partial'
 _PARTIAL_RE = re.compile(r'^\..+\.[0-9a-f]{12}\.partial$')
+# Any temp file of write_atomically: '.<name>.<12 hex>.partial' (default) or '.tmp' (checkpoints).
+_TEMP_RE = re.compile(r'^\..+\.[0-9a-f]{12}\.(partial|tmp)$')
+
+# Temp files a write_atomically call of this process is writing right now; remove_stray_temp_files skips them.
+_live_temp_files: set[str] = set()
+_live_lock = threading.Lock()
 
 
 def _temp_path_for(path: Path, temp_suffix: str = _PARTIAL_SUFFIX, temp_dir: StrPath | None = None) -> Path:
@@ -37,6 +44,8 @@ def write_atomically(path: StrPath, write: Callable[[IO[bytes]], object], temp_s
     if make_parents:
         path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_path_for(path, temp_suffix, temp_dir)
+    with _live_lock:
+        _live_temp_files.add(str(tmp))
     try:
         with open(tmp, 'xb') as f:
             write(f)
@@ -49,6 +58,39 @@ def write_atomically(path: StrPath, write: Callable[[IO[bytes]], object], temp_s
         except FileNotFoundError:
             pass
         raise
+    finally:
+        with _live_lock:
+            _live_temp_files.discard(str(tmp))
+
+
+def is_temp_file_name(name: str) -> bool:
+    """True for the name of a :func:`write_atomically` temp file (``.<name>.<12 hex>.partial`` or ``.tmp``)."""
+    return _TEMP_RE.match(name) is not None
+
+
+def remove_stray_temp_files(folder: StrPath) -> list[str]:
+    """Delete the temp files a killed :func:`write_atomically` left in ``folder`` (and its subfolders).
+
+    Temp files that a write of this process is still writing are never touched. Returns the removed paths.
+    Only for folders no other process writes into at the same time (an experiment folder belongs to one run).
+    """
+    removed: list[str] = []
+    root = os.path.abspath(os.fspath(folder))
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            if not _TEMP_RE.match(name):
+                continue
+            path = os.path.join(dirpath, name)
+            with _live_lock:
+                if path in _live_temp_files:
+                    continue
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    continue
+            removed.append(path)
+            logger.info('Removed %s, the temporary file of a write that never finished', path)
+    return removed
 
 
 def write_text_atomically(path: StrPath, text: str, temp_dir: StrPath | None = None) -> None:
@@ -139,3 +181,19 @@ class LocalStorage(Storage):
     def uri(self, key: str) -> str:
         """The ``file://`` URI of the file for ``key``."""
         return self.path(key).as_uri()
+
+    def create_exclusive(self, key: str, text: str) -> bool:
+        """Create the file for ``key`` holding ``text`` unless it exists (``O_EXCL``); True if created."""
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, 'w', encoding='utf-8') as f:
+            f.write(text)
+        return True
+
+    def location(self) -> dict[str, str | None]:
+        """``{'root': <folder>}``."""
+        return {'root': str(self.root_dir)}

@@ -22,6 +22,8 @@ _AUTH_ERROR_CODES = frozenset({
 })
 _NOT_FOUND_CODES = frozenset({'404', 'NoSuchKey', 'NotFound'})
 _NO_BUCKET_CODES = frozenset({'NoSuchBucket'})
+# A conditional write (If-None-Match) found the object there already, or raced another conditional write.
+_PRECONDITION_CODES = frozenset({'PreconditionFailed', '412', 'ConditionalRequestConflict', '409'})
 
 
 def _import_boto3() -> Any:
@@ -203,6 +205,53 @@ class S3Storage(Storage):
                 self._raise_translated(error, 'CreateBucket')
         except Exception as error:
             self._raise_translated(error, 'CreateBucket')
+
+    def check_bucket(self) -> None:
+        """Check that the bucket exists and that we may use it (a HeadBucket request).
+
+        Raises StorageError naming the bucket and the endpoint when it does not exist, StorageAuthError when the
+        credentials are refused; network errors keep botocore's types (the caller decides what they mean).
+        """
+        import botocore.exceptions
+        try:
+            self.client.head_bucket(Bucket=self.bucket_name)
+        except botocore.exceptions.ClientError as error:
+            code = str(error.response.get('Error', {}).get('Code', ''))
+            if code in ('404', 'NoSuchBucket', 'NotFound'):
+                raise StorageError(
+                    f"S3 bucket '{self.bucket_name}' does not exist at endpoint {self.endpoint_url}. Create it "
+                    f'first (aws s3 mb s3://{self.bucket_name}, or S3Storage(...).ensure_bucket()), or fix '
+                    f'bucket_name'
+                ) from None
+            self._raise_translated(error, 'HeadBucket')
+        except Exception as error:
+            self._raise_translated(error, 'HeadBucket')
+
+    def create_exclusive(self, key: str, text: str) -> bool:
+        """Store ``text`` under ``key`` unless an object is there (a PutObject with ``If-None-Match: *``).
+
+        True if this call created the object; False if it existed (or a concurrent conditional write to the same
+        key won). Servers without conditional writes would answer True to every caller: callers that must be sure
+        read the object back.
+        """
+        import botocore.exceptions
+        full_key = self._full_key(key)
+        try:
+            self.client.put_object(Bucket=self.bucket_name, Key=full_key, Body=text.encode('utf-8'),
+                                   ContentType='text/plain; charset=utf-8', IfNoneMatch='*')
+        except botocore.exceptions.ClientError as error:
+            code = str(error.response.get('Error', {}).get('Code', ''))
+            status = error.response.get('ResponseMetadata', {}).get('HTTPStatusCode')
+            if code in _PRECONDITION_CODES or status in (409, 412):
+                return False
+            self._raise_translated(error, 'PutObject', key)
+        except Exception as error:
+            self._raise_translated(error, 'PutObject', key)
+        return True
+
+    def location(self) -> dict[str, str | None]:
+        """``{'bucket', 'prefix', 'endpoint'}``: enough to build this storage again (the upload journal)."""
+        return {'bucket': self.bucket_name, 'prefix': self.cloud_dir_prefix, 'endpoint': self.endpoint_url}
 
     def save_file(self, local_path: StrPath, key: str) -> None:
         """Upload ``local_path`` to ``key`` (multipart above ``multipart_threshold``)."""

@@ -1,9 +1,15 @@
 """Upload files in a background thread so training never waits for the network.
 
 One worker thread handles jobs in submission order. A job that fails for a transient reason (no
-connection, timeout, 5xx) is retried with exponential backoff; an authentication failure is not,
-because retrying cannot fix it. A "latest" pointer is written only after the object it names is
-fully uploaded, so a reader following the pointer always finds a complete file.
+connection, timeout, 5xx) is retried with exponential backoff (``max_retries=None``: until it succeeds or
+the uploader is closed); an authentication failure is not, because retrying cannot fix it. A "latest"
+pointer is written only after the object it names is fully uploaded, so a reader following the pointer
+always finds a complete file.
+
+The uploader owns the files it still has to send: :meth:`BackgroundUploader.delete_after_upload` deletes a
+local file only once every upload of it is confirmed. With a :class:`~.journal.UploadJournal`, every job is
+written to disk before it is queued and removed once confirmed, so another process can finish what this one
+could not (a resumed run, or ``python -m aitoolbox_like.experiment.sync``).
 """
 from __future__ import annotations
 
@@ -11,11 +17,15 @@ import logging
 import os
 import queue
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
 
 from .._typing import StrPath
 from .base import Storage, StorageError
+
+if TYPE_CHECKING:   # the journal's sync uses is_retryable from here
+    from .journal import UploadJournal
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +41,10 @@ class UploadJob:
     delete_local_after: bool = False
     # What the pointer object says; None: the uploaded object's key.
     latest_pointer_text: str | None = None
+    # Names the job in the journal; a job submitted again (resume) keeps its id.
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # The last error of a job still being retried (None: not failed yet).
+    last_error: str | None = None
 
 
 @dataclass
@@ -41,6 +55,7 @@ class UploadFailure:
     error: str
     attempts: int
     latest_pointer_key: str | None = None
+    job_id: str = ''
 
 
 def _retryable_types() -> tuple[type[BaseException], ...]:
@@ -86,20 +101,30 @@ class BackgroundUploader:
     """Queue of uploads to ``storage`` worked through by one daemon thread.
 
     ``submit`` blocks while ``max_queue_size`` jobs are waiting, which bounds memory (and disk, for
-    callers that write a file per job) when the network is slower than training.
+    callers that write a file per job) when the network is slower than training; ``None``: never blocks.
+    ``max_retries`` retries of a retryable error before the job fails; ``None``: retry (backoff capped at
+    ``max_backoff_s``) until the upload succeeds or ``close`` gives up. ``journal``: record every job on disk
+    until it is confirmed (the storage must support :meth:`Storage.location`).
     """
 
-    def __init__(self, storage: Storage, max_queue_size: int = 32, max_retries: int = 6,
-                 initial_backoff_s: float = 0.5, max_backoff_s: float = 30.0) -> None:
-        if max_queue_size < 1:
-            raise ValueError(f'max_queue_size must be >= 1, got {max_queue_size}')
+    def __init__(self, storage: Storage, max_queue_size: int | None = 32, max_retries: int | None = 6,
+                 initial_backoff_s: float = 0.5, max_backoff_s: float = 30.0,
+                 journal: UploadJournal | None = None) -> None:
+        if max_queue_size is not None and max_queue_size < 1:
+            raise ValueError(f'max_queue_size must be >= 1 or None, got {max_queue_size}')
         self.storage = storage
+        self.journal = journal
+        self._location = storage.location() if journal is not None else {}
         self.max_retries = max_retries
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
         self.failures: list[UploadFailure] = []
         self.retries = 0  # retry attempts made so far, all jobs together
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue_size)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue_size or 0)
+        # Jobs submitted and not confirmed (queued, in progress, or failed with the file still there), by id;
+        # the local files they upload are deleted only when none is left (delete_after_upload).
+        self._unconfirmed: dict[str, UploadJob] = {}
+        self._delete_requested: set[str] = set()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._pending = 0
@@ -122,25 +147,67 @@ class BackgroundUploader:
             return self._pending
 
     def submit(self, local_path: StrPath, key: str, latest_pointer_key: str | None = None,
-               delete_local_after: bool = False, latest_pointer_text: str | None = None) -> UploadJob:
+               delete_local_after: bool = False, latest_pointer_text: str | None = None,
+               job_id: str | None = None) -> UploadJob:
         """Queue ``local_path`` for upload to ``key``; then point ``latest_pointer_key`` at it.
 
         The pointer object holds ``latest_pointer_text`` (default: ``key``) and is written only after the
-        upload completed. Blocks while the queue is full.
+        upload completed. ``delete_local_after``: delete the local file once the upload is confirmed (and no
+        other upload of it is pending). ``job_id`` re-queues a job of the journal under its id. Blocks while
+        the queue is full.
         """
-        job = UploadJob(os.fspath(local_path), key, latest_pointer_key, delete_local_after, latest_pointer_text)
+        job = UploadJob(os.path.abspath(os.fspath(local_path)), key, latest_pointer_key, delete_local_after,
+                        latest_pointer_text)
+        if job_id is not None:
+            job.id = job_id
         with self._lock:
             if self._closed:
                 raise RuntimeError('BackgroundUploader is closed; no more uploads can be submitted')
             self._pending += 1
+            self._unconfirmed[job.id] = job
+            if delete_local_after:
+                self._delete_requested.add(job.local_path)
         try:
+            if self.journal is not None:
+                self.journal.add(self._journal_entry(job))
             self._queue.put(job)
         except BaseException:
             with self._lock:
                 self._pending -= 1
+                self._unconfirmed.pop(job.id, None)
                 self._idle.notify_all()
             raise
         return job
+
+    def _journal_entry(self, job: UploadJob) -> dict[str, Any]:
+        assert self.journal is not None
+        return {'id': job.id, 'file': self.journal.relative(job.local_path), 'key': job.key,
+                'pointer_key': job.latest_pointer_key, 'pointer_text': job.latest_pointer_text,
+                'delete_local_after': job.delete_local_after, **self._location}
+
+    def delete_after_upload(self, local_path: StrPath) -> bool:
+        """Delete ``local_path`` now if no upload of it is unconfirmed, else once the last one is confirmed.
+
+        Returns True if the file was deleted now. A file whose upload failed for good stays (it is the only
+        copy); the journal keeps the request, so a later sync deletes it after uploading it.
+        """
+        path = os.path.abspath(os.fspath(local_path))
+        with self._lock:
+            if any(job.local_path == path for job in self._unconfirmed.values()):
+                self._delete_requested.add(path)
+                if self.journal is not None:
+                    self.journal.mark_delete_local(self.journal.relative(path))
+                return False
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+            return True
+
+    def unconfirmed(self) -> list[UploadJob]:
+        """Jobs not confirmed by the storage: queued, in progress, or failed (their files are kept)."""
+        with self._lock:
+            return list(self._unconfirmed.values())
 
     def wait(self, timeout: float | None = None) -> list[UploadFailure]:
         """Block until every submitted job has finished (or ``timeout`` seconds passed).
@@ -149,7 +216,7 @@ class BackgroundUploader:
         all of them. Check ``pending_count`` to tell a timeout from completion.
         """
         with self._idle:
-            self._idle.wait_for(lambda: self._pending == 0, timeout=timeout)
+            self._idle.wait_for(lambda: self._pending == 0, timeout=None if timeout is None else max(timeout, 0.0))
             new = self.failures[self._reported:]
             self._reported = len(self.failures)
         return list(new)
@@ -157,8 +224,8 @@ class BackgroundUploader:
     def close(self, timeout: float | None = None) -> list[UploadFailure]:
         """Finish queued uploads (up to ``timeout`` seconds), then stop the worker.
 
-        Jobs still unfinished at the timeout are abandoned and recorded as failures. Returns the
-        failures not yet returned by ``wait``.
+        Jobs still unfinished at the timeout are abandoned and recorded as failures (they stay in the
+        journal). Returns the failures not yet returned by ``wait``.
         """
         with self._lock:
             already_closed = self._closed
@@ -208,11 +275,24 @@ class BackgroundUploader:
                                                                else job.latest_pointer_text))
             if not ok:
                 return
-        if job.delete_local_after:
-            try:
-                os.remove(job.local_path)
-            except OSError as error:
-                logger.warning('Uploaded %s but could not delete the local copy: %s', job.key, error)
+        self._confirm(job)
+
+    def _confirm(self, job: UploadJob) -> None:
+        """The storage has the job's object (and pointer): forget the job, delete the file if asked to."""
+        with self._lock:
+            self._unconfirmed.pop(job.id, None)
+            if self.journal is not None:
+                self.journal.remove(job.id)
+            path = job.local_path
+            if path in self._delete_requested and not any(j.local_path == path for j in self._unconfirmed.values()):
+                self._delete_requested.discard(path)
+                try:
+                    os.remove(path)
+                    logger.debug('Uploaded %s; removed the local copy', job.key)
+                except FileNotFoundError:
+                    pass
+                except OSError as error:
+                    logger.warning('Uploaded %s but could not delete the local copy: %s', job.key, error)
 
     def _attempt(self, job: UploadJob, key: str, operation: Callable[[], object]) -> bool:
         delay = self.initial_backoff_s
@@ -228,11 +308,14 @@ class BackgroundUploader:
                     logger.info('Uploaded %s after %d attempts', key, attempts)
                 return True
             except Exception as error:
-                if attempts > self.max_retries or not is_retryable(error, job.local_path):
+                job.last_error = _describe(error)
+                if (self.max_retries is not None and attempts > self.max_retries) \
+                        or not is_retryable(error, job.local_path):
                     self._record_failure(job, key, error, attempts)
                     return False
-                logger.warning('Upload of %s failed (attempt %d of %d), retrying in %.1f s: %s',
-                               key, attempts, self.max_retries + 1, delay, _describe(error))
+                of = 'until it succeeds' if self.max_retries is None else f'of {self.max_retries + 1}'
+                logger.warning('Upload of %s failed (attempt %d %s), retrying in %.1f s: %s',
+                               key, attempts, of, delay, _describe(error))
                 with self._lock:
                     self.retries += 1
                 # Interruptible by close(timeout) giving up.
@@ -242,11 +325,17 @@ class BackgroundUploader:
     def _record_failure(self, job: UploadJob, key: str, error: BaseException | str, attempts: int) -> None:
         text = error if isinstance(error, str) else _describe(error)
         failure = UploadFailure(key=key, local_path=job.local_path, error=text, attempts=attempts,
-                                latest_pointer_key=job.latest_pointer_key)
+                                latest_pointer_key=job.latest_pointer_key, job_id=job.id)
+        job.last_error = text
         logger.error('Upload of %s to %s failed after %d attempt(s): %s', job.local_path, key,
                      attempts, text)
         with self._lock:
             self.failures.append(failure)
+            if not os.path.exists(job.local_path):
+                # Nothing left to send: no later process can finish this upload.
+                self._unconfirmed.pop(job.id, None)
+                if self.journal is not None:
+                    self.journal.remove(job.id)
 
 
 def _describe(error: BaseException) -> str:

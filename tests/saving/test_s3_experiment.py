@@ -49,6 +49,7 @@ def test_full_key_layout_after_three_epochs(s3_env, tmp_path):
     ts = loop.experiment_timestamp
     root = f'runs/v1/proj/exp_{ts}'
     assert _keys(s3_env, bucket) == sorted([
+        f'{root}/.aitoolbox_like_run',                    # this run's claim on the prefix
         f'{root}/hyperparams_list.txt', f'{root}/hyperparams.json', f'{root}/test_s3_experiment.py',
         f'{root}/latest_checkpoint.txt', f'{root}/best_checkpoint.txt',
         *[f'{root}/checkpoint_model/model_exp_{ts}_E{e}.pth' for e in range(3)],

@@ -103,3 +103,38 @@ def test_validate_key_part_rejects_non_strings():
 def test_join_and_validate_key():
     assert join_key('', 'a/', '/b', 'c.txt') == 'a/b/c.txt'
     assert validate_key('a/b/c.txt') == 'a/b/c.txt'
+
+
+def test_remove_stray_temp_files_spares_a_live_writer(tmp_path):
+    import threading
+
+    from aitoolbox_like.storage.local import remove_stray_temp_files, write_atomically
+    stray = tmp_path / '.model.pth.0123456789ab.tmp'
+    stray.write_bytes(b'left by a killed save')
+    nested = tmp_path / 'results' / '.r.json.abcdefabcdef.partial'
+    nested.parent.mkdir()
+    nested.write_bytes(b'x')
+    ordinary = tmp_path / 'model.pth'
+    ordinary.write_bytes(b'a saved model')
+    writing, release = threading.Event(), threading.Event()
+
+    def slow_write(f):
+        f.write(b'first half')
+        writing.set()
+        assert release.wait(30)
+        f.write(b' second half')
+
+    writer = threading.Thread(target=write_atomically, args=(tmp_path / 'live.pth', slow_write),
+                              kwargs={'temp_suffix': '.tmp'})
+    writer.start()
+    try:
+        assert writing.wait(30)
+        live = [p for p in tmp_path.iterdir() if p.name.startswith('.live.pth.')]
+        assert len(live) == 1
+        removed = remove_stray_temp_files(tmp_path)
+        assert sorted(removed) == sorted([str(stray), str(nested)])
+        assert live[0].exists() and ordinary.exists()
+    finally:
+        release.set()
+        writer.join(30)
+    assert (tmp_path / 'live.pth').read_bytes() == b'first half second half'

@@ -175,3 +175,15 @@ def test_missing_boto3_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, 'boto3', None)
     with pytest.raises(ImportError, match=r'pip install aitoolbox_like\[s3\]'):
         S3Storage('any-bucket')
+
+
+def test_create_exclusive_creates_once(storage):
+    assert storage.create_exclusive('exp/.marker', 'run-a') is True
+    assert storage.create_exclusive('exp/.marker', 'run-b') is False       # If-None-Match: the server refuses
+    assert storage.read_text('exp/.marker') == 'run-a'
+
+
+def test_check_bucket_names_a_missing_bucket(s3_server):
+    storage = S3Storage('no-such-bucket-xyz', endpoint_url=s3_server.endpoint_url, max_attempts=1)
+    with pytest.raises(StorageError, match="'no-such-bucket-xyz' does not exist at endpoint " + s3_server.endpoint_url):
+        storage.check_bucket()

@@ -1,3 +1,4 @@
+import json
 import os
 import threading
 import time
@@ -261,3 +262,76 @@ def test_auth_failure_is_not_retried_and_hides_the_secret(s3_server, tmp_path, m
     assert s3_server.access_key not in failures[0].error
     assert not S3Storage(bucket, endpoint_url=s3_server.endpoint_url,
                          client=s3_server.client()).exists('latest')
+
+
+# -- owning the files it still has to send; the journal ---------------------------------------------------
+
+def test_delete_after_upload_waits_for_the_confirmed_upload(tmp_path):
+    from aitoolbox_like.storage import UploadJournal
+    journal = UploadJournal(tmp_path / 'pending_uploads.json')
+    gate = threading.Event()
+
+    class GatedStorage(LocalStorage):
+        def save_file(self, local_path, key):
+            assert gate.wait(30)
+            super().save_file(local_path, key)
+
+    storage = GatedStorage(tmp_path / 'remote')
+    (queued, done) = _make_files(tmp_path, 2)
+    uploader = BackgroundUploader(storage, journal=journal)
+    uploader.submit(queued, 'queued.pt')
+    assert uploader.delete_after_upload(queued) is False      # its upload is pending: kept for now
+    assert queued.exists()
+    assert [e['delete_local_after'] for e in journal.entries()] == [True]
+    gate.set()
+    assert uploader.wait(timeout=30) == []
+    assert not queued.exists() and storage.exists('queued.pt')
+    assert uploader.delete_after_upload(done) is True         # nothing pending: deleted at once
+    assert not done.exists()
+    assert journal.entries() == [] and not (tmp_path / 'pending_uploads.json').exists()
+    uploader.close()
+
+
+def test_a_file_whose_upload_failed_for_good_is_never_deleted(tmp_path):
+    storage = FlakyStorage(tmp_path / 'remote', [StorageAuthError('denied')])
+    (path,) = _make_files(tmp_path, 1)
+    uploader = BackgroundUploader(storage)
+    uploader.submit(path, 'a.pt')
+    assert len(uploader.wait(timeout=30)) == 1
+    assert uploader.delete_after_upload(path) is False
+    assert path.exists() and [j.key for j in uploader.unconfirmed()] == ['a.pt']
+    uploader.close()
+
+
+def test_max_retries_none_retries_until_the_upload_succeeds(tmp_path):
+    storage = FlakyStorage(tmp_path / 'remote', [ConnectionRefusedError('down')] * 25)
+    (path,) = _make_files(tmp_path, 1)
+    uploader = BackgroundUploader(storage, max_retries=None, initial_backoff_s=0.001, max_backoff_s=0.002)
+    uploader.submit(path, 'a.pt')
+    assert uploader.close(timeout=60) == []
+    assert storage.calls == 26 and storage.exists('a.pt')
+
+
+def test_the_journal_lets_another_process_finish_the_uploads(tmp_path):
+    from aitoolbox_like.storage import UploadJournal, sync_journal
+    folder = tmp_path / 'exp'
+    folder.mkdir()
+    storage = FlakyStorage(tmp_path / 'remote', [ConnectionRefusedError('down')] * 1000)
+    files = _make_files(folder, 3)
+    uploader = BackgroundUploader(storage, max_retries=None, initial_backoff_s=0.01, max_backoff_s=0.01,
+                                  journal=UploadJournal(folder / 'pending_uploads.json'))
+    for i, path in enumerate(files):
+        uploader.submit(path, f'k/{path.name}', latest_pointer_key='k/latest', delete_local_after=(i == 0))
+    assert _poll(lambda: uploader.retries >= 2)
+    assert len(uploader.close(timeout=0.1)) == 3          # the process ends with nothing uploaded
+    entries = json.loads((folder / 'pending_uploads.json').read_text())['uploads']
+    assert [e['file'] for e in entries] == [p.name for p in files]
+    assert entries[0]['root'] == str(tmp_path / 'remote') and entries[0]['key'] == f'k/{files[0].name}'
+
+    report = sync_journal(folder)                          # another process: the storage works again
+    assert report.complete and len(report.uploaded) == 3
+    remote = LocalStorage(tmp_path / 'remote')
+    assert remote.list('k/') == sorted([f'k/{p.name}' for p in files] + ['k/latest'])
+    assert remote.read_text('k/latest') == f'k/{files[2].name}'
+    assert not files[0].exists() and files[1].exists()     # deleted only where asked, after its upload
+    assert not (folder / 'pending_uploads.json').exists()

@@ -1,0 +1,230 @@
+"""The journal of uploads not confirmed yet, and the sync that finishes them from another process.
+
+The background uploader writes one entry per queued upload into a JSON file (``pending_uploads.json`` at the
+root of the experiment folder) before the upload starts, and removes it once the storage confirmed the upload.
+What the journal lists when a process ends (killed, S3 down for longer than the end of fit waited) was never
+confirmed: a resumed run into the same folder queues those uploads again, and :func:`sync_journal` (the command
+``python -m aitoolbox_like.experiment.sync FOLDER``) uploads them.
+
+Each entry names its target completely (bucket, prefix, endpoint, key), so the journal alone is enough to finish
+the uploads; the file it uploads is named relative to the journal's folder, so the folder may be moved. Every
+change is a read-modify-write of the file under an exclusive lock (``flock``) and an atomic rename, so a running
+uploader and a sync of the same folder never lose each other's changes.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from .._typing import StrPath
+from .base import Storage
+from .local import LocalStorage, write_text_atomically
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: the in-process lock only
+    fcntl = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
+
+JOURNAL_NAME = 'pending_uploads.json'
+_FORMAT_VERSION = 1
+# The fields of a journal entry besides the storage location (bucket / prefix / endpoint, or root).
+ENTRY_FIELDS = ('id', 'file', 'key', 'pointer_key', 'pointer_text', 'delete_local_after')
+
+
+class UploadJournal:
+    """The pending uploads listed in the JSON file ``path``; files are named relative to its folder.
+
+    Thread-safe, and safe against another process changing the same file (an exclusive ``flock`` on the folder
+    around every read-modify-write). The file is removed when no upload is pending.
+    """
+
+    def __init__(self, path: StrPath) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f'UploadJournal({self.path!r})'
+
+    @property
+    def base_dir(self) -> str:
+        """The folder the journal's file names are relative to (the journal's own folder)."""
+        return os.path.dirname(self.path)
+
+    def relative(self, local_path: StrPath) -> str:
+        """``local_path`` as the journal names it: '/'-separated, relative to :attr:`base_dir`."""
+        return os.path.relpath(os.path.abspath(os.fspath(local_path)), self.base_dir).replace(os.sep, '/')
+
+    def local_path(self, entry: dict[str, Any]) -> str:
+        """The local file of a journal entry."""
+        return os.path.join(self.base_dir, *str(entry['file']).split('/'))
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The pending uploads, oldest first."""
+        with self._lock:
+            return self._read()
+
+    def add(self, entry: dict[str, Any]) -> None:
+        """Record an upload (an entry with the same ``id`` is replaced, keeping its place)."""
+        def change(entries: list[dict[str, Any]]) -> None:
+            for i, old in enumerate(entries):
+                if old.get('id') == entry['id']:
+                    entries[i] = dict(entry)
+                    return
+            entries.append(dict(entry))
+        self._update(change, create=True)
+
+    def remove(self, upload_id: str) -> None:
+        """Forget an upload (confirmed, or nothing left to send); a missing id is not an error."""
+        self._update(lambda entries: entries.__setitem__(slice(None), [e for e in entries
+                                                                       if e.get('id') != upload_id]))
+
+    def mark_delete_local(self, file: str) -> None:
+        """Delete the local ``file`` (a journal name) once all its uploads are confirmed, whoever confirms them."""
+        def change(entries: list[dict[str, Any]]) -> None:
+            for entry in entries:
+                if entry.get('file') == file:
+                    entry['delete_local_after'] = True
+        self._update(change)
+
+    # -- file -------------------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        if fcntl is None or not os.path.isdir(self.base_dir):
+            yield
+            return
+        fd = os.open(self.base_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)        # releases the lock
+
+    def _read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, encoding='utf-8') as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as error:
+            logger.error('Upload journal %s cannot be read (%s); treating it as empty', self.path, error)
+            return []
+        uploads = data.get('uploads') if isinstance(data, dict) else None
+        return [dict(e) for e in uploads if isinstance(e, dict) and 'id' in e and 'file' in e and 'key' in e] \
+            if isinstance(uploads, list) else []
+
+    def _update(self, change: Callable[[list[dict[str, Any]]], None], create: bool = False) -> None:
+        with self._lock:
+            if not os.path.isdir(self.base_dir):
+                if not create:
+                    return
+                os.makedirs(self.base_dir, exist_ok=True)
+            with self._file_lock():
+                entries = self._read()
+                before = json.dumps(entries, sort_keys=True)
+                change(entries)
+                if json.dumps(entries, sort_keys=True) == before and (entries or not os.path.exists(self.path)):
+                    return
+                if entries:
+                    text = json.dumps({'format_version': _FORMAT_VERSION,
+                                       'what': 'uploads not confirmed yet; upload them with: python -m '
+                                               'aitoolbox_like.experiment.sync <this folder>',
+                                       'uploads': entries}, indent=1)
+                    write_text_atomically(self.path, text, temp_dir=self.base_dir)
+                else:
+                    try:
+                        os.remove(self.path)
+                    except FileNotFoundError:
+                        pass
+
+
+# ---------------------------------------------------------------------------------------------- sync
+
+
+@dataclass
+class SyncReport:
+    """What :func:`sync_journal` did: ``uploaded`` (storage URIs), ``failed`` ((local path, error) pairs, still
+    in the journal) and ``missing`` (local files that no longer exist; dropped from the journal)."""
+    folder: str
+    uploaded: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """True when nothing is left to upload."""
+        return not self.failed
+
+
+def _location_of(entry: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((k, v) for k, v in entry.items() if k not in ENTRY_FIELDS))
+
+
+def storage_for_location(location: dict[str, Any], endpoint_url: str | None = None) -> Storage:
+    """Build the storage a journal entry names: S3 (``bucket``, ``prefix``, ``endpoint``; ``endpoint_url``
+    replaces the recorded endpoint) or a local folder (``root``)."""
+    if location.get('bucket'):
+        from .s3 import S3Storage
+        return S3Storage(str(location['bucket']), str(location.get('prefix') or ''),
+                         endpoint_url=endpoint_url or location.get('endpoint') or None)
+    if location.get('root'):
+        return LocalStorage(str(location['root']))
+    raise ValueError(f'journal entry names no storage: {location!r}')
+
+
+def sync_journal(folder: StrPath, endpoint_url: str | None = None,
+                 storage_factory: Callable[[dict[str, Any]], Storage] | None = None) -> SyncReport:
+    """Upload what the journal of ``folder`` (its ``pending_uploads.json``) lists, in the order it was queued.
+
+    A "latest" pointer is written after its object; a file marked for deletion is deleted once all its uploads
+    succeeded. Uploads that fail stay in the journal (try again later); after a network error the other uploads
+    to the same storage are not tried. ``endpoint_url`` replaces the recorded S3 endpoint.
+    """
+    folder = os.path.abspath(os.fspath(folder))
+    journal = UploadJournal(os.path.join(folder, JOURNAL_NAME))
+    report = SyncReport(folder)
+    storages: dict[tuple[tuple[str, Any], ...], Storage | BaseException] = {}
+    from .uploader import is_retryable
+    for entry in journal.entries():
+        path = journal.local_path(entry)
+        location = _location_of(entry)
+        if location not in storages:
+            try:
+                storages[location] = storage_factory(dict(location)) if storage_factory is not None else \
+                    storage_for_location(dict(location), endpoint_url)
+            except Exception as error:
+                storages[location] = error
+        storage = storages[location]
+        if isinstance(storage, BaseException):
+            report.failed.append((path, f'{type(storage).__name__}: {storage}'))
+            continue
+        if not os.path.isfile(path):
+            logger.warning('%s is listed for upload but no longer exists; dropped from the journal', path)
+            report.missing.append(path)
+            journal.remove(entry['id'])
+            continue
+        try:
+            storage.save_file(path, entry['key'])
+            if entry.get('pointer_key'):
+                text = entry.get('pointer_text')
+                storage.write_text(entry['pointer_key'], entry['key'] if text is None else text)
+        except Exception as error:
+            report.failed.append((path, f'{type(error).__name__}: {error}'))
+            if is_retryable(error, path):
+                storages[location] = error      # the storage is unreachable: do not try its other uploads
+            continue
+        journal.remove(entry['id'])
+        report.uploaded.append(storage.uri(entry['key']))
+        if entry.get('delete_local_after') and not any(e['file'] == entry['file'] for e in journal.entries()):
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+    return report
