@@ -196,9 +196,12 @@ def optimizer_class_names(loop):
     return [type(optimizer).__qualname__ for optimizer in loop.optimizers] if loop.optimizer is not None else []
 
 
-def validate_checkpoint(loop, checkpoint, source='checkpoint'):
+def validate_checkpoint(loop, checkpoint, source='checkpoint', check_optimizer_groups=True):
     """Check that ``checkpoint`` fits the loop's model and optimizer(s), before anything is changed: a load that
-    would fail part-way must fail here, with the model, the optimizer and the experiment folder untouched."""
+    would fail part-way must fail here, with the model, the optimizer and the experiment folder untouched.
+
+    ``check_optimizer_groups=False`` leaves out the optimizers' parameter groups, which a stage-switching callback
+    (BackboneFinetuning) re-creates from its own restored state before the optimizer state is loaded."""
     if not isinstance(checkpoint, dict) or 'model_state_dict' not in checkpoint:
         raise CheckpointError(f'{source} is not a training checkpoint (no model_state_dict); pass a file written by '
                               f'ModelCheckpoint / ModelIterationCheckpoint / ModelTrainEndSave')
@@ -221,8 +224,9 @@ def validate_checkpoint(loop, checkpoint, source='checkpoint'):
     if len(states) != len(optimizers):
         raise CheckpointError(f'{source} holds the state of {len(states)} optimizer(s), this TrainLoop has '
                               f'{len(optimizers)}')
-    for idx, (optimizer, state) in enumerate(zip(optimizers, states)):
-        _check_optimizer_fits(optimizer, state, f'{source} (optimizer {idx})')
+    if check_optimizer_groups:
+        for idx, (optimizer, state) in enumerate(zip(optimizers, states)):
+            _check_optimizer_fits(optimizer, state, f'{source} (optimizer {idx})')
 
 
 def _check_model_fits(model, state_dict, source):
@@ -266,6 +270,11 @@ def apply_checkpoint(loop, checkpoint, source='checkpoint', restore_rng=True, re
 
     Returns the position inside an epoch to continue from (a dict for :meth:`ResumePlan.reopen_epoch`), or None
     when the checkpoint was taken at an epoch's end (or ``restore_position`` is False)."""
+    validate_checkpoint(loop, checkpoint, source, check_optimizer_groups=False)
+    if checkpoint.get('kind') == CHECKPOINT_KIND:
+        # First: a stage-switching callback (e.g. BackboneFinetuning past its unfreeze epoch) rebuilds the
+        # optimizer's parameter groups from its state, so the saved optimizer state then fits.
+        loop.callbacks_handler.load_callbacks_state_dict(checkpoint.get('callbacks', {}))
     validate_checkpoint(loop, checkpoint, source)
     _load_model(loop, checkpoint['model_state_dict'], source)
     optimizer_state = checkpoint.get('optimizer_state_dict')
@@ -294,7 +303,6 @@ def apply_checkpoint(loop, checkpoint, source='checkpoint', restore_rng=True, re
     loop.epoch = counters['epochs_completed']
     loop.iteration = counters['iteration']
     loop.total_iteration_idx = counters['total_iteration_idx']
-    loop.callbacks_handler.load_callbacks_state_dict(checkpoint.get('callbacks', {}))
     if restore_rng:
         restore_rng_state(loop, checkpoint['rng'])
     position = checkpoint['data_position']
@@ -362,7 +370,7 @@ class ResumePlan:
         if self.checkpoint is None:
             self.checkpoint, self.source_name = load_resume_checkpoint(loop, self.source, experiment, callbacks)
         # Before the run moves into the checkpoint's folder: a checkpoint that does not fit changes nothing.
-        validate_checkpoint(loop, self.checkpoint, self.source_name)
+        validate_checkpoint(loop, self.checkpoint, self.source_name, check_optimizer_groups=False)
         adopt_experiment(loop, self.checkpoint, experiment)
 
     def apply(self, loop: 'TrainLoop') -> None:

@@ -131,6 +131,9 @@ class TrainLoop:
         self.num_iterations: Optional[int] = None
         self.grad_accumulation = 1
         # the step
+        self.batch: Any = None          # the batch being trained (kept until the next one)
+        self.loss: Any = None           # its loss, not detached: on_after_loss may replace it
+        self.train_step_owner: Any = None   # the callback or model owning the step (train_step), or None
         self.optimizer_idx = 0
         self.update_applied: List[bool] = []    # per optimizer: did the last update step change its weights
         self.loss_batch_accum: List[Any] = []
@@ -308,6 +311,7 @@ class TrainLoop:
 
         self.register_fit_callbacks(callbacks)
         add_default_callbacks(self)
+        self.train_step_owner = self._find_train_step_owner()
         if self.print_callbacks:
             self.callbacks_handler.print_registered_callback_names()
         self._check_fit_inputs(final=False, need_train_loader=True)
@@ -326,6 +330,8 @@ class TrainLoop:
                 self._train_epochs()
             except StopTraining as stop:
                 logger.info('Training stopped by a callback: %s', stop or 'StopTraining')
+                for fn in self.callbacks_handler.hook_lists['on_train_stopped']:
+                    fn(stop)
             try:
                 self.auto_execute_end_of_training()
                 self.callbacks_handler.execute_train_end()
@@ -411,15 +417,21 @@ class TrainLoop:
             self.loss_batch_accum = []
             handler.execute_epoch_begin()
             hooks = handler.hook_lists
+            custom_step = self.train_step_owner is not None
             for self.iteration, batch_data, self._is_last_batch in self._batches():
                 self.total_iteration_idx += 1
                 for fn in hooks['on_batch_begin']:
                     fn()
-                self._train_step(batch_data)
+                if custom_step:
+                    self._run_custom_step(batch_data)
+                else:
+                    self._train_step(batch_data)
                 for fn in hooks['on_batch_end']:
                     fn()
                 if self._is_last_batch:
                     break
+            for fn in hooks['on_train_epoch_end']:
+                fn()
             if self.total_iteration_idx == iteration_before and self.num_iterations:
                 raise ValueError(f'train_loader yielded no batches in epoch {epoch}; fit(num_iterations='
                                  f'{self.num_iterations}) cannot make progress')
@@ -482,6 +494,7 @@ class TrainLoop:
         update = (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch
         # DDP: micro-batches that do not update skip the gradient all-reduce (no_sync must cover the forward too).
         # The try blocks cost nothing unless they catch: they turn common mistakes into errors naming the fix.
+        self.batch = batch_data
         with distributed.skip_grad_sync(self.ddp_model, not update):
             try:
                 if self._amp.enabled:
@@ -495,6 +508,14 @@ class TrainLoop:
                                     f'criterion=None: pass one as the TrainLoop\'s sixth argument (e.g. '
                                     f'nn.CrossEntropyLoss())') from error
                 raise
+            after_loss = hooks['on_after_loss']
+            if after_loss:
+                self.loss = loss
+                for fn in after_loss:
+                    fn()
+                loss = self.loss
+            else:
+                self.loss = loss
             try:
                 self.loss_batch_accum.append(loss.detach())
             except AttributeError:
@@ -519,19 +540,71 @@ class TrainLoop:
         if update:
             self._optimizer_update(hooks)
 
+    # ------------------------------------------------------------------ custom steps
+
+    def _find_train_step_owner(self):
+        owners: List[Any] = [cb for cb in self.callbacks if 'train_step' in cb.hooks_in_use()]
+        model_step = getattr(self.model, 'train_step', None)
+        if callable(model_step):
+            owners.append(self.model)
+        if len(owners) > 1:
+            raise ValueError(f'only one callback (or the model) may own the training step, but train_step is defined '
+                             f'by {[type(o).__name__ for o in owners]}: keep one of them')
+        return owners[0] if owners else None
+
+    def _run_custom_step(self, batch_data):
+        update = (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch
+        self.batch = batch_data
+        owner: Any = self.train_step_owner
+        with distributed.skip_grad_sync(self.ddp_model, not update):
+            step = owner.train_step
+            loss = step(batch_data, self) if owner is self.model else step(batch_data)
+        self.loss = loss
+        if loss is not None:
+            try:
+                self.loss_batch_accum.append(loss.detach())
+            except AttributeError:
+                self.loss_batch_accum.append(_loss_value(loss))
+
+    def forward_loss(self, batch_data: Any) -> Any:
+        """The model's training loss for ``batch_data`` (``get_loss`` under the loop's autocast, through the DDP
+        wrapper in a DDP fit): the forward pass a custom ``train_step`` starts from."""
+        with self._amp.autocast():
+            return self._feed.get_loss(batch_data, self.criterion, self.device)
+
+    def backward(self, loss: Any) -> None:
+        """Backpropagate ``loss`` as the standard step does: divided by grad_accumulation, scaled by the fp16
+        GradScaler; then the on_after_backward hooks. For custom ``train_step`` code."""
+        if self.grad_accumulation > 1:
+            loss = loss / self.grad_accumulation
+        if self._amp.uses_scaler:
+            loss = self.amp_scaler.scale(loss) if isinstance(loss, torch.Tensor) else loss.scale(self.amp_scaler)
+        loss.backward()
+        for fn in self.callbacks_handler.hook_lists['on_after_backward']:
+            fn()
+
+    def step_optimizers(self, optimizer_indices: Optional[Sequence[int]] = None) -> None:
+        """Apply an update with the given optimizers (all by default) as the standard step does: unscale once under
+        fp16, on_after_gradient_update, step (GradScaler.step under fp16), on_after_optimizer_step, zero_grad, then
+        the scaler update; ``update_applied`` records what was applied (schedulers read it). For custom
+        ``train_step`` code; call it on update steps (``should_execute_optimizer_update()``) when accumulating."""
+        self._optimizer_update(self.callbacks_handler.hook_lists, optimizer_indices)
+
     def _get_loss_name(self) -> str:
         feed_def = self.batch_model_feed_def
         owner = feed_def if feed_def is not None else self.model
         return f'{type(owner).__qualname__}.get_loss'
 
-    def _optimizer_update(self, hooks):
-        optimizers = self.optimizers
+    def _optimizer_update(self, hooks, optimizer_indices=None):
+        all_optimizers = self.optimizers
+        indices = range(len(all_optimizers)) if optimizer_indices is None else optimizer_indices
+        optimizers = [all_optimizers[i] for i in indices]
         uses_scaler = self._amp.uses_scaler
-        applied = self.update_applied = [True] * len(optimizers)
+        applied = self.update_applied = [optimizer_indices is None or i in indices for i in range(len(all_optimizers))]
         if uses_scaler:
             for optimizer in optimizers:     # once, so callbacks see and clip the real gradients
                 self.amp_scaler.unscale_(optimizer)
-        for idx, optimizer in enumerate(optimizers):
+        for idx, optimizer in zip(indices, optimizers):
             self.optimizer_idx = idx
             for fn in hooks['on_after_gradient_update']:
                 fn(idx)
@@ -544,7 +617,7 @@ class TrainLoop:
             optimizer.zero_grad()
         if uses_scaler:
             self.amp_scaler.update()
-            self._mark_fused_skips(optimizers, applied)
+            self._mark_fused_skips(all_optimizers, applied)
         self.optimizer_idx = 0
 
     def _scaled_step(self, optimizer):
@@ -698,10 +771,20 @@ class TrainLoop:
         was_training = self.model.training
         self.model.eval()
         weighted_sum, num_samples = None, 0
+        hooks = self.callbacks_handler.hook_lists
+        info = dict(dataset_info or {}, kind='loss')
+        info.setdefault('type', None)
+        batch_begin, batch_end = hooks['on_eval_batch_begin'], hooks['on_eval_batch_end']
+        for fn in hooks['on_eval_begin']:
+            fn(info)
         try:
             with torch.no_grad(), self._amp.autocast():
                 for batch_data in data_loader:
+                    for fn in batch_begin:
+                        fn(batch_data, info)
                     loss = self._feed.get_loss_eval(batch_data, self.criterion, self.device)
+                    for fn in batch_end:
+                        fn(batch_data, loss, info)
                     n = batch_size_of(batch_data)
                     if isinstance(loss, MultiLoss):
                         contribution = {k: v.detach().double() * n for k, v in loss.items()}
@@ -713,6 +796,8 @@ class TrainLoop:
                     num_samples += n
         finally:
             self.model.train(was_training)
+        for fn in hooks['on_eval_end']:
+            fn(info)
         if weighted_sum is None:
             raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
         if isinstance(weighted_sum, dict):
@@ -765,10 +850,20 @@ class TrainLoop:
         y_pred: List[Any] = []
         y_true: List[Any] = []
         metadata_list: List[Dict[str, Any]] = []
+        hooks = self.callbacks_handler.hook_lists
+        info = dict(dataset_info or {}, kind='predictions')
+        info.setdefault('type', None)
+        batch_begin, batch_end = hooks['on_eval_batch_begin'], hooks['on_eval_batch_end']
+        for fn in hooks['on_eval_begin']:
+            fn(info)
         try:
             with torch.no_grad(), self._amp.autocast():
                 for batch_data in data_loader:
+                    for fn in batch_begin:
+                        fn(batch_data, info)
                     y_pred_batch, y_true_batch, metadata_batch = self._feed.get_predictions(batch_data, self.device)
+                    for fn in batch_end:
+                        fn(batch_data, (y_pred_batch, y_true_batch, metadata_batch), info)
                     if execute_callbacks:
                         self.callbacks_handler.execute_after_batch_prediction(
                             y_pred_batch, y_true_batch, metadata_batch, dataset_info)
@@ -778,6 +873,8 @@ class TrainLoop:
                         metadata_list.append(metadata_batch)
         finally:
             self.model.train(was_training)
+        for fn in hooks['on_eval_end']:
+            fn(info)
         y_pred, y_true = self.pred_transform_fn(y_pred), self.pred_transform_fn(y_true)
         # As in AIToolbox, batches that return {} give {}; None only when every batch returned None.
         metadata = combine_prediction_metadata_batches(metadata_list) if metadata_list else None

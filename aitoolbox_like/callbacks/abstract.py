@@ -24,15 +24,27 @@ HOOK_NAMES = (
     'on_train_begin',
     'on_epoch_begin',
     'on_batch_begin',
+    'train_step',
+    'on_after_loss',
     'on_after_backward',
     'on_after_gradient_update',
     'on_after_optimizer_step',
     'on_batch_end',
+    'on_train_epoch_end',
+    'on_eval_begin',
+    'on_eval_batch_begin',
+    'on_eval_batch_end',
+    'on_eval_end',
     'on_epoch_end',
+    'on_train_stopped',
     'on_train_end',
     'on_exception',
     'on_after_batch_prediction',
 )
+# Hooks that receive arguments: a callback's override must accept them (checked at registration).
+HOOKS_WITH_ARGUMENTS = ('train_step', 'on_after_gradient_update', 'on_eval_begin', 'on_eval_batch_begin',
+                        'on_eval_batch_end', 'on_eval_end', 'on_train_stopped', 'on_exception',
+                        'on_after_batch_prediction')
 
 
 def overrides_hook(callback_class: type, hook_name: str) -> bool:
@@ -130,6 +142,20 @@ class AbstractCallback:
         """Before each training batch; ``iteration`` and ``total_iteration_idx`` index it. Runs every step:
         keep it cheap and never read a device value on the host here."""
 
+    def train_step(self, batch: Any) -> Any:
+        """Own the whole training step of a batch (GANs, SAM, manual optimisation): at most one registered callback
+        (or the model, with a ``train_step(batch, loop)`` method) may override it. Compute the loss, call
+        ``train_loop_obj.backward(loss)`` and ``train_loop_obj.step_optimizers(...)`` (which keep AMP, gradient
+        hooks, schedulers and update bookkeeping working) and return the loss (a tensor or MultiLoss) for the
+        history, or None. The loop still calls on_batch_begin / on_batch_end, wraps the step in DDP's no_sync on
+        accumulation micro-batches, records the returned loss and saves checkpoints as usual."""
+        raise NotImplementedError
+
+    def on_after_loss(self) -> None:
+        """In the standard step, after ``get_loss`` and before backward: ``train_loop_obj.loss`` is the batch's loss
+        (not detached) and ``train_loop_obj.batch`` the batch. Replace ``train_loop_obj.loss`` to change what is
+        backpropagated and recorded (add a regulariser, scale it). Runs every step."""
+
     def on_after_backward(self) -> None:
         """After every micro-batch's backward(): gradients hold this micro-batch's contribution (scaled under
         fp16). Runs every step."""
@@ -146,9 +172,32 @@ class AbstractCallback:
     def on_batch_end(self) -> None:
         """After each training batch (and its update, if any). Runs every step."""
 
+    def on_train_epoch_end(self) -> None:
+        """After the epoch's last training batch, before its end-of-epoch evaluation."""
+
+    def on_eval_begin(self, dataset_info: Dict[str, Any]) -> None:
+        """Before an evaluation pass over a loader: the end-of-epoch losses, ``predict_on_*``,
+        ``evaluate_loss_on_*``, the end-of-training test pass. ``dataset_info['type']`` is 'train', 'validation',
+        'test' (or None for a loader given directly) and ``dataset_info['kind']`` is 'loss' or 'predictions'.
+        The model is in eval mode, under no_grad. A cached result makes no pass, so no eval hooks run."""
+
+    def on_eval_batch_begin(self, batch: Any, dataset_info: Dict[str, Any]) -> None:
+        """Before each batch of an evaluation pass."""
+
+    def on_eval_batch_end(self, batch: Any, outputs: Any, dataset_info: Dict[str, Any]) -> None:
+        """After each batch of an evaluation pass: ``outputs`` is the batch's loss (kind 'loss') or its
+        ``(y_pred, y_true, metadata)`` (kind 'predictions'). Streaming metrics update here."""
+
+    def on_eval_end(self, dataset_info: Dict[str, Any]) -> None:
+        """After an evaluation pass, before its result is reduced across processes and returned."""
+
     def on_epoch_end(self) -> None:
         """After every epoch's end-of-epoch evaluation: this epoch's 'loss' / 'val_loss' / 'accumulated_loss'
         are in ``train_history``. Set ``train_loop_obj.early_stop = True`` to stop after this epoch."""
+
+    def on_train_stopped(self, reason: BaseException) -> None:
+        """Training was ended early by ``StopTraining`` (``reason``), raised from any hook, an evaluation hook or a
+        custom step; the end-of-training evaluation and on_train_end follow."""
 
     def on_train_end(self) -> None:
         """Once at the end of fit, after the end-of-training evaluation; also after StopTraining."""

@@ -7,7 +7,7 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from .abstract import HOOK_NAMES, AbstractCallback, overrides_hook
+from .abstract import HOOK_NAMES, HOOKS_WITH_ARGUMENTS, AbstractCallback, overrides_hook
 
 if TYPE_CHECKING:
     from ..train_loop import TrainLoop
@@ -108,7 +108,7 @@ class CallbacksHandler:
             if idx is not None and (isinstance(idx, bool) or not isinstance(idx, int) or idx < 0):
                 raise TypeError(f'callbacks[{i}] ({cb.callback_name!r}): device_idx_execution must be None (every '
                                 f'process) or a global rank >= 0, got {idx!r}')
-            for hook_name in ('on_after_gradient_update', 'on_after_batch_prediction', 'on_exception'):
+            for hook_name in HOOKS_WITH_ARGUMENTS:
                 self._check_hook_signature(i, cb, hook_name)
         return list(callbacks)
 
