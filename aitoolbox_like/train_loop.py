@@ -420,6 +420,7 @@ class TrainLoop:
             custom_step = self.train_step_owner is not None
             for self.iteration, batch_data, self._is_last_batch in self._batches():
                 self.total_iteration_idx += 1
+                self.batch = batch_data
                 for fn in hooks['on_batch_begin']:
                     fn()
                 if custom_step:
@@ -494,7 +495,6 @@ class TrainLoop:
         update = (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch
         # DDP: micro-batches that do not update skip the gradient all-reduce (no_sync must cover the forward too).
         # The try blocks cost nothing unless they catch: they turn common mistakes into errors naming the fix.
-        self.batch = batch_data
         with distributed.skip_grad_sync(self.ddp_model, not update):
             try:
                 if self._amp.enabled:
@@ -554,7 +554,6 @@ class TrainLoop:
 
     def _run_custom_step(self, batch_data):
         update = (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch
-        self.batch = batch_data
         owner: Any = self.train_step_owner
         with distributed.skip_grad_sync(self.ddp_model, not update):
             step = owner.train_step

@@ -31,3 +31,27 @@ def test_digits_example_learns_writes_artifacts_and_resumes(tmp_path):
     assert glob.glob(os.path.join(out, 'digits', 'cnn_*')) == [experiment]       # same experiment folder
     assert resumed.train_history.get_epochs('val_Accuracy') == [0, 1, 2, 3, 4]
     assert resumed.train_history['val_Accuracy'][:4] == first.train_history['val_Accuracy']
+
+
+def _run_example_and_resume(name, project, tmp_path):
+    example = load_example(name)
+    out = str(tmp_path / 'out')
+    first = example.main(['--epochs', '1', '--output-dir', out, '--batch-size', '128'])
+    [experiment] = glob.glob(os.path.join(out, project, '*'))
+    assert glob.glob(os.path.join(experiment, 'checkpoint_model', '*_E0.pth'))
+    resumed = example.main(['--epochs', '2', '--output-dir', out, '--batch-size', '128', '--resume'])
+    assert glob.glob(os.path.join(out, project, '*')) == [experiment]          # same experiment folder
+    assert resumed.train_history.get_epochs('accumulated_loss') == [0, 1]
+    assert resumed.train_history['accumulated_loss'][:1] == first.train_history['accumulated_loss']
+    return resumed
+
+
+def test_gan_example_trains_two_networks_and_resumes(tmp_path):
+    loop = _run_example_and_resume('gan_digits', 'digits_gan', tmp_path)
+    assert loop.train_history.get_epochs('accumulated_loss_generator') == [0, 1]
+    assert loop.train_history.get_epochs('accumulated_loss_discriminator') == [0, 1]
+
+
+def test_sam_example_learns_and_resumes(tmp_path):
+    loop = _run_example_and_resume('sam_digits', 'digits_sam', tmp_path)
+    assert loop.train_history['val_loss'][1] < loop.train_history['val_loss'][0]
