@@ -1,7 +1,9 @@
 """Small helpers shared by the callback modules (argument checks, metric direction, matplotlib figures)."""
 # The metric and figure helpers live with the reporters (the core), which draw the same plots; the callbacks
 # use them from here.
-from typing import Optional
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
 
 from ..experiment.reporting import import_matplotlib, is_number, lower_is_better, new_figure  # noqa: F401
 
@@ -16,3 +18,47 @@ def check_int(name: str, value: object, minimum: int = 1, allow_none: bool = Fal
         raise ValueError(f'{prefix}{name} must be an int >= {minimum}{" or None" if allow_none else ""}, '
                          f'got {value!r}')
     return value
+
+
+class BatchLossReader:
+    """Reads the loop's per-batch training losses of the current epoch on the host, in blocks: every call copies the
+    losses not read yet in one transfer (one host-device sync per call, however many steps it covers), so loggers
+    of batch losses cost no sync per step.
+    """
+
+    def __init__(self) -> None:
+        self._losses: Optional[List[Any]] = None
+        self._read = 0
+        self._sums: Dict[str, float] = {}
+        self._count = 0
+
+    def read_new(self, loop: Any) -> List[Tuple[int, Dict[str, float], Dict[str, float]]]:
+        """For each batch of this epoch not read yet: ``(global step, {name: loss}, {name: running mean of the
+        epoch})``; name 'loss' for a single loss, the MultiLoss names otherwise."""
+        accum = loop.loss_batch_accum
+        if accum is not self._losses:       # the loop starts a new list every epoch
+            self._losses, self._read, self._sums, self._count = accum, 0, {}, 0
+        pending = accum[self._read:]
+        if not pending:
+            return []
+        first_step = loop.total_iteration_idx - len(accum) + 1 + self._read
+        if hasattr(pending[0], 'keys'):     # MultiLoss: one series per loss
+            names = list(pending[0].keys())
+            rows = torch.stack([torch.stack([loss[n].detach().reshape(()).double() for n in names])
+                                for loss in pending]).tolist()
+        else:
+            names = ['loss']
+            rows = torch.stack([loss.detach().reshape(()).double() for loss in pending]).unsqueeze(1).tolist()
+        self._read = len(accum)
+        result = []
+        for offset, row in enumerate(rows):
+            self._count += 1
+            values = dict(zip(names, row))
+            for name, value in values.items():
+                self._sums[name] = self._sums.get(name, 0.0) + value
+            result.append((first_step + offset, values, {n: self._sums[n] / self._count for n in names}))
+        return result
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # Pickled with its callback (DDP launch): the epoch's loss list stays behind.
+        return dict(self.__dict__, _losses=None)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence,
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ._common import check_int
+from ._common import BatchLossReader, check_int
 from ._common import is_number as _is_number
 from .abstract import AbstractExperimentCallback
 from ..experiment import is_s3_mode
@@ -103,10 +103,7 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
         self.tb_writer: Optional['SummaryWriter'] = None     # created at registration
         self.cloud_results_saver: Any = None
         self.last_written_files: List[str] = []
-        self._loss_list: Optional[List[Any]] = None
-        self._loss_flushed = 0
-        self._loss_sums: Dict[str, float] = {}
-        self._loss_count = 0
+        self._batch_losses = BatchLossReader()
 
     @property
     def _writer(self) -> 'SummaryWriter':
@@ -167,32 +164,12 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
         All pending losses are copied to the host in one transfer, so the cost is one host-device sync per
         call, however many steps it covers. Steps are the loop's total_iteration_idx (global batch index).
         """
-        loop = self.train_loop_obj
-        accum = loop.loss_batch_accum
-        if accum is not self._loss_list:        # the loop starts a new list every epoch
-            self._loss_list, self._loss_flushed, self._loss_sums, self._loss_count = accum, 0, {}, 0
-        pending = accum[self._loss_flushed:]
-        if not pending:
-            return
-        first_step = loop.total_iteration_idx - len(accum) + 1 + self._loss_flushed
-        if hasattr(pending[0], 'keys'):         # MultiLoss: one curve per loss
-            names = list(pending[0].keys())
-            rows = torch.stack([torch.stack([loss[n].detach().reshape(()).double() for n in names])
-                                for loss in pending]).tolist()
-        else:
-            names = ['loss']
-            rows = torch.stack([loss.detach().reshape(()).double() for loss in pending]).unsqueeze(1).tolist()
         frequency = getattr(self, 'batch_log_frequency', 1) or 1
-        for offset, row in enumerate(rows):
-            self._loss_count += 1
-            step = first_step + offset
-            for name, value in zip(names, row):
-                self._loss_sums[name] = self._loss_sums.get(name, 0.0) + value
-                if step % frequency == 0:
+        for step, values, means in self._batch_losses.read_new(self.train_loop_obj):
+            if step % frequency == 0:
+                for name, value in values.items():
                     self._writer.add_scalar(f'train_loss/last_batch_{name}', value, step)
-                    self._writer.add_scalar(f'train_loss/accumulated_batch_{name}',
-                                            self._loss_sums[name] / self._loss_count, step)
-        self._loss_flushed = len(accum)
+                    self._writer.add_scalar(f'train_loss/accumulated_batch_{name}', means[name], step)
 
     def _maybe_log_mid_train_loss(self) -> None:
         if (self.train_loop_obj.total_iteration_idx + 1) % self.batch_sync_frequency == 0:

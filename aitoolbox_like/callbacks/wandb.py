@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence,
 import torch
 
 from ..experiment import get_experiment
-from ._common import check_int, is_number
+from ._common import BatchLossReader, check_int, is_number
 from .abstract import AbstractExperimentCallback
 from .performance_eval import history_series
 from .tensorboard import unwrap_model
@@ -170,10 +170,7 @@ class WandBTracking(AbstractExperimentCallback):
         self._code_logged = False
         self._watched: Optional[torch.nn.Module] = None
         self._warned_alert_metrics: Set[str] = set()
-        self._loss_list: Optional[List[Any]] = None
-        self._loss_flushed = 0
-        self._loss_sums: Dict[str, float] = {}
-        self._loss_count = 0
+        self._batch_losses = BatchLossReader()
 
     # ---- state (checkpoints) --------------------------------------------------------------------
 
@@ -202,7 +199,7 @@ class WandBTracking(AbstractExperimentCallback):
     def __getstate__(self) -> Dict[str, Any]:
         # A DDP launch pickles the callbacks before training; a live run (or the module) cannot travel.
         state = self.__dict__.copy()
-        state.update(run=None, _wandb=None, _watched=None, _loss_list=None)
+        state.update(run=None, _wandb=None, _watched=None)
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
@@ -361,33 +358,14 @@ class WandBTracking(AbstractExperimentCallback):
         are this process's own (AIToolbox averaged them over ranks with a collective that a rank-0-only
         callback cannot call).
         """
-        loop = self.train_loop_obj
-        accum = loop.loss_batch_accum
-        if accum is not self._loss_list:        # the loop starts a new list every epoch
-            self._loss_list, self._loss_flushed, self._loss_sums, self._loss_count = accum, 0, {}, 0
-        pending = accum[self._loss_flushed:]
-        if not pending or self.run is None:
+        if self.run is None:
             return
-        first_step = loop.total_iteration_idx - len(accum) + 1 + self._loss_flushed
-        if hasattr(pending[0], 'keys'):         # MultiLoss: one pair of curves per loss
-            names = list(pending[0].keys())
-            rows = torch.stack([torch.stack([loss[n].detach().reshape(()).double() for n in names])
-                                for loss in pending]).tolist()
-        else:
-            names = ['loss']
-            rows = torch.stack([loss.detach().reshape(()).double() for loss in pending]).unsqueeze(1).tolist()
         frequency = self.batch_log_frequency or 1
-        for offset, row in enumerate(rows):
-            self._loss_count += 1
-            step = first_step + offset
-            logged = {}
-            for name, value in zip(names, row):
-                self._loss_sums[name] = self._loss_sums.get(name, 0.0) + value
-                logged[f'train_loss/last_batch_{name}'] = value
-                logged[f'train_loss/accumulated_batch_{name}'] = self._loss_sums[name] / self._loss_count
+        for step, values, means in self._batch_losses.read_new(self.train_loop_obj):
             if step % frequency == 0:
+                logged = {f'train_loss/last_batch_{name}': value for name, value in values.items()}
+                logged.update({f'train_loss/accumulated_batch_{name}': mean for name, mean in means.items()})
                 self.run.log(logged, step=step)
-        self._loss_flushed = len(accum)
 
     @staticmethod
     def logged_metric_name(metric_name: str) -> str:

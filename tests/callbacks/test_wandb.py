@@ -132,7 +132,8 @@ class CountingWandB(WandBTracking):
 
     def log_mid_train_loss(self):
         accum = self.train_loop_obj.loss_batch_accum
-        already_read = self._loss_flushed if accum is self._loss_list else 0
+        reader = self._batch_losses
+        already_read = reader._read if accum is reader._losses else 0
         if len(accum) > already_read:
             self.device_reads += 1
         super().log_mid_train_loss()
