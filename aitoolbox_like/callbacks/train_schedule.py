@@ -517,6 +517,55 @@ class FunctionScheduler(_WarmupDecayScheduler):
         return torch_lr_scheduler.LambdaLR(optimizer, [scaled(base) for base in base_lrs])
 
 
+# ---- one-cycle ---------------------------------------------------------------------------------------------
+
+class OneCycleScheduler(GeneralLRSchedulerCallback):
+    """torch's ``OneCycleLR`` (the 1cycle policy), stepped after every applied optimizer update.
+
+    The cycle's length is ``total_steps``, by default the whole run: ``loop.get_num_training_steps()`` when the
+    callback is registered (updates, with gradient accumulation and the last partial window of each epoch counted
+    as torch would count them by hand). Once the cycle is complete, further updates (a later fit) keep the last
+    rate instead of making torch raise. The other arguments are ``OneCycleLR``'s, with its defaults; note that
+    ``cycle_momentum=True`` (torch's default) also cycles the optimizer's momentum / Adam's beta1.
+
+    ``pct_start``, ``anneal_strategy``, ``cycle_momentum``, ``base_momentum``, ``max_momentum``, ``div_factor``,
+    ``final_div_factor`` and ``three_phase`` are as in ``torch.optim.lr_scheduler.OneCycleLR``.
+
+    Args:
+        max_lr (float or list): the peak learning rate (one per param group allowed).
+        total_steps (int or None): the cycle's length in optimizer updates; None: the whole run.
+        optimizer_idx: which optimizer of a MultiOptimizer the schedule drives (see GeneralLRSchedulerCallback).
+    """
+
+    interval = 'step'
+
+    def __init__(self, max_lr: Union[float, Sequence[float]], total_steps: Optional[int] = None,
+                 pct_start: float = 0.3, anneal_strategy: str = 'cos', cycle_momentum: bool = True,
+                 base_momentum: float = 0.85, max_momentum: float = 0.95, div_factor: float = 25.,
+                 final_div_factor: float = 1e4, three_phase: bool = False, optimizer_idx: OptimizerIdx = None) -> None:
+        check_int('total_steps', total_steps, 1, allow_none=True, who='OneCycleScheduler')
+        super().__init__(torch_lr_scheduler.OneCycleLR, optimizer_idx=optimizer_idx, max_lr=max_lr,
+                         pct_start=pct_start, anneal_strategy=anneal_strategy, cycle_momentum=cycle_momentum,
+                         base_momentum=base_momentum, max_momentum=max_momentum, div_factor=div_factor,
+                         final_div_factor=final_div_factor, three_phase=three_phase)
+        self.callback_name = 'One-cycle learning rate scheduler'
+        self.total_steps = total_steps
+
+    def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch_lr_scheduler.OneCycleLR:
+        """``OneCycleLR`` over ``total_steps`` (or the whole run's optimizer updates)."""
+        total_steps = self.total_steps if self.total_steps is not None \
+            else self.train_loop_obj.get_num_training_steps()
+        return torch_lr_scheduler.OneCycleLR(optimizer, total_steps=total_steps, **self.scheduler_args)
+
+    def on_batch_end(self) -> None:
+        """Step after an applied optimizer update, until the cycle is complete."""
+        if self.optimizer_stepped() and self.scheduler.last_epoch < self.scheduler.total_steps:
+            self.scheduler.step()
+
+    def on_epoch_end(self) -> None:
+        """Nothing: the schedule steps per update."""
+
+
 # ---- learning rate into the history ----------------------------------------------------------------------
 
 class LRMonitor(AbstractCallback):

@@ -1,5 +1,6 @@
 """Learning-rate schedulers inside real fits, compared with torch's own schedulers stepped by hand."""
 import contextlib
+import os
 
 import pytest
 import torch
@@ -315,3 +316,75 @@ def test_bad_arguments_fail_clearly():
         loop = make_loop()
         loop.validation_loader = None
         loop.fit(num_epochs=1, callbacks=[ReduceLROnPlateauScheduler()])
+
+
+# ---- one-cycle ----------------------------------------------------------------------------------------------
+
+def _one_cycle_reference(total_steps, **kwargs):
+    """(lr, momentum) before each update of torch's OneCycleLR driven by hand on a parallel optimizer."""
+    dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=BASE_LR)
+    scheduler = tls.OneCycleLR(dummy, total_steps=total_steps, **kwargs)
+    values = []
+    for _ in range(total_steps):
+        values.append((dummy.param_groups[0]['lr'], dummy.param_groups[0]['momentum']))
+        dummy.step()
+        scheduler.step()
+    return values
+
+
+class LRMomentumRecorder(LRRecorder):
+    def on_after_gradient_update(self, optimizer_idx):
+        group = self.train_loop_obj.optimizer.param_groups[0]
+        self.lrs.setdefault(0, []).append((group['lr'], group['momentum']))
+
+
+@pytest.mark.parametrize('grad_accumulation, kwargs', [
+    (1, {}), (2, {}), (1, dict(pct_start=0.5, anneal_strategy='linear', three_phase=True, div_factor=10.))])
+def test_one_cycle_over_the_fit_equals_torch_one_cycle_by_hand(grad_accumulation, kwargs):
+    from aitoolbox_like.callbacks.train_schedule import OneCycleScheduler
+    loop, rec = make_loop(n=40), LRMomentumRecorder()      # 5 batches per epoch
+    callback = OneCycleScheduler(max_lr=0.5, **kwargs)
+    loop.fit(num_epochs=4, callbacks=[callback, rec], grad_accumulation=grad_accumulation)
+    total = loop.get_num_training_steps()
+    assert total == 4 * -(-5 // grad_accumulation) == callback.scheduler.total_steps
+    assert rec.lrs[0] == _one_cycle_reference(total, max_lr=0.5, **kwargs)
+    assert isinstance(callback, AbstractScheduler) and loop.get_schedulers() == [callback]
+    # a later fit past the cycle keeps the last rate instead of failing
+    loop.fit(num_epochs=5)
+    assert callback.scheduler.last_epoch == total
+
+
+def test_one_cycle_resume_is_exact(tmp_path):
+    from aitoolbox_like.callbacks.train_schedule import OneCycleScheduler
+    from aitoolbox_like.callbacks.abstract import StopTraining
+    from aitoolbox_like.tracking import TrainLoopCheckpoint
+
+    class Interrupt(AbstractCallback):
+        # the run is cut after global batch 10 (in epoch 2 of 4), as a killed process would be
+        def __init__(self):
+            super().__init__('interrupt')
+
+        def on_batch_end(self):
+            if self.train_loop_obj.total_iteration_idx == 10:
+                raise StopTraining('interrupted')
+
+    def run(folder, num_epochs, resume_from=None, iteration_save_freq=0, extra=()):
+        torch.manual_seed(0)
+        model = MLP(dropout=0.3)
+        train, val, test = loaders(n=40, batch_size=8)
+        loop = TrainLoopCheckpoint(model, train, val, test, torch.optim.SGD(model.parameters(), lr=BASE_LR),
+                                   nn.CrossEntropyLoss(), 'proj', 'cycle', str(folder), {}, cloud_save_mode='local',
+                                   iteration_save_freq=iteration_save_freq, progress_bar=False)
+        rec = LRMomentumRecorder()
+        loop.fit(num_epochs=num_epochs, callbacks=[OneCycleScheduler(max_lr=0.5), rec, *extra],
+                 resume_from=resume_from)
+        return loop, rec
+
+    reference, reference_rec = run(tmp_path / 'reference', 4)
+    first, _ = run(tmp_path / 'interrupted', 4, iteration_save_freq=4, extra=[Interrupt()])
+    folder = os.path.join(first.experiment.dir_path, 'checkpoint_model')
+    mid = next(f for f in sorted(os.listdir(folder)) if f.endswith('_E1_ITER8.pth'))   # inside epoch 1
+    resumed, rec = run(tmp_path / 'interrupted', 4, resume_from=os.path.join(folder, mid))
+    assert rec.lrs[0] == reference_rec.lrs[0][9:]
+    assert all(torch.equal(a, b) for a, b in zip(resumed.model.state_dict().values(),
+                                                   reference.model.state_dict().values()))

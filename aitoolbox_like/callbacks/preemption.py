@@ -1,0 +1,311 @@
+"""Preemption-safe training: on SIGTERM / SIGINT (a scheduler preempting the job, Ctrl-C), or when a time budget
+is spent, finish the current step, write a full checkpoint through the loop's checkpoint callback, wait a bounded
+time for its upload, and end training cleanly, so that ``fit(resume_from='latest')`` continues bit-exactly.
+
+:class:`PreemptionCheckpoint` is added by default to every fit that has a checkpoint callback
+(``ModelCheckpoint`` / ``ModelIterationCheckpoint``; the tracking loops' ``preemption_safe=False`` turns it off).
+See docs/callbacks/preemption.md.
+"""
+import logging
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from .abstract import AbstractCallback, StopTraining
+from .model_save import ModelCheckpoint, ModelIterationCheckpoint
+
+if TYPE_CHECKING:
+    from ..train_loop import TrainLoop
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SIGNALS: Tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
+
+# What a previous handler can be (signal.getsignal): a callable, SIG_DFL / SIG_IGN, or None (set outside Python).
+_Handler = Union[Callable[[int, Any], Any], int, signal.Handlers, None]
+
+
+def find_checkpoint_callback(loop: 'TrainLoop') -> Optional[ModelCheckpoint]:
+    """The loop's registered checkpoint callback (``ModelCheckpoint`` or ``ModelIterationCheckpoint``) in this
+    process, or None (also on DDP ranks other than 0, where the checkpoint callback does not run)."""
+    for callback in loop.callbacks:
+        if isinstance(callback, ModelCheckpoint):
+            return callback
+    return None
+
+
+def find_preemption_callback(loop: 'TrainLoop') -> Optional['PreemptionCheckpoint']:
+    """The registered :class:`PreemptionCheckpoint` of ``loop``, or None."""
+    for callback in loop.callbacks:
+        if isinstance(callback, PreemptionCheckpoint):
+            return callback
+    return None
+
+
+def preemption_default_needed(loop: 'TrainLoop') -> bool:
+    """Whether :func:`~aitoolbox_like.callbacks.defaults.add_default_callbacks` adds a PreemptionCheckpoint: a
+    checkpoint callback is registered, ``loop.preemption_safe`` is not False and none is registered yet.
+
+    In a DDP fit only rank 0 holds the checkpoint callback, so rank 0 decides and broadcasts its answer: every rank
+    gets the callback or none does (they must all take part in agreeing on the step to stop at). This is one small
+    collective at the start of a DDP fit; every rank calls it at the same point."""
+    wanted = getattr(loop, 'preemption_safe', True) is not False and find_checkpoint_callback(loop) is not None
+    if loop.world_size > 1:
+        decision: List[Any] = [wanted]
+        dist.broadcast_object_list(decision, src=0)
+        wanted = bool(decision[0])
+    return wanted and find_preemption_callback(loop) is None
+
+
+class PreemptionCheckpoint(AbstractCallback):
+    """Checkpoint and stop cleanly when the process is asked to stop.
+
+    On one of ``signals`` (installed at ``on_train_begin``, only in the main thread; the previous handlers are put
+    back at ``on_train_end`` / ``on_exception``) the handler only sets a flag. At the end of the current training
+    step (``on_batch_end``, after every other callback's ``on_batch_end``) the callback:
+
+    1. writes a full mid-epoch checkpoint through the loop's checkpoint callback
+       (``ModelCheckpoint.save_checkpoint(iteration_idx=loop.total_iteration_idx)``), which also updates
+       ``latest_checkpoint.txt`` (skipped when ModelIterationCheckpoint just saved this very batch);
+    2. waits for the experiment's pending uploads, ``upload_wait_s`` seconds at most;
+    3. raises ``StopTraining``: ``on_train_stopped``, the end-of-training evaluation and ``on_train_end`` run and
+       ``fit`` returns normally.
+
+    A second signal of the same kind while stopping calls the previous handler (a second Ctrl-C raises
+    KeyboardInterrupt at once; a second SIGTERM with the default handler terminates the process).
+
+    Per training step the callback costs one attribute check in ``on_batch_end`` (no device sync). In a DDP fit
+    the ranks agree on the step to stop at: every ``ddp_sync_every`` steps each rank starts an asynchronous
+    all-reduce of its flag over a CPU (gloo) group, and reads its result ``ddp_sync_every`` steps later, so all ranks
+    stop at the same step (at most ``2 * ddp_sync_every`` steps after the signal) without a device sync; rank 0
+    writes the checkpoint. A signal reaching any one rank stops them all.
+
+    Args:
+        signals: the signals that request a stop (default SIGTERM and SIGINT). ``()`` installs none (a stop is then
+            requested by :meth:`request_stop`, as ``Timer(max_duration_s=...)`` does).
+        on_exception (bool): also write a checkpoint when fit fails with an exception, if it was raised between
+            two training steps (by the data loader fetching the next batch, typically); an exception inside a step
+            leaves no consistent state to save, so the last regular checkpoint stays the resume point.
+        upload_wait_s (float): how long to wait for the checkpoint's upload (with ``cloud_save_mode='s3'``) before
+            stopping; what is not uploaded by then stays in the upload journal.
+        exit_code (None, int or 'signal'): None (default): ``fit`` returns normally after a signal, and the process
+            exits however the script ends (status 0 when it simply ends). An int, or ``'signal'`` for
+            ``128 + signal number`` (143 for SIGTERM, what a process killed by SIGTERM reports), raises
+            ``SystemExit`` with that status at the end of ``on_train_end`` after a stop caused by a signal, so that a
+            scheduler that restarts only failed jobs (a Kubernetes Job) runs the job again.
+        ddp_sync_every (int): in a DDP fit, the steps between two agreements on stopping.
+    """
+
+    def __init__(self, signals: Sequence[int] = DEFAULT_SIGNALS, on_exception: bool = False,
+                 upload_wait_s: float = 120.0, exit_code: Union[None, int, str] = None,
+                 ddp_sync_every: int = 10) -> None:
+        super().__init__('Preemption-safe checkpoint', execution_order=10_000, device_idx_execution=None)
+        self.signals: Tuple[signal.Signals, ...] = tuple(signal.Signals(s) for s in signals)
+        if isinstance(exit_code, bool) or not (exit_code is None or exit_code == 'signal' or
+                                               isinstance(exit_code, int)):
+            raise ValueError(f"exit_code must be None, an int or 'signal', got {exit_code!r}")
+        if isinstance(ddp_sync_every, bool) or not isinstance(ddp_sync_every, int) or ddp_sync_every < 1:
+            raise ValueError(f'ddp_sync_every must be an int >= 1, got {ddp_sync_every!r}')
+        if upload_wait_s < 0:
+            raise ValueError(f'upload_wait_s must be >= 0, got {upload_wait_s!r}')
+        self.save_on_exception = bool(on_exception)
+        self.upload_wait_s = float(upload_wait_s)
+        self.exit_code = exit_code
+        self.ddp_sync_every = ddp_sync_every
+        # What happened in the latest fit (read them after fit returns).
+        self.stop_reason: Optional[str] = None        # why training stopped early, or None
+        self.received_signal: Optional[int] = None    # the signal that asked for the stop, or None
+        self.checkpoint_path: Optional[str] = None    # the checkpoint written on the way out (rank 0), or None
+        self._requested: Optional[str] = None         # set by the signal handler / request_stop: the reason
+        self._previous_handlers: Dict[signal.Signals, _Handler] = {}
+        self._between_steps = False
+        self._group: Any = None
+        self._pending: Optional[Tuple[Any, torch.Tensor]] = None
+
+    # ---- requesting a stop --------------------------------------------------------------------------------
+
+    def request_stop(self, reason: str = 'stop requested') -> None:
+        """Ask training to checkpoint and stop at the end of the current step (safe from any thread)."""
+        if self._requested is None:
+            self._requested = reason
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once a stop was asked for in this process (by a signal or :meth:`request_stop`)."""
+        return self._requested is not None
+
+    def _handle_signal(self, signum: int, frame: Any) -> None:
+        # Runs between two bytecodes of the main thread: only set the flag (logging here could re-enter a
+        # stream's write). A second signal of the same kind goes to the previous handler.
+        if self.received_signal == signum:
+            self._forward_to_previous(signum, frame)
+            return
+        if self.received_signal is None:
+            self.received_signal = signum
+        self.request_stop(f'received {signal.Signals(signum).name}')
+
+    def _forward_to_previous(self, signum: int, frame: Any) -> None:
+        previous = self._previous_handlers.get(signal.Signals(signum), signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+
+    # ---- hooks ------------------------------------------------------------------------------------------------
+
+    def hooks_in_use(self) -> List[str]:
+        hooks = ['on_train_begin', 'on_batch_end', 'on_train_end', 'on_exception']
+        if self.save_on_exception:
+            # Only then does it need to know whether an exception came between two steps.
+            hooks += ['on_batch_begin', 'on_train_epoch_end']
+        return hooks
+
+    def on_train_begin(self) -> None:
+        """Reset the state of the previous fit, install the signal handlers and, in DDP, the agreement group."""
+        self.stop_reason = self._requested = None
+        self.received_signal = None
+        self.checkpoint_path = None
+        self._between_steps = False
+        self._pending = None
+        loop = self.train_loop_obj
+        if loop.world_size > 1 and self._group is None:
+            # Every rank runs on_train_begin; a gloo group lets the flags be reduced on the CPU (no device sync).
+            self._group = dist.new_group(backend='gloo') if dist.get_backend() != 'gloo' else dist.group.WORLD
+        self._install_handlers()
+
+    def _install_handlers(self) -> None:
+        if not self.signals:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning('%s: fit runs outside the main thread, where signal handlers cannot be installed; '
+                           'signals keep their previous behaviour (request_stop() still works)', type(self).__name__)
+            return
+        for signum in self.signals:
+            self._previous_handlers[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._handle_signal)
+
+    def _restore_handlers(self) -> None:
+        for signum, previous in self._previous_handlers.items():
+            try:
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            except (ValueError, TypeError):     # not the main thread, or a handler set outside Python
+                logger.debug('could not restore the handler of %s', signum.name)
+        self._previous_handlers = {}
+
+    def on_batch_begin(self) -> None:
+        """(Only with on_exception=True.) A step is running: its state is not consistent until on_batch_end."""
+        self._between_steps = False
+
+    def on_train_epoch_end(self) -> None:
+        """(Only with on_exception=True.) The epoch's evaluation follows; a mid-epoch checkpoint no longer fits."""
+        self._between_steps = False
+
+    def on_batch_end(self) -> None:
+        """The per-step check: one attribute read, unless a stop was requested (or in DDP, an agreement step)."""
+        if self.save_on_exception:
+            self._between_steps = True
+        if self._group is None:
+            if self._requested is None:
+                return
+        elif not self._agreed_stop():
+            return
+        self._checkpoint_and_stop()
+
+    def _agreed_stop(self) -> bool:
+        """DDP: every rank answers the same at the same step. The flags are reduced asynchronously over the gloo
+        group at every ``ddp_sync_every``-th step and the result is read at the next one."""
+        if (self.train_loop_obj.total_iteration_idx + 1) % self.ddp_sync_every:
+            return False
+        stop = False
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            stop = bool(flag.item())
+            self._pending = None
+        if not stop:
+            flag = torch.tensor([0 if self._requested is None else 1], dtype=torch.int32)
+            work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+            self._pending = (work, flag)
+        elif self._requested is None:
+            self._requested = 'another rank was asked to stop'
+        return stop
+
+    def _checkpoint_and_stop(self) -> None:
+        loop = self.train_loop_obj
+        reason = self._requested or 'stop requested'
+        self.stop_reason = reason
+        if loop.is_main_process():
+            logger.warning('%s: saving a checkpoint after batch %d (epoch %d) and stopping training',
+                           reason, loop.total_iteration_idx, loop.epoch)
+        self.checkpoint_path = self._save(loop)
+        self._wait_for_uploads(loop)
+        raise StopTraining(f'{reason}: checkpoint saved, resume with fit(resume_from=\'latest\')'
+                           if self.checkpoint_path else reason)
+
+    def _save(self, loop: 'TrainLoop') -> Optional[str]:
+        saver = find_checkpoint_callback(loop)
+        if saver is None:
+            if loop.is_main_process():
+                logger.warning('%s: no checkpoint callback (ModelCheckpoint) is registered, so training stops '
+                               'without a checkpoint', type(self).__name__)
+            return None
+        idx = loop.total_iteration_idx
+        if isinstance(saver, ModelIterationCheckpoint) and idx > 0 and idx % saver.save_frequency == 0:
+            saver.wait_for_pending_save()           # it saved after this very batch already (maybe in the background)
+            return saver.latest_checkpoint_path
+        # wait: the checkpoint (file, pointer, queued upload) is complete before its upload is waited for.
+        return saver.save_checkpoint(iteration_idx=idx, wait=True)
+
+    def _wait_for_uploads(self, loop: 'TrainLoop') -> None:
+        experiment = loop.experiment
+        if experiment is None or not loop.is_main_process():
+            return
+        deadline = time.monotonic() + self.upload_wait_s
+        for uploader in list(experiment.uploaders.values()):
+            failures = uploader.wait(max(deadline - time.monotonic(), 0.0))
+            loop.upload_failures += failures
+
+    def on_train_end(self) -> None:
+        """Put the previous signal handlers back; with ``exit_code``, exit after a stop caused by a signal."""
+        self._restore_handlers()
+        self._finish_agreement()
+        signum = self.received_signal
+        if self.exit_code is None or signum is None or self.stop_reason is None:
+            return
+        code = 128 + signum if self.exit_code == 'signal' else int(self.exit_code)
+        loop = self.train_loop_obj
+        loop.wait_for_uploads()
+        logger.info('Exiting with status %d after %s', code, signal.Signals(signum).name)
+        raise SystemExit(code)
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Put the previous signal handlers back; with ``on_exception=True`` save a checkpoint when the exception
+        came between two training steps."""
+        self._restore_handlers()
+        if not self.save_on_exception or isinstance(exception, SystemExit) or self.checkpoint_path is not None:
+            return
+        loop = self.train_loop_obj
+        if not self._between_steps:
+            if loop.is_main_process():
+                logger.warning('%s: %s was raised inside a training step or outside the epoch\'s batches; no '
+                               'checkpoint is written (the last one is the resume point)', type(self).__name__,
+                               type(exception).__name__)
+            return
+        try:
+            self.checkpoint_path = self._save(loop)
+            if self.checkpoint_path:
+                logger.warning('%s: fit failed with %s; saved a checkpoint after batch %d: %s', type(self).__name__,
+                               type(exception).__name__, loop.total_iteration_idx, self.checkpoint_path)
+        except Exception:
+            logger.exception('%s: the checkpoint after the exception could not be written', type(self).__name__)
+
+    def _finish_agreement(self) -> None:
+        if self._pending is not None:
+            # Every rank started this reduction at the same step; complete it before the group is used again.
+            self._pending[0].wait()
+            self._pending = None

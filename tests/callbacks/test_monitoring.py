@@ -1,0 +1,108 @@
+"""ModelSummary and ThroughputMonitor inside real fits."""
+import logging
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from aitoolbox_like import TrainLoop
+from aitoolbox_like.callbacks.model_save import ModelCheckpoint
+from aitoolbox_like.callbacks.monitoring import ModelSummary, ThroughputMonitor, _percentile
+from helpers import MLP, loaders
+
+
+def make_loop(n=32, batch_size=8, dropout=0.0):
+    torch.manual_seed(0)
+    model = MLP(dropout=dropout)
+    train, val, test = loaders(n=n, batch_size=batch_size)
+    return TrainLoop(model, train, val, test, torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(),
+                     progress_bar=False)
+
+
+def test_model_summary_with_default_arguments_logs_counts_and_layers(caplog):
+    loop = make_loop()
+    summary = ModelSummary()
+    with caplog.at_level(logging.INFO, logger='aitoolbox_like.callbacks.monitoring'):
+        loop.fit(num_epochs=1, callbacks=[summary])
+    expected = sum(p.numel() for p in loop.model.parameters())        # 6*16+16 + 16*3+3 = 163
+    assert summary.summary['num_parameters'] == expected == 163
+    assert summary.summary['num_trainable_parameters'] == 163
+    assert summary.summary['parameter_bytes'] == 163 * 4
+    assert [layer['name'] for layer in summary.summary['layers']] == ['net.0', 'net.1', 'net.2', 'net.3']
+    assert [layer['num_parameters'] for layer in summary.summary['layers']] == [112, 0, 0, 51]
+    assert all(layer['output_shape'] is None for layer in summary.summary['layers'])
+    assert 'net.0' in caplog.text and 'Linear' in caplog.text and '163 total' in caplog.text
+    assert 'num_parameters' not in loop.train_history          # constants of the model stay out of the history
+    assert summary.report_path is None                          # no experiment folder
+
+
+def test_model_summary_frozen_parameters_depth_shapes_and_report_file(tmp_path):
+    loop = make_loop()
+    for p in loop.model.net[0].parameters():
+        p.requires_grad_(False)
+    summary = ModelSummary(example_input=torch.zeros(5, 6), max_depth=1)
+    loop.fit(num_epochs=1, callbacks=[summary, ModelCheckpoint('p', 'e', str(tmp_path), {}, cloud_save_mode='local')])
+    assert summary.summary['num_trainable_parameters'] == 51
+    assert summary.summary['layers'] == [{'name': 'net', 'type': 'Sequential', 'num_parameters': 163,
+                                          'output_shape': [5, 3]}]
+    assert summary.report_path == os.path.join(loop.experiment.dir_path, 'model_summary.txt')
+    text = open(summary.report_path).read()
+    assert '112 frozen' in text and '[5, 3]' in text
+
+    shapes = ModelSummary.summarize(MLP(dropout=0.5), torch.zeros(2, 6))
+    assert [layer['output_shape'] for layer in shapes['layers']] == [[2, 16], [2, 16], [2, 16], [2, 3]]
+
+
+def test_model_summary_example_input_does_not_change_the_training_run():
+    plain = make_loop(dropout=0.3)
+    plain.fit(num_epochs=2)
+    summarized = make_loop(dropout=0.3)
+    summarized.fit(num_epochs=2, callbacks=[ModelSummary(example_input=torch.ones(3, 6))])
+    for a, b in zip(plain.model.parameters(), summarized.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_model_summary_arguments():
+    with pytest.raises(ValueError):
+        ModelSummary(max_depth=0)
+
+
+def test_throughput_monitor_with_default_arguments_writes_the_documented_history_keys():
+    loop = make_loop(n=36, batch_size=8)           # 5 batches per epoch, the last one of 4 samples
+    monitor = ThroughputMonitor()
+    loop.fit(num_epochs=2, callbacks=[monitor])
+    history = loop.train_history
+    for key in ('throughput_samples_per_sec', 'throughput_batches_per_sec', 'step_time_p50', 'step_time_p90',
+                'step_time_p99'):
+        assert len(history[key]) == 2 and all(v > 0 for v in history[key]), key
+        assert history.get_epochs(key) == [0, 1]
+    assert 'cuda_max_memory_allocated_mb' not in history        # CPU run
+    assert history['step_time_p50'][0] <= history['step_time_p90'][0] <= history['step_time_p99'][0]
+    # Samples and batches are counted over the same time: their ratio is the mean batch size.
+    ratio = history['throughput_samples_per_sec'][0] / history['throughput_batches_per_sec'][0]
+    assert ratio == pytest.approx(36 / 5)
+
+
+def test_throughput_monitor_custom_percentiles_and_nearest_rank():
+    loop = make_loop()
+    loop.fit(num_epochs=1, callbacks=[ThroughputMonitor(percentiles=(25, 100), log=False)])
+    assert set(loop.train_history) >= {'step_time_p25', 'step_time_p100'}
+    assert _percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
+    assert _percentile([1.0, 2.0, 3.0, 4.0], 99) == 4.0
+    assert _percentile([5.0], 1) == 5.0
+    with pytest.raises(ValueError):
+        ThroughputMonitor(percentiles=(0,))
+
+
+def test_throughput_monitor_uses_no_device_hooks_per_step():
+    hooks = ThroughputMonitor().hooks_in_use()
+    assert set(hooks) == {'on_train_begin', 'on_epoch_begin', 'on_batch_begin', 'on_batch_end', 'on_train_epoch_end'}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')
+def test_throughput_monitor_records_cuda_memory_on_a_gpu():
+    loop = make_loop()
+    loop.fit(num_epochs=2, callbacks=[ThroughputMonitor()])
+    values = loop.train_history['cuda_max_memory_allocated_mb']
+    assert len(values) == 2 and all(v > 0 for v in values)

@@ -1,0 +1,351 @@
+"""Preemption-safe saving: a real training process gets SIGTERM / SIGINT, checkpoints mid-epoch and exits cleanly;
+a new process resumes with fit(resume_from='latest') and ends with the weights of the uninterrupted run, bit for
+bit. Also Timer(max_duration_s), the default registration and the opt-out, handler restoration, on_exception."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SAVING = os.path.join(os.path.dirname(HERE), 'saving')
+if SAVING not in sys.path:
+    sys.path.insert(0, SAVING)
+
+from aitoolbox_like import AbstractCallback, TrainLoop  # noqa: E402
+from aitoolbox_like.callbacks.basic import EarlyStopping, Timer  # noqa: E402
+from aitoolbox_like.callbacks.model_save import ModelCheckpoint  # noqa: E402
+from aitoolbox_like.callbacks.preemption import PreemptionCheckpoint, find_preemption_callback  # noqa: E402
+from aitoolbox_like.callbacks.train_schedule import StepLRScheduler  # noqa: E402
+from aitoolbox_like.checkpoint import load_checkpoint  # noqa: E402
+from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave  # noqa: E402
+from aitoolbox_like.result_package import ClassificationResultPackage  # noqa: E402
+from saving_helpers import assert_same_weights, make_parts, weights  # noqa: E402
+
+SCRIPT = os.path.join(SAVING, 'preempt_script.py')
+
+
+# ---------------------------------------------------------------------------------------------- a real process
+
+
+def _run(out_dir, result, *args):
+    env = dict(os.environ, PYTHONHASHSEED='0')
+    process = subprocess.run([sys.executable, SCRIPT, str(out_dir), str(result), *map(str, args)], env=env,
+                             capture_output=True, text=True, timeout=180)
+    assert process.returncode == 0, process.stderr[-3000:]
+    return torch.load(result, weights_only=True)
+
+
+def _signal_at_batch(out_dir, result, batch_idx, signum, *args):
+    """Start the script, wait until it reports batch ``batch_idx`` done, send ``signum``; returns the process."""
+    env = dict(os.environ, PYTHONHASHSEED='0')
+    marker = str(result) + '.marker'
+    process = subprocess.Popen([sys.executable, SCRIPT, str(out_dir), str(result), '--wait-at-batch',
+                                str(batch_idx), *map(str, args)], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    try:
+        while not os.path.exists(marker) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert os.path.exists(marker), f'the run never reached batch {batch_idx}: {process.communicate()[1][-3000:]}'
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return process, stderr
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp('reference')
+    return _run(tmp / 'out', tmp / 'result.pt', '--epochs', 3)
+
+
+def _experiment(out_dir):
+    return next((out_dir / 'proj').iterdir())
+
+
+def test_sigterm_checkpoints_mid_epoch_exits_cleanly_and_resumes_bit_exactly(tmp_path, reference):
+    out = tmp_path / 'out'
+    process, stderr = _signal_at_batch(out, tmp_path / 'stopped.pt', 10, signal.SIGTERM)     # 7 batches/epoch
+    assert process.returncode == 0, stderr[-3000:]
+    assert 'received SIGTERM' in stderr
+
+    stopped = torch.load(tmp_path / 'stopped.pt', weights_only=True)
+    assert stopped['stop_reason'] == 'received SIGTERM'
+    assert stopped['total_iteration_idx'] == 10             # the step in progress was finished, no further one
+    experiment = _experiment(out)
+    latest = (experiment / 'latest_checkpoint.txt').read_text()
+    assert latest.endswith('_E1_ITER10.pth')
+    assert stopped['checkpoint_path'].endswith(latest.split('/')[-1])
+    checkpoint = load_checkpoint(experiment / latest)
+    assert checkpoint['data_position']['batches_done'] == 4          # batches 7..10 of epoch 1
+
+    resumed = _run(out, tmp_path / 'resumed.pt', '--epochs', 3, '--resume')
+    assert_same_weights(resumed['weights'], reference['weights'])
+    assert resumed['history']['train_history'] == reference['history']['train_history']
+    assert resumed['experiment_timestamp'] == experiment.name[len('run_'):]
+    assert resumed['stop_reason'] is None
+
+
+def test_sigint_works_the_same_and_exit_code_signal_reports_143_for_sigterm(tmp_path, reference):
+    process, stderr = _signal_at_batch(tmp_path / 'a', tmp_path / 'a.pt', 3, signal.SIGINT)
+    assert process.returncode == 0, stderr[-3000:]
+    assert (_experiment(tmp_path / 'a') / 'latest_checkpoint.txt').read_text().endswith('_E0_ITER3.pth')
+    assert 'KeyboardInterrupt' not in stderr
+
+    process, stderr = _signal_at_batch(tmp_path / 'b', tmp_path / 'b.pt', 5, signal.SIGTERM, '--exit-code', 'signal')
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert (_experiment(tmp_path / 'b') / 'latest_checkpoint.txt').read_text().endswith('_E0_ITER5.pth')
+    resumed = _run(tmp_path / 'b', tmp_path / 'b_resumed.pt', '--epochs', 3, '--resume')
+    assert_same_weights(resumed['weights'], reference['weights'])
+
+
+# ---------------------------------------------------------------------------------------------- in process
+
+
+def _loop(root, seed=0, **kwargs):
+    model, train, val, test, optimizer = make_parts(seed=seed)
+    return TrainLoopCheckpoint(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), 'proj', 'run',
+                               str(root), {'lr': 1e-2}, cloud_save_mode='local', progress_bar=False, **kwargs)
+
+
+def _callbacks():
+    return [StepLRScheduler(step_size=1, gamma=0.7), EarlyStopping(patience=50)]
+
+
+class SignalSelfAt(AbstractCallback):
+    """Sends a signal to this process at the end of batch T (the handler runs in this main thread)."""
+
+    def __init__(self, batch_idx, signum=signal.SIGTERM):
+        super().__init__('signal self', execution_order=0)
+        self.batch_idx, self.signum = batch_idx, signum
+
+    def on_batch_end(self):
+        if self.train_loop_obj.total_iteration_idx == self.batch_idx:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.fixture(scope='module')
+def in_process_reference(tmp_path_factory):
+    loop = _loop(tmp_path_factory.mktemp('ref') / 'results')
+    loop.fit(num_epochs=3, callbacks=_callbacks())
+    return weights(loop.model), loop.train_history.train_history
+
+
+@pytest.mark.parametrize('batch_idx', [6, 13])      # the last batch of epoch 0, of epoch 1
+def test_a_signal_at_the_last_batch_of_an_epoch_resumes_bit_exactly(tmp_path, in_process_reference, batch_idx):
+    first = _loop(tmp_path / 'results')
+    first.fit(num_epochs=3, callbacks=_callbacks() + [SignalSelfAt(batch_idx)])
+    assert first.total_iteration_idx == batch_idx
+    resumed = _loop(tmp_path / 'results', seed=9)
+    resumed.fit(num_epochs=3, callbacks=_callbacks(), resume_from='latest')
+    assert_same_weights(weights(resumed.model), in_process_reference[0])
+    assert resumed.train_history.train_history == in_process_reference[1]
+
+
+def test_inside_a_gradient_accumulation_window(tmp_path):
+    reference = _loop(tmp_path / 'ref')
+    reference.fit(num_epochs=2, callbacks=_callbacks(), grad_accumulation=3)
+    first = _loop(tmp_path / 'results')
+    first.fit(num_epochs=2, callbacks=_callbacks() + [SignalSelfAt(4)], grad_accumulation=3)
+    resumed = _loop(tmp_path / 'results', seed=3)
+    resumed.fit(num_epochs=2, callbacks=_callbacks(), grad_accumulation=3, resume_from='latest')
+    assert_same_weights(weights(resumed.model), weights(reference.model))
+
+
+def test_handlers_are_installed_only_during_fit_and_restored(tmp_path):
+    seen = {}
+
+    class Look(AbstractCallback):
+        def __init__(self):
+            super().__init__('look')
+
+        def on_epoch_begin(self):
+            seen['during'] = signal.getsignal(signal.SIGTERM)
+
+    before_term, before_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    loop = _loop(tmp_path / 'results')
+    loop.fit(num_epochs=1, callbacks=[Look()])
+    preemption = find_preemption_callback(loop)
+    assert preemption is not None                          # added by default with a checkpoint callback
+    assert seen['during'] == preemption._handle_signal
+    assert signal.getsignal(signal.SIGTERM) == before_term and signal.getsignal(signal.SIGINT) == before_int
+    assert preemption.stop_reason is None
+
+    class Boom(AbstractCallback):
+        def __init__(self):
+            super().__init__('boom')
+
+        def on_batch_end(self):
+            raise RuntimeError('boom')
+
+    with pytest.raises(RuntimeError):
+        _loop(tmp_path / 'other').fit(num_epochs=1, callbacks=[Boom()])
+    assert signal.getsignal(signal.SIGTERM) == before_term and signal.getsignal(signal.SIGINT) == before_int
+
+
+def test_default_only_with_a_checkpoint_callback_and_the_opt_out(tmp_path):
+    assert find_preemption_callback(_fit_plain(tmp_path)) is None
+    loop = _loop(tmp_path / 'off', preemption_safe=False)
+    loop.fit(num_epochs=1)
+    assert find_preemption_callback(loop) is None
+    model, train, val, test, optimizer = make_parts()
+    end_save = TrainLoopCheckpointEndSave(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), 'p', 'e',
+                                          str(tmp_path / 'es'), {}, val_result_package=ClassificationResultPackage(),
+                                          cloud_save_mode='local', progress_bar=False)
+    end_save.fit(num_epochs=1)
+    assert find_preemption_callback(end_save) is not None
+    # A plain TrainLoop with a ModelCheckpoint gets it too; one registered by the user is not doubled.
+    model, train, val, test, optimizer = make_parts()
+    plain = TrainLoop(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), progress_bar=False)
+    mine = PreemptionCheckpoint(signals=(signal.SIGTERM,))
+    plain.fit(num_epochs=1, callbacks=[ModelCheckpoint('p', 'e', str(tmp_path / 'pl'), {}, cloud_save_mode='local'),
+                                       mine])
+    assert [cb for cb in plain.callbacks if isinstance(cb, PreemptionCheckpoint)] == [mine]
+
+
+def _fit_plain(tmp_path):
+    model, train, val, test, optimizer = make_parts()
+    loop = TrainLoop(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), progress_bar=False)
+    loop.fit(num_epochs=1)
+    return loop
+
+
+def test_without_a_checkpoint_callback_a_stop_request_still_stops_cleanly(tmp_path, caplog):
+    model, train, val, test, optimizer = make_parts()
+    loop = TrainLoop(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), progress_bar=False)
+    preemption = PreemptionCheckpoint()
+    loop.fit(num_epochs=2, callbacks=[preemption, SignalSelfAt(2)])
+    assert loop.total_iteration_idx == 2
+    assert preemption.stop_reason == 'received SIGTERM' and preemption.checkpoint_path is None
+    assert 'no checkpoint callback' in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------- DDP
+
+
+@pytest.mark.timeout(300)
+def test_ddp_every_rank_stops_at_the_same_step_rank0_saves_and_the_resume_continues(tmp_path, monkeypatch):
+    """A stop asked on rank 1 only: both ranks stop after the same batch (the next agreement step), rank 0 writes
+    the mid-epoch checkpoint, and a DDP resume ends where the uninterrupted DDP run ends."""
+    from torch import nn
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), 'ddp_scripts'))
+    from ddp_common import equivalence_setup
+    from preempt_script import RecordLastBatch, RequestStopOnRank
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    ddp = dict(num_gpus=2, on_gpu=False)
+
+    def tracked_loop(folder):
+        model, train, val, optimizer = equivalence_setup()      # 4 batches per rank and epoch
+        return TrainLoopCheckpoint(model, train, val, None, optimizer, nn.MSELoss(), 'proj', 'exp', str(folder),
+                                   {'lr': 0.05}, cloud_save_mode='local', gpu_mode='ddp', progress_bar=False)
+
+    uninterrupted = tracked_loop(tmp_path / 'full')
+    uninterrupted.fit(num_epochs=6, **ddp)
+
+    first = tracked_loop(tmp_path / 'run')
+    first.fit(num_epochs=6, callbacks=[RequestStopOnRank(1, 2), RecordLastBatch(str(tmp_path))], **ddp)
+    # Flags are reduced at batches 9, 19, ... (ddp_sync_every=10) and read one agreement later: both stop at 19.
+    assert (tmp_path / 'last_batch_rank0').read_text() == (tmp_path / 'last_batch_rank1').read_text() == '19'
+    experiment = next((tmp_path / 'run' / 'proj').iterdir())
+    assert (experiment / 'latest_checkpoint.txt').read_text().endswith('_E4_ITER19.pth')
+
+    resumed = tracked_loop(tmp_path / 'run')
+    resumed.fit(num_epochs=6, resume_from='latest', **ddp)
+    for key, value in uninterrupted.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[key], value, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- Timer budget
+
+
+def test_timer_max_duration_stops_and_saves_then_resume_is_exact(tmp_path, in_process_reference):
+    first = _loop(tmp_path / 'results')
+    timer = Timer(max_duration_s=1e-9)
+    first.fit(num_epochs=3, callbacks=_callbacks() + [timer])
+    preemption = find_preemption_callback(first)
+    assert 'time budget' in preemption.stop_reason
+    assert first.total_iteration_idx == 0                 # stopped after the first step
+    assert preemption.checkpoint_path.endswith('_E0_ITER0.pth') and os.path.isfile(preemption.checkpoint_path)
+    resumed = _loop(tmp_path / 'results', seed=4)
+    resumed.fit(num_epochs=3, callbacks=_callbacks() + [Timer()], resume_from='latest')
+    assert_same_weights(weights(resumed.model), in_process_reference[0])
+
+
+def test_timer_max_duration_without_a_registered_preemption_callback(tmp_path):
+    loop = _loop(tmp_path / 'results', preemption_safe=False)
+    loop.fit(num_epochs=2, callbacks=[Timer(max_duration_s=1e-9)])
+    assert loop.total_iteration_idx == 0
+    assert find_preemption_callback(loop) is None
+    assert (next((tmp_path / 'results' / 'proj').iterdir()) / 'latest_checkpoint.txt').read_text() \
+        .endswith('_E0_ITER0.pth')
+
+
+def test_timer_without_a_budget_never_stops(tmp_path):
+    loop = _loop(tmp_path / 'results')
+    loop.fit(num_epochs=1, callbacks=[Timer()])
+    assert loop.epochs_completed == 1
+    with pytest.raises(ValueError):
+        Timer(max_duration_s=0)
+
+
+# ---------------------------------------------------------------------------------------------- on_exception
+
+
+class FailingLoader:
+    """The train loader of make_parts, failing when its T-th batch is fetched (between two steps)."""
+
+    def __init__(self, loader, fail_at):
+        self.loader, self.fail_at, self.fetched = loader, fail_at, 0
+        self.batch_size, self.dataset = loader.batch_size, loader.dataset
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            if self.fetched == self.fail_at:
+                raise OSError('disk gone')
+            self.fetched += 1
+            yield batch
+
+
+def test_on_exception_saves_when_the_data_loader_fails_between_steps(tmp_path):
+    loop = _loop(tmp_path / 'results')
+    loop.train_loader = FailingLoader(loop.train_loader, fail_at=3)
+    preemption = PreemptionCheckpoint(on_exception=True)
+    with pytest.raises(OSError):
+        loop.fit(num_epochs=3, callbacks=[preemption])
+    assert preemption.checkpoint_path.endswith('_E0_ITER2.pth')
+    assert load_checkpoint(preemption.checkpoint_path)['data_position']['batches_done'] == 3
+
+
+def test_on_exception_does_not_save_a_half_done_step(tmp_path):
+    class FailInStep(AbstractCallback):
+        def __init__(self):
+            super().__init__('fail in step')
+
+        def on_after_backward(self):
+            if self.train_loop_obj.total_iteration_idx == 3:
+                raise RuntimeError('inside the step')
+
+    loop = _loop(tmp_path / 'results')
+    preemption = PreemptionCheckpoint(on_exception=True)
+    with pytest.raises(RuntimeError):
+        loop.fit(num_epochs=1, callbacks=[preemption, FailInStep()])
+    assert preemption.checkpoint_path is None
+    assert not os.path.exists(next((tmp_path / 'results' / 'proj').iterdir()) / 'latest_checkpoint.txt')
+
+
+def test_arguments_are_checked():
+    for kwargs in ({'exit_code': 'yes'}, {'exit_code': True}, {'ddp_sync_every': 0}, {'upload_wait_s': -1}):
+        with pytest.raises(ValueError):
+            PreemptionCheckpoint(**kwargs)
+    assert 'on_batch_begin' not in PreemptionCheckpoint().hooks_in_use()       # one check per step only
+    assert 'on_batch_begin' in PreemptionCheckpoint(on_exception=True).hooks_in_use()
