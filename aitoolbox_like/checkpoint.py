@@ -10,10 +10,11 @@ import logging
 import os
 import pickle
 import re
+import threading
 import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Callable, Optional, TypeVar
 
 import torch
 
@@ -257,3 +258,139 @@ def load_checkpoint(path_or_file: StrPath | IO[bytes], map_location: Any = 'cpu'
             )
     logger.debug('Loaded checkpoint %s', name)
     return checkpoint
+
+
+# ---------------------------------------------------------------------------------------------- asynchronous writes
+
+
+_PathKey = tuple[Any, ...]
+
+
+class AsyncCheckpointWriter:
+    """Writes checkpoints in a background thread, one at a time, so training waits only for a host copy.
+
+    The saving callbacks use one writer each:
+
+    1. :meth:`snapshot` (training thread): a deep copy of the checkpoint dict whose tensors are copied to host
+       memory (CPU tensors cloned, device tensors copied with ``.to('cpu', copy=True)`` semantics). The buffers
+       of the previous snapshot are reused when a tensor has the same place, shape and dtype, so a steady run
+       copies into memory that is already mapped (no page faults) and holds at most one extra copy of the state.
+       Nothing is pickled on the training thread.
+    2. :meth:`submit` (training thread): waits for the write in flight (at most one: memory stays bounded), raises
+       its error if it failed, then starts a thread that runs ``job(snapshot)``: serialise, fsync, rename, update
+       the pointers, queue the upload.
+    3. :meth:`wait`: blocks until the write in flight is complete and raises :class:`CheckpointError` (with the
+       original error as its cause) if it failed. An error is raised once, at the first ``wait`` / ``submit``
+       after it happened: never silently dropped.
+
+    The thread is not a daemon: a process that ends normally finishes the write in flight first. A process killed
+    during the write (``kill -9``) loses only that write: the file is written to a temporary name and renamed, and
+    pointers are updated only afterwards, so the previous checkpoint and pointer stay intact.
+
+    ``before_write`` is a hook for tests: called in the background thread with the target's description (the
+    checkpoint path) before the job runs (block it on an Event to hold a write in flight).
+    """
+
+    def __init__(self) -> None:
+        self.before_write: Optional[Callable[[str], None]] = None
+        self._thread: Optional[threading.Thread] = None
+        self._description = ''
+        self._error: Optional[BaseException] = None
+        self._pool: dict[_PathKey, torch.Tensor] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled with its callback (a DDP spawn): a thread cannot travel, and the staging buffers need not.
+        self.wait()
+        state = dict(self.__dict__)
+        state.update(_thread=None, _pool={})
+        return state
+
+    @property
+    def pending(self) -> bool:
+        """True while a write is in flight."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def snapshot(self, obj: Any) -> Any:
+        """A deep copy of ``obj`` (dicts, lists, tuples, scalars, tensors) with every tensor copied to host memory.
+
+        Call it only when no write is in flight (:meth:`submit` and :meth:`wait` ensure it): it reuses the
+        previous snapshot's buffers."""
+        if self._thread is not None:
+            raise RuntimeError('AsyncCheckpointWriter.snapshot() while a write is in flight; call wait() first')
+        new_pool: dict[_PathKey, torch.Tensor] = {}
+        memo: dict[int, torch.Tensor] = {}
+        devices: set[torch.device] = set()
+        copied = self._copy(obj, (), memo, new_pool, devices)
+        for device in devices:
+            torch.cuda.synchronize(device)      # the non-blocking device -> pinned host copies are complete
+        self._pool = new_pool
+        return copied
+
+    def _copy(self, value: Any, path: _PathKey, memo: dict[int, torch.Tensor], new_pool: dict[_PathKey, torch.Tensor],
+              devices: set[torch.device]) -> Any:
+        kind = type(value)
+        if isinstance(value, torch.Tensor):
+            if id(value) in memo:               # the same tensor twice (tied weights) stays one tensor
+                return memo[id(value)]
+            copied = self._copy_tensor(value, path, devices)
+            memo[id(value)] = copied
+            new_pool[path] = copied
+            return copied
+        if kind in _DICT_TYPES:
+            return kind((key, self._copy(item, path + (key,), memo, new_pool, devices)) for key, item in value.items())
+        if kind is list:
+            return [self._copy(item, path + (i,), memo, new_pool, devices) for i, item in enumerate(value)]
+        if kind is tuple:
+            return tuple(self._copy(item, path + (i,), memo, new_pool, devices) for i, item in enumerate(value))
+        return value        # immutable: numbers, strings, None, torch.Size, dtype, device
+
+    def _copy_tensor(self, value: torch.Tensor, path: _PathKey, devices: set[torch.device]) -> torch.Tensor:
+        tensor = value.detach()
+        if tensor.layout != torch.strided or tensor.is_quantized:
+            return tensor.to('cpu', copy=True)
+        buffer = self._pool.get(path)
+        reusable = (buffer is not None and buffer.shape == tensor.shape and buffer.dtype == tensor.dtype
+                    and buffer.is_contiguous() and tensor.is_contiguous())
+        if tensor.device.type == 'cpu':
+            if not reusable:
+                return tensor.clone(memory_format=torch.contiguous_format)
+            assert buffer is not None
+            buffer.copy_(tensor)
+            return buffer
+        if tensor.is_cuda:
+            if not reusable or not buffer.is_pinned():   # type: ignore[union-attr]
+                buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            assert buffer is not None
+            buffer.copy_(tensor, non_blocking=True)
+            devices.add(tensor.device)
+            return buffer
+        return tensor.to('cpu', copy=True)
+
+    def submit(self, description: str, job: Callable[[Any], None], snapshot: Any) -> None:
+        """Run ``job(snapshot)`` in a background thread once the previous write is complete (its error, if any,
+        is raised here first). ``description`` names the write in errors (the checkpoint's path)."""
+        self.wait()
+        self._description = description
+        self._thread = threading.Thread(target=self._run, args=(job, snapshot, description),
+                                        name=f'checkpoint-writer {os.path.basename(description)}', daemon=False)
+        self._thread.start()
+
+    def _run(self, job: Callable[[Any], None], snapshot: Any, description: str) -> None:
+        try:
+            if self.before_write is not None:
+                self.before_write(description)
+            job(snapshot)
+            logger.debug('Checkpoint %s written in the background', description)
+        except BaseException as error:      # kept for the training thread, which raises it at its next wait()
+            self._error = error
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is complete; raise CheckpointError if a write failed."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise CheckpointError(f'writing the checkpoint {self._description} in the background failed: '
+                                  f'{type(error).__name__}: {error}') from error

@@ -1,4 +1,5 @@
-"""Run a TrainLoop fit with DistributedDataParallel: one process per device.
+"""Run a TrainLoop fit with DistributedDataParallel (``gpu_mode='ddp'``) or FSDP2 (``gpu_mode='fsdp'``, torch's
+``fully_shard``): one process per device.
 
 Two ways in (see docs/distributed.md):
 - started by torchrun (RANK / WORLD_SIZE set) or with a process group already initialised: this process is
@@ -17,9 +18,10 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from . import distributed
+from . import distributed, sharded_checkpoint
 from .callbacks.abstract import AbstractCallback
 from .model import TTModel
 
@@ -36,10 +38,52 @@ _LOOP_STATE_ATTRS = ('epoch', 'iteration', 'total_iteration_idx', 'num_epochs', 
                      'early_stop', 'epochs_completed')
 
 
+#: The default FSDP policy shards every child module holding at least this many parameters, then the root.
+FSDP_MIN_SHARD_PARAMS = 100_000
+
+
+def default_fsdp_shard(model, min_num_params=FSDP_MIN_SHARD_PARAMS, **fully_shard_args):
+    """The default of ``fit(..., fsdp_shard_fn=None)``: ``fully_shard`` every sub-module holding at least
+    ``min_num_params`` parameters (inner ones first, as fully_shard requires), then the root module, so each large
+    block is gathered only while it computes. A small model ends up as one unit (the root)."""
+    def shard_children(module):
+        for child in module.children():
+            if sum(p.numel() for p in child.parameters()) >= min_num_params:
+                shard_children(child)       # inner blocks first: fully_shard wants children sharded before parents
+                fully_shard(child, **fully_shard_args)
+            else:
+                shard_children(child)
+    shard_children(model)
+    fully_shard(model, **fully_shard_args)
+
+
+def fit_fsdp(train_loop_obj, num_epochs, num_iterations, callbacks=None, grad_accumulation=1, fsdp_shard_fn=None,
+             fsdp_min_num_params=FSDP_MIN_SHARD_PARAMS, in_process_data_load=None, num_nodes=1, node_rank=0,
+             num_gpus=None, backend=None, init_method='env://', on_gpu=None):
+    """``TrainLoop.fit`` with ``gpu_mode='fsdp'`` (torch's FSDP2, ``fully_shard``); returns the trained model
+    (in spawn mode the caller's own, unsharded; under torchrun this process's sharded module).
+
+    Args:
+        fsdp_shard_fn (callable or None): ``fsdp_shard_fn(model) -> None`` shards the model in place with
+            ``torch.distributed.fsdp.fully_shard`` (called in each process, on the process's device, before the
+            optimizer is rebuilt over the sharded parameters). It must shard the root module last. None:
+            :func:`default_fsdp_shard` with ``fsdp_min_num_params``.
+        fsdp_min_num_params (int): the default policy's threshold.
+
+    The other arguments are :func:`fit_ddp`'s.
+    """
+    if fsdp_shard_fn is not None and not callable(fsdp_shard_fn):
+        raise TypeError(f'fsdp_shard_fn must be a function model -> None that calls fully_shard, got '
+                        f'{type(fsdp_shard_fn).__qualname__}')
+    fsdp = dict(shard_fn=fsdp_shard_fn, min_num_params=fsdp_min_num_params)
+    return fit_ddp(train_loop_obj, num_epochs, num_iterations, callbacks, grad_accumulation, None,
+                   in_process_data_load, num_nodes, node_rank, num_gpus, backend, init_method, on_gpu, _fsdp=fsdp)
+
+
 def fit_ddp(train_loop_obj, num_epochs, num_iterations, callbacks=None, grad_accumulation=1, ddp_model_args=None,
             in_process_data_load=None, num_nodes=1, node_rank=0, num_gpus=None, backend=None, init_method='env://',
-            on_gpu=None):
-    """``TrainLoop.fit`` with ``gpu_mode='ddp'``; returns the trained model.
+            on_gpu=None, _fsdp=None):
+    """``TrainLoop.fit`` with ``gpu_mode='ddp'``; returns the trained model. (``_fsdp``: set by :func:`fit_fsdp`.)
 
     Args:
         ddp_model_args (dict or None): keyword arguments of torch's DistributedDataParallel.
@@ -61,7 +105,7 @@ def fit_ddp(train_loop_obj, num_epochs, num_iterations, callbacks=None, grad_acc
     in_process_data_load = _as_callback_list(in_process_data_load)
     settings = dict(on_gpu=on_gpu, ddp_model_args=dict(ddp_model_args or {}), callbacks=callbacks,
                     in_process_data_load=in_process_data_load, num_epochs=num_epochs, num_iterations=num_iterations,
-                    grad_accumulation=grad_accumulation)
+                    grad_accumulation=grad_accumulation, fsdp=_fsdp)
 
     if distributed.is_distributed() or ('RANK' in os.environ and 'WORLD_SIZE' in os.environ):
         return _fit_in_this_process(train_loop_obj, backend, init_method, settings)
@@ -192,8 +236,10 @@ def _run_spawned_rank(local_rank, global_rank, payload, rendezvous, result_dir):
                             world_size=rendezvous['world_size'], rank=global_rank)
     try:
         _train_worker(loop, local_rank, settings)
+        # Under FSDP the whole weights and optimizer state are gathered first (a collective of every rank).
+        gathered = sharded_checkpoint.full_state(loop) if settings['fsdp'] is not None else None
         if local_rank == 0:     # weights are identical on every rank; the first process of each machine reports
-            _save_worker_result(loop, os.path.join(result_dir, _RESULT_FILE))
+            _save_worker_result(loop, os.path.join(result_dir, _RESULT_FILE), gathered)
         dist.barrier()
     except BaseException:
         _record_failure(result_dir, global_rank)
@@ -202,12 +248,21 @@ def _run_spawned_rank(local_rank, global_rank, payload, rendezvous, result_dir):
         dist.destroy_process_group()
 
 
-def _save_worker_result(loop, path):
-    state = {'model': {k: v.detach().cpu() for k, v in loop.model.state_dict().items()},
-             'history': loop.train_history.state_dict(),
+def _save_worker_result(loop, path, gathered=None):
+    """``gathered``: ``(model state, optimizer state keyed by name)`` of an FSDP fit, whole, on this rank."""
+    state = {'history': loop.train_history.state_dict(),
              'loop': {name: getattr(loop, name) for name in _LOOP_STATE_ATTRS}}
-    if callable(getattr(loop.optimizer, 'state_dict', None)):
-        state['optimizer'] = loop.optimizer.state_dict()
+    if gathered is not None and gathered[0]:
+        state['model'] = gathered[0]
+        if gathered[1] is not None:
+            state['optimizer'] = sharded_checkpoint.index_keyed(loop, gathered[1])
+    elif gathered is not None:
+        raise RuntimeError('the FSDP state was gathered to global rank 0; with several machines in spawn mode, start '
+                           'them with torchrun instead')
+    else:
+        state['model'] = {k: v.detach().cpu() for k, v in loop.model.state_dict().items()}
+        if callable(getattr(loop.optimizer, 'state_dict', None)):
+            state['optimizer'] = loop.optimizer.state_dict()
     state['amp_scaler'] = loop.amp_scaler.state_dict()
     torch.save(state, path + '.tmp')
     os.replace(path + '.tmp', path)
@@ -255,6 +310,8 @@ def _train_worker(loop, local_rank, settings):
         settings['ddp_model_args'].setdefault('device_ids', [local_rank])
     elif loop.device.type != 'cpu':
         loop.move_to_device(torch.device('cpu'))
+    if settings['fsdp'] is not None:
+        _shard_model(loop, settings)
 
     loop.callbacks_handler.regate_for_rank()
     # As in a single process, a resumed run settles its experiment folder before callbacks register; the data
@@ -269,6 +326,11 @@ def _train_worker(loop, local_rank, settings):
     loop.model.to(loop.device)
     if isinstance(loop.criterion, torch.nn.Module):
         loop.criterion.to(loop.device)
+    if settings['fsdp'] is not None:
+        # fully_shard shards loop.model in place: it is the module that trains, no wrapper around it.
+        loop.train_in_this_process(settings['num_epochs'], settings['num_iterations'], None,
+                                   settings['grad_accumulation'])
+        return
     ddp_model: torch.nn.Module
     if loop.batch_model_feed_def is None and isinstance(loop.model, TTModel):
         ddp_model = distributed.TTDistributedDataParallel(loop.model, **settings['ddp_model_args'])
@@ -277,3 +339,35 @@ def _train_worker(loop, local_rank, settings):
     with loop.distributed_model(ddp_model):
         loop.train_in_this_process(settings['num_epochs'], settings['num_iterations'], None,
                                    settings['grad_accumulation'])
+
+
+def _shard_model(loop, settings):
+    """FSDP: shard ``loop.model`` in place on this process's device and rebuild the optimizer(s) over the sharded
+    parameters, before any callback registers (so schedulers built at registration hold the new optimizer), and let
+    the callbacks that write sharded checkpoints run on every rank (they set ``collective_when_sharded``)."""
+    model = loop.model
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"gpu_mode='fsdp' shards a torch.nn.Module; the TrainLoop's model is "
+                        f"{type(model).__qualname__}")
+    model.to(loop.device)
+    old_names = {id(p): name for name, p in model.named_parameters()}
+    fsdp = settings['fsdp']
+    if fsdp['shard_fn'] is not None:
+        fsdp['shard_fn'](model)
+    else:
+        default_fsdp_shard(model, fsdp['min_num_params'])
+    if not distributed.is_fsdp_model(model):
+        raise ValueError("gpu_mode='fsdp': fsdp_shard_fn did not shard the model (call "
+                         "torch.distributed.fsdp.fully_shard on its blocks and then on the model itself)")
+    new_params = dict(model.named_parameters())
+    optimizer = loop.optimizer
+    if optimizer is not None:
+        if hasattr(optimizer, 'optimizer_list'):        # MultiOptimizer: rebuild each, keep the wrapper
+            optimizer.optimizer_list = [distributed.rebuild_optimizer(o, old_names, new_params)
+                                        for o in optimizer.optimizer_list]
+        elif getattr(optimizer, 'param_groups', None) is not None:
+            loop.optimizer = distributed.rebuild_optimizer(optimizer, old_names, new_params)
+    for cb in (list(loop.callbacks) + list(loop.callbacks_handler.cached_callbacks)
+               + list(settings['callbacks'] or [])):
+        if getattr(cb, 'collective_when_sharded', False):
+            cb.device_idx_execution = None

@@ -1,5 +1,6 @@
 """Distributed-training plumbing: rank / world size, loaders sharded with DistributedSampler, the model
-wrapper, and gathering predictions from every process back into dataset order.
+wrapper, gathering predictions from every process back into dataset order, and the helpers for FSDP's sharded
+tensors (DTensor) that callbacks use.
 
 The launch itself (spawn or torchrun) lives in ddp_launch.py.
 """
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any, ContextManager, cast
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
@@ -340,3 +343,70 @@ def _concat_metadata(metadatas: list[dict[str, Any]]) -> dict[str, Any]:
         except TypeError:
             joined[key] = parts
     return joined
+
+
+# ---------------------------------------------------------------------------------------------- FSDP (sharded tensors)
+
+def is_dtensor(value: Any) -> bool:
+    """True for a ``torch.distributed.tensor.DTensor``: what FSDP2 (``gpu_mode='fsdp'``) turns parameters,
+    gradients and optimizer state into (each process holds one shard)."""
+    return isinstance(value, DTensor)
+
+
+def full_tensor(value: torch.Tensor) -> torch.Tensor:
+    """The whole value of ``value``: gathered from every process for a DTensor (a collective: every rank must
+    call it), ``value`` itself otherwise."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def local_tensor(value: torch.Tensor) -> torch.Tensor:
+    """This process's shard of a DTensor (no communication), ``value`` itself otherwise. What rank-restricted
+    callbacks (histograms, printed statistics) may read under FSDP without a collective."""
+    return value.to_local() if isinstance(value, DTensor) else value
+
+
+def copy_full_into(target: torch.Tensor, source: torch.Tensor) -> None:
+    """``target.copy_(source)`` where ``target`` may be a DTensor shard and ``source`` the whole (plain) value:
+    each process keeps the part of ``source`` that its shard holds. No communication."""
+    if isinstance(target, DTensor) and not isinstance(source, DTensor):
+        source = distribute_tensor(source.to(target.device), target.device_mesh, target.placements,
+                                   src_data_rank=None)
+    target.copy_(source)
+
+
+def is_fsdp_model(model: Any) -> bool:
+    """True when ``model`` (or one of its sub-modules) was sharded with FSDP2's ``fully_shard``."""
+    return isinstance(model, torch.nn.Module) and any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def rebuild_optimizer(optimizer: Any, old_names: dict[int, str], new_params: dict[str, torch.nn.Parameter]) -> Any:
+    """The same optimizer (class, hyperparameters, parameter groups) over the model's new parameters.
+
+    ``fully_shard`` replaces each parameter by a new DTensor parameter, so an optimizer built before sharding
+    holds stale tensors that training would never update. Each group keeps its hyperparameters (its ``lr``,
+    ``weight_decay``, ...); ``old_names`` maps ``id(old parameter)`` to its name, ``new_params`` the names to the
+    sharded parameters. The optimizer is built as ``type(optimizer)(groups, **optimizer.defaults)`` (torch
+    optimizers' ``defaults`` are their constructor's keyword arguments). State already in the optimizer (a second
+    fit) is not carried over: a warning says so (resume from a checkpoint to continue with it)."""
+    groups = []
+    for group in optimizer.param_groups:
+        params = []
+        for param in group['params']:
+            name = old_names.get(id(param))
+            if name is None or name not in new_params:
+                raise ValueError(f'the optimizer {type(optimizer).__qualname__} holds a parameter that is not one of '
+                                 f"the model's named parameters; with gpu_mode='fsdp' the optimizer must be built over "
+                                 f'model.parameters() (it is rebuilt over the sharded parameters)')
+            params.append(new_params[name])
+        groups.append({**{k: v for k, v in group.items() if k != 'params'}, 'params': params})
+    if any(optimizer.state.values()):
+        logger.warning("gpu_mode='fsdp': the state of %s (e.g. momentum) is not carried over to the optimizer rebuilt "
+                       "over the sharded parameters; resume from a checkpoint to continue it",
+                       type(optimizer).__qualname__)
+    try:
+        return type(optimizer)(groups, **optimizer.defaults)
+    except TypeError as error:
+        raise TypeError(f"gpu_mode='fsdp' rebuilds the optimizer over the sharded parameters as "
+                        f"{type(optimizer).__qualname__}(param_groups, **optimizer.defaults), which failed ({error}); "
+                        f"build it in each process instead (e.g. in on_multiprocess_start, over loop.model.parameters()"
+                        f" once the model is sharded)") from error

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, ca
 
 import torch
 
+from . import distributed, sharded_checkpoint
 from .checkpoint import FORMAT_VERSION, CheckpointError, check_weights_only_safe, load_checkpoint, load_model_weights
 from .experiment import BEST_POINTER, CHECKPOINT_DIR, LATEST_POINTER, LEGACY_LATEST_POINTER  # noqa: F401
 from .experiment import get_experiment, is_s3_mode
@@ -134,15 +135,26 @@ def _json_safe(hyperparams):
     return text, json.loads(text)
 
 
-def build_checkpoint(loop, hyperparams=None, mid_epoch=False):
+def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True):
     """The loop's full state as a checkpoint dict.
 
     Args:
         mid_epoch (bool): taken inside an epoch (after a batch), not after the epoch's end.
+        weights (bool): include the model and optimizer state. With an FSDP-sharded model (gpu_mode='fsdp') the
+            whole state is gathered to rank 0 (a collective: every process calls build_checkpoint, rank 0's result
+            is the one to save); ``weights=False`` leaves them out, for a sharded checkpoint whose weights DCP writes
+            (sharded_checkpoint.save).
     """
     model = loop.model
     optimizer = loop.optimizer
-    optimizer_state = optimizer.state_dict() if callable(getattr(optimizer, 'state_dict', None)) else None
+    fsdp = distributed.is_fsdp_model(model)
+    if fsdp or not weights:
+        model_state, optimizer_state = sharded_checkpoint.full_state(loop) if weights else ({}, None)
+        if optimizer_state is not None:
+            optimizer_state = sharded_checkpoint.index_keyed(loop, optimizer_state)
+    else:
+        model_state = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in model.state_dict().items()}
+        optimizer_state = optimizer.state_dict() if callable(getattr(optimizer, 'state_dict', None)) else None
     hyperparams_json, hyperparams_plain = _json_safe(hyperparams)
     handler = loop.callbacks_handler
     data_position = {'epoch': loop.epoch, 'batches_done': None, 'epoch_start_rng': None,
@@ -155,14 +167,15 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False):
             raise CheckpointError('cannot take a mid-epoch checkpoint: the RNG state of the epoch start is unknown')
         if not loop.should_execute_optimizer_update():
             # Inside a gradient-accumulation window: the accumulated gradients are part of the state.
+            if fsdp:
+                raise sharded_checkpoint.gradients_inside_window_error()
             data_position['grads'] = [None if p.grad is None else p.grad.detach().cpu().clone()
                                       for p in model.parameters()]
     experiment = loop.experiment
     checkpoint = {
         'format_version': FORMAT_VERSION,
         'kind': CHECKPOINT_KIND,
-        'model_state_dict': {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
-                             for k, v in model.state_dict().items()},
+        'model_state_dict': model_state,
         'optimizer_state_dict': optimizer_state,
         'optimizer_class': optimizer_class_names(loop),
         'schedulers_state_dict': [cb.state_dict() for cb in loop.get_schedulers()],
@@ -205,6 +218,8 @@ def validate_checkpoint(loop, checkpoint, source='checkpoint', check_optimizer_g
     if not isinstance(checkpoint, dict) or 'model_state_dict' not in checkpoint:
         raise CheckpointError(f'{source} is not a training checkpoint (no model_state_dict); pass a file written by '
                               f'ModelCheckpoint / ModelIterationCheckpoint / ModelTrainEndSave')
+    if checkpoint.get(sharded_checkpoint.FOLDER_KEY):
+        return      # sharded weights: DCP checks them against the model when they are loaded
     _check_model_fits(loop.model, checkpoint['model_state_dict'], source)
     optimizer_state = checkpoint.get('optimizer_state_dict')
     if optimizer_state is None or loop.optimizer is None:
@@ -276,9 +291,14 @@ def apply_checkpoint(loop, checkpoint, source='checkpoint', restore_rng=True, re
         # optimizer's parameter groups from its state, so the saved optimizer state then fits.
         loop.callbacks_handler.load_callbacks_state_dict(checkpoint.get('callbacks', {}))
     validate_checkpoint(loop, checkpoint, source)
-    _load_model(loop, checkpoint['model_state_dict'], source)
     optimizer_state = checkpoint.get('optimizer_state_dict')
-    if optimizer_state is not None:
+    if checkpoint.get(sharded_checkpoint.FOLDER_KEY):       # a sharded (FSDP) checkpoint: DCP reshards
+        sharded_checkpoint.load_model_and_optimizer(loop, checkpoint[sharded_checkpoint.FOLDER_KEY], source)
+    elif distributed.is_fsdp_model(loop.model):              # a whole checkpoint into a sharded model
+        sharded_checkpoint.load_full_state(loop, checkpoint['model_state_dict'], optimizer_state)
+    else:
+        _load_model(loop, checkpoint['model_state_dict'], source)
+    if optimizer_state is not None and not distributed.is_fsdp_model(loop.model):
         if not callable(getattr(loop.optimizer, 'load_state_dict', None)):
             raise CheckpointError(f'{source} holds optimizer state but the optimizer '
                                   f'{type(loop.optimizer).__qualname__} has no load_state_dict()')
@@ -489,6 +509,10 @@ def find_checkpoint_in_dir(path):
         if os.path.isdir(folder):
             files = [os.path.join(folder, f) for f in os.listdir(folder)
                      if f.endswith(('.pth', '.pt')) and not f.startswith('.')]
+            # Sharded (FSDP) checkpoints: complete folders only, named by their marker file as pointers do.
+            files += [os.path.join(folder, f, sharded_checkpoint.MARKER) for f in os.listdir(folder)
+                      if f.endswith(sharded_checkpoint.SUFFIX) and sharded_checkpoint.is_sharded_checkpoint(
+                          os.path.join(folder, f))]
             if files:
                 return max(files, key=os.path.getmtime)
     return None
@@ -532,11 +556,13 @@ def load_resume_checkpoint(loop, resume_from, experiment=None, callbacks=None, m
                                     f'{experiment.project_name}/{experiment.experiment_name} in {experiment.root}')
     else:
         path = os.path.abspath(os.path.expanduser(resume_from))
-        if os.path.isdir(path):
+        if os.path.isdir(path) and not sharded_checkpoint.is_sharded_checkpoint(path):
             found = find_checkpoint_in_dir(path)
             if found is None:
                 raise FileNotFoundError(f'resume_from={resume_from!r}: no checkpoint in this folder')
             path = found
+    if sharded_checkpoint.is_sharded_checkpoint(path):
+        return sharded_checkpoint.load_train_state(path, map_location), path
     return load_checkpoint(path, map_location=map_location, allow_unsafe_pickle=allow_unsafe_pickle), path
 
 

@@ -1,12 +1,17 @@
 """The model contract the TrainLoop trains: how a batch becomes a loss and predictions."""
 from __future__ import annotations
 
+import logging
+import sys
+import types
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 
 def _to_device(data: Any, device: torch.device | str) -> Any:
@@ -175,8 +180,104 @@ class _BoundFeedDefinition:
         return self._feed_def.get_predictions(self._model, batch_data, device)
 
 
-def resolve_model(model: Any) -> tuple[nn.Module, BatchFeed]:
-    """Return ``(nn.Module to train, object with get_loss/get_loss_eval/get_predictions)``."""
+FEED_METHODS = ('get_loss', 'get_loss_eval', 'get_predictions')
+
+
+def compiled_original(model: Any) -> nn.Module | None:
+    """The module ``torch.compile`` wrapped when ``model`` is what ``torch.compile(module)`` returned (an
+    ``OptimizedModule``); None for anything else."""
+    # torch has no public name for the class nor for the wrapped module. If torch._dynamo was never imported,
+    # nothing was compiled (and reading sys.modules keeps this check from importing it).
+    eval_frame = sys.modules.get('torch._dynamo.eval_frame')
+    optimized_module = getattr(eval_frame, 'OptimizedModule', None)
+    if optimized_module is None or not isinstance(model, optimized_module):
+        return None
+    # The wrapped module is the OptimizedModule's one child, registered as '_orig_mod' (the name torch documents
+    # for it in torch.compile's state_dict keys); read through the public get_submodule.
+    return model.get_submodule('_orig_mod')
+
+
+class CompiledFeed:
+    """The feed of a ``torch.compile``'d model: the TTModel's (or ModelWrap feed definition's) methods run with
+    the compiled module in place of the model, so ``self(x)`` inside ``get_loss`` / ``get_predictions`` goes
+    through the compiled forward. Attribute reads and writes on the compiled module reach the original one
+    (``OptimizedModule`` forwards them), so the model's methods see their own attributes. As with the parallel
+    wrappers (parallel.TTParallelBase), ``self`` is not an instance of the model's class there, so these methods
+    should not call ``super()``; other methods they call through ``self`` run on the original module, whose
+    forward is not compiled.
+
+    Args:
+        original: the module that was compiled (the one the loop trains and saves).
+        compiled_module: ``torch.compile(original)``.
+        feed_def: a ModelWrap's feed definition, or None for a TTModel.
+    """
+
+    def __init__(self, original: nn.Module, compiled_module: nn.Module,
+                 feed_def: AbstractModelFeedDefinition | None = None) -> None:
+        self.original = original
+        self.compiled_module = compiled_module
+        self.feed_def = feed_def
+        self._feed: BatchFeed
+        if feed_def is not None:
+            self._feed = _BoundFeedDefinition(compiled_module, feed_def)
+            return
+        methods: dict[str, Any] = {}
+        for name in FEED_METHODS:
+            method = getattr(type(original), name, None)
+            if name == 'get_loss_eval' and method is TTModel.get_loss_eval:
+                # TTModel's default calls self.get_loss, which the compiled module resolves to the original's.
+                methods[name] = methods['get_loss']
+                continue
+            if isinstance(method, types.FunctionType):
+                methods[name] = types.MethodType(method, compiled_module)
+            else:       # not a plain method (rare): the model's own, whose forward then runs uncompiled
+                logger.warning('%s.%s is not a plain method; it runs on the uncompiled model',
+                               type(original).__qualname__, name)
+                methods[name] = getattr(original, name)
+        self._feed = cast(BatchFeed, types.SimpleNamespace(**methods))
+
+    def get_loss(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
+        """The training loss, computed through the compiled module."""
+        return self._feed.get_loss(batch_data, criterion, device)
+
+    def get_loss_eval(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
+        """The evaluation loss, computed through the compiled module."""
+        return self._feed.get_loss_eval(batch_data, criterion, device)
+
+    def get_predictions(self, batch_data: Any, device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
+        """``(y_pred, y_true, metadata)`` of one batch, computed through the compiled module."""
+        return self._feed.get_predictions(batch_data, device)
+
+
+def resolve_model(model: Any, compile_options: dict[str, Any] | None = None) -> tuple[nn.Module, BatchFeed]:
+    """Return ``(nn.Module to train, object with get_loss/get_loss_eval/get_predictions)``.
+
+    A ``torch.compile``'d model (``torch.compile(tt_model)``, or a ModelWrap of a compiled module) is unwrapped:
+    the module returned is the original, so its state_dict keys have no ``_orig_mod.`` prefix, and the feed
+    (a :class:`CompiledFeed`) runs the forward passes through the compiled module. With ``compile_options`` (a
+    dict of ``torch.compile`` keyword arguments) a model that is not compiled yet is compiled here.
+    """
+    feed_def = model.batch_model_feed_def if isinstance(model, ModelWrap) else None
+    candidate = model.model if isinstance(model, ModelWrap) else model
+    original = compiled_original(candidate)
+    if original is not None:
+        if compile_options is not None:
+            logger.warning('the model is already torch.compile\'d; the TrainLoop\'s compile options %s are not '
+                           'applied', compile_options)
+        compiled = candidate
+    elif compile_options is not None:
+        original, compiled = None, None
+        if isinstance(candidate, nn.Module):
+            original, compiled = candidate, torch.compile(candidate, **compile_options)
+    else:
+        compiled = None
+    if original is None or compiled is None:
+        return _resolve_plain(model)
+    module, _ = _resolve_plain(ModelWrap(original, feed_def) if feed_def is not None else original)
+    return module, CompiledFeed(original, compiled, feed_def)
+
+
+def _resolve_plain(model: Any) -> tuple[nn.Module, BatchFeed]:
     if isinstance(model, ModelWrap):
         return model.model, _BoundFeedDefinition(model.model, model.batch_model_feed_def)
     if isinstance(model, TTModel):

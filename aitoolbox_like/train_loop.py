@@ -43,7 +43,7 @@ from .callbacks.defaults import add_default_callbacks       # the one place defa
 from .callbacks.handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError
 from .history import TrainingHistory
 from .message_passing import MessageService
-from .model import ModelWrap, TTBasicModel, resolve_model
+from .model import CompiledFeed, ModelWrap, TTBasicModel, resolve_model
 from .multi_loss_optim import MultiLoss, MultiOptimizer
 from .parallel import TTDataParallel
 from .predictions import append_predictions, batch_size_of, combine_prediction_metadata_batches, torch_cat_transf
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-GPU_MODES = ('single', 'dp', 'ddp')
+GPU_MODES = ('single', 'dp', 'ddp', 'fsdp')
 
 
 class TrainLoop:
@@ -78,11 +78,17 @@ class TrainLoop:
         lazy_experiment_save (bool): for tracking loops: create experiment folders only when first used.
         print_callbacks (bool): print the registered callbacks at the start of fit.
         gpu_mode: 'single', 'dp' (torch.nn.DataParallel over the visible GPUs in this process) or 'ddp'
-            (DistributedDataParallel, one process per GPU; see docs/distributed.md).
+            (DistributedDataParallel, one process per GPU; see docs/distributed.md) or 'fsdp' (torch's FSDP2:
+            parameters, gradients and optimizer state sharded over the processes).
         cuda_device_idx (int or None): which GPU in 'single' mode (CPU when CUDA is unavailable).
         use_amp: False, True / 'fp16' (CUDA, with GradScaler), 'bf16' (CPU or CUDA), or a dict of
             GradScaler arguments.
         progress_bar (bool or None): tqdm progress bar; None shows it only when stderr is a terminal.
+        compile (bool or dict): ``torch.compile`` the model (True, or a dict of ``torch.compile`` arguments such
+            as ``{'mode': 'max-autotune'}``). A model passed already compiled (``torch.compile(model)``) is used
+            as it is. Either way ``model`` is the plain module (checkpoints have no ``_orig_mod.`` prefix) and
+            the forward passes go through ``compiled_model``. The DDP and DataParallel modes run their
+            wrapper's forward, which is not compiled.
     """
 
     def __init__(self, model: Any, train_loader: Any, validation_loader: Any, test_loader: Any, optimizer: Any,
@@ -90,8 +96,19 @@ class TrainLoop:
                  pred_transform_fn: Callable[[List[Any]], Any] = torch_cat_transf,
                  end_auto_eval: Union[bool, int] = True, lazy_experiment_save: bool = False,
                  print_callbacks: bool = False, gpu_mode: str = 'single', cuda_device_idx: Optional[int] = None,
-                 use_amp: Union[bool, str, Dict[str, Any]] = False, progress_bar: Optional[bool] = None) -> None:
-        self.model, self._feed = resolve_model(model)
+                 use_amp: Union[bool, str, Dict[str, Any]] = False, progress_bar: Optional[bool] = None,
+                 compile: Union[bool, Dict[str, Any]] = False) -> None:
+        if isinstance(compile, dict):
+            self.compile_options: Optional[Dict[str, Any]] = dict(compile)
+        elif isinstance(compile, bool):
+            self.compile_options = {} if compile else None
+        else:
+            raise TypeError(f'compile must be False, True or a dict of torch.compile arguments, got {compile!r}')
+        self.model, self._feed = resolve_model(model, self.compile_options)
+        # The torch.compile'd module the forward passes go through (None when not compiled); ``model`` is the
+        # plain module, which is trained, saved and loaded (its state_dict keys have no '_orig_mod.' prefix).
+        self.compiled_model: Optional[torch.nn.Module] = \
+            self._feed.compiled_module if isinstance(self._feed, CompiledFeed) else None
         self.batch_model_feed_def = model.batch_model_feed_def if isinstance(model, ModelWrap) else None
         if gpu_mode not in GPU_MODES:
             raise ValueError(f'gpu_mode must be one of {GPU_MODES}, got {gpu_mode!r}')
@@ -149,6 +166,9 @@ class TrainLoop:
         self.experiment_uploader: Optional[ExperimentUploader] = None
         self.upload_failures: List[Any] = []    # uploads that had failed when fit ended
         self.resume_plan: Optional[loop_state.ResumePlan] = None
+        # With a checkpoint callback, a fit also gets PreemptionCheckpoint (SIGTERM / SIGINT save and stop cleanly;
+        # callbacks/defaults.py); the tracking loops take it as an argument.
+        self.preemption_safe = True
         self.epoch_start_rng: Optional[Dict[str, Any]] = None   # RNG state at this epoch's start (mid-epoch resume)
         # callbacks
         self.callbacks: List[AbstractCallback] = []
@@ -200,6 +220,9 @@ class TrainLoop:
         """Within the block, forward passes go through ``ddp_model`` (the DistributedDataParallel wrapper of
         ``model``) and ``ddp_model`` is set; ``model`` stays the plain module. Used by each DDP process."""
         plain_feed = self._feed
+        if self.compiled_model is not None:
+            logger.warning('gpu_mode=%r: the training forward passes go through the DDP wrapper, which is not '
+                           'torch.compile\'d; evaluation uses the compiled model', self.gpu_mode)
         self.ddp_model = ddp_model
         self._feed = distributed.DDPFeed(ddp_model, plain_feed, self.batch_model_feed_def)
         try:
@@ -266,6 +289,9 @@ class TrainLoop:
             if self.gpu_mode == 'ddp':
                 from .ddp_launch import fit_ddp
                 return fit_ddp(self, num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
+            if self.gpu_mode == 'fsdp':
+                from .ddp_launch import fit_fsdp
+                return fit_fsdp(self, num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
             if self.gpu_mode == 'dp':
                 return self._fit_data_parallel(num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
             if kwargs:
@@ -280,6 +306,9 @@ class TrainLoop:
         if kwargs:
             raise TypeError(f'fit() got unexpected arguments {sorted(kwargs)}; gpu_mode=\'dp\' accepts dp_model_args')
         if not isinstance(self.model, torch.nn.DataParallel):
+            if self.compiled_model is not None:
+                logger.warning("gpu_mode='dp': the DataParallel wrapper's forward is not torch.compile'd")
+                self.compiled_model = None
             # As in AIToolbox, the loop's model becomes the wrapper (one process, so nothing else sees the plain
             # module); its state_dict keys then start with 'module.'.
             self.model.to(self.device)
@@ -338,12 +367,25 @@ class TrainLoop:
             except StopTraining:
                 pass
             self.message_service.end_of_training_trigger()
+            self._wait_for_pending_saves()
             self.wait_for_uploads()
         except BaseException as exc:
             self.callbacks_handler.execute_exception(exc)
+            try:
+                self._wait_for_pending_saves()
+            except Exception:
+                logger.exception('A background checkpoint write failed while fit was failing with %r', exc)
             self.wait_for_uploads(after_exception=True)
             raise
         return self.model
+
+    def _wait_for_pending_saves(self):
+        # Saving callbacks write checkpoints in the background and wait in their own on_train_end; this also covers
+        # a fit whose on_train_end was cut short (StopTraining raised there by an earlier callback).
+        for callback in self.callbacks:
+            wait = getattr(callback, 'wait_for_pending_save', None)
+            if callable(wait):
+                wait()
 
     def wait_for_uploads(self, after_exception: bool = False) -> List[Any]:
         """Wait for the experiment's pending cloud uploads (the end of fit does this) and return the ones that
@@ -724,8 +766,7 @@ class TrainLoop:
         if isinstance(loss_record[0], MultiLoss):
             names = list(loss_record[0].keys())
             return MultiLoss({name: self.parse_loss([ml[name] for ml in loss_record]) for name in names})
-        # Duck-typed losses were recorded as Python floats (see _loss_value).
-        mean = torch.stack([torch.as_tensor(loss, dtype=torch.float64).reshape(()) for loss in loss_record]).mean()
+        mean = _mean_float64(loss_record)
         if self.world_size > 1:
             self._check_collective_allowed('parse_loss')
             mean = mean.to(self._collective_device())
@@ -795,8 +836,10 @@ class TrainLoop:
                     num_samples += n
         finally:
             self.model.train(was_training)
-        for fn in hooks['on_eval_end']:
-            fn(info)
+            # Also when the pass stops early (StopTraining from an eval hook): callbacks that swapped weights in
+            # on_eval_begin (EMA) swap them back here.
+            for fn in hooks['on_eval_end']:
+                fn(info)
         if weighted_sum is None:
             raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
         if isinstance(weighted_sum, dict):
@@ -872,8 +915,8 @@ class TrainLoop:
                         metadata_list.append(metadata_batch)
         finally:
             self.model.train(was_training)
-        for fn in hooks['on_eval_end']:
-            fn(info)
+            for fn in hooks['on_eval_end']:
+                fn(info)
         y_pred, y_true = self.pred_transform_fn(y_pred), self.pred_transform_fn(y_true)
         # As in AIToolbox, batches that return {} give {}; None only when every batch returned None.
         metadata = combine_prediction_metadata_batches(metadata_list) if metadata_list else None
@@ -954,6 +997,22 @@ def _loss_value(loss):
         except (AttributeError, TypeError, ValueError):
             continue
     return None
+
+
+def _mean_float64(losses: Sequence[Any]) -> torch.Tensor:
+    """The float64 mean of one-element losses: tensors, or the Python floats recorded for duck-typed losses
+    (see _loss_value). The common case, same-device tensors, is one stack and one conversion instead of one
+    tensor op per batch (an epoch-end cost that grows with the epoch); converting to float64 is exact, so both
+    ways give the same bits."""
+    if all(type(loss) is torch.Tensor for loss in losses):
+        try:
+            stacked = torch.stack(list(losses))
+        except RuntimeError:        # shapes or devices differ: the general path below
+            pass
+        else:
+            if stacked.numel() == len(losses):
+                return stacked.reshape(-1).to(torch.float64).mean()
+    return torch.stack([torch.as_tensor(loss, dtype=torch.float64).reshape(()) for loss in losses]).mean()
 
 
 def _cpu(value):

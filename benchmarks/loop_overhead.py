@@ -1,8 +1,18 @@
 """Loop overhead: TrainLoop vs a hand-written PyTorch loop on the same model, data and steps.
 
-Runs the three variants interleaved in one process (raw loop, TrainLoop without callbacks, TrainLoop
-with 50 no-op callbacks on every per-step hook), repeats, and prints the median ratio of steps/s and
-the cost of one no-op callback per hook call. Usage: python benchmarks/loop_overhead.py [--repeats N]
+Runs the variants interleaved in one process (raw loop, TrainLoop without callbacks, TrainLoop with 50
+no-op callbacks on every per-step hook), repeats, and prints median ratios of steps/s, two of them:
+
+- whole fit: from building the loop to ``fit`` returning (registration, defaults, device moves, the
+  per-epoch RNG capture and loss history, the end of fit), against the raw loop from its first line
+  to its last step;
+- steady state: only the epochs' steps (timed from on_epoch_begin to on_epoch_end), so the fixed
+  start / end cost of a fit is left out.
+
+``--compile`` compares ``TrainLoop(..., compile=True)`` with a hand-written loop over the same
+``torch.compile``'d model (compilation is warmed up first and never timed).
+
+Usage: python benchmarks/loop_overhead.py [--repeats N] [--tiny] [--compile [--backend B]]
 """
 import argparse
 import statistics
@@ -19,6 +29,7 @@ PER_STEP_HOOKS = ('on_batch_begin', 'on_after_backward', 'on_after_gradient_upda
 
 
 IN_FEATURES, HIDDEN, BATCH_SIZE = 784, 256, 64      # an MNIST-sized MLP; --tiny shrinks it
+COMPILE = None      # None: eager; a dict of torch.compile kwargs with --compile
 
 
 class SmallMLP(TTBasicModel):
@@ -56,31 +67,33 @@ def make_batches(num_batches):
             for _ in range(num_batches)]
 
 
-def run_raw(batches, epochs):
+def new_model_and_optimizer():
     torch.manual_seed(0)
     model = SmallMLP()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def run_raw(batches, epochs):
+    """(whole, steady): the same time twice, a hand-written loop has no fixed cost of its own."""
+    model, optimizer = new_model_and_optimizer()
+    start = time.perf_counter()
+    forward = torch.compile(model, **COMPILE) if COMPILE is not None else model
     criterion = nn.CrossEntropyLoss()
     model.train()
-    start = time.perf_counter()
     for _ in range(epochs):
         for x, y in batches:
-            loss = criterion(model(x), y)
+            loss = criterion(forward(x), y)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-    return time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    return elapsed, elapsed
 
 
 def run_trainloop(batches, epochs, num_callbacks):
-    torch.manual_seed(0)
-    model = SmallMLP()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loop = TrainLoop(model, batches, None, None, optimizer, nn.CrossEntropyLoss(), end_auto_eval=False,
-                     progress_bar=False)
+    """(whole, steady): building the loop + fit, and the epochs only."""
+    model, optimizer = new_model_and_optimizer()
     callbacks = [NoOp(i) for i in range(num_callbacks)]
-    loop.callbacks_handler.register_callbacks(callbacks)
-    # Time only the epochs: registration and the once-per-epoch history reduction are not per-step costs.
     times = []
 
     class EpochTimer(AbstractCallback):
@@ -93,8 +106,14 @@ def run_trainloop(batches, epochs, num_callbacks):
         def on_epoch_end(self):
             times.append(time.perf_counter() - self.start)
 
-    loop.fit(num_epochs=epochs, callbacks=[EpochTimer()])
-    return sum(times)
+    timer = EpochTimer()
+    start = time.perf_counter()
+    options = {} if COMPILE is None else {'compile': COMPILE}
+    loop = TrainLoop(model, batches, None, None, optimizer, nn.CrossEntropyLoss(), end_auto_eval=False,
+                     progress_bar=False, **options)
+    loop.fit(num_epochs=epochs, callbacks=callbacks + [timer])
+    whole = time.perf_counter() - start
+    return whole, sum(times)
 
 
 def main():
@@ -104,29 +123,47 @@ def main():
     parser.add_argument('--epochs', type=int, default=2)
     parser.add_argument('--tiny', action='store_true',
                         help='worst case: a 64-128-10 MLP on batches of 32, where the step itself is tiny')
+    parser.add_argument('--compile', action='store_true',
+                        help='TrainLoop(compile=True) vs a hand-written loop over torch.compile(model)')
+    parser.add_argument('--backend', default='inductor', help='torch.compile backend with --compile')
     args = parser.parse_args()
-    global IN_FEATURES, HIDDEN, BATCH_SIZE
+    global IN_FEATURES, HIDDEN, BATCH_SIZE, COMPILE
     if args.tiny:
         IN_FEATURES, HIDDEN, BATCH_SIZE = 64, 128, 32
+    if args.compile:
+        COMPILE = {'backend': args.backend}
     torch.set_num_threads(1)
     batches = make_batches(args.batches)
     steps = args.batches * args.epochs
-    run_raw(batches, 1), run_trainloop(batches, 1, 0)          # warm-up
-    ratios_plain, ratios_cbs, per_callback_us, overhead_us = [], [], [], []
+    for _ in range(2):      # warm-up (and compilation with --compile)
+        run_raw(batches, 1), run_trainloop(batches, 1, 0), run_trainloop(batches, 1, 50)
+    whole_plain, steady_plain, whole_cbs, steady_cbs, per_callback_us, overhead_us, fixed_ms, fixed_cbs_ms = \
+        ([] for _ in range(8))
     for _ in range(args.repeats):
-        raw = run_raw(batches, args.epochs)
+        raw, _ = run_raw(batches, args.epochs)
         plain = run_trainloop(batches, args.epochs, 0)
         with_cbs = run_trainloop(batches, args.epochs, 50)
-        ratios_plain.append(raw / plain)
-        ratios_cbs.append(raw / with_cbs)
-        per_callback_us.append((with_cbs - plain) / (steps * 50 * len(PER_STEP_HOOKS)) * 1e6)
-        overhead_us.append((plain - raw) / steps * 1e6)
-    raw_step_us = run_raw(batches, args.epochs) / steps * 1e6
-    print(f'model: MLP {IN_FEATURES}-{HIDDEN}-10, batch {BATCH_SIZE}, {steps} steps per run, {args.repeats} '
-          f'interleaved repeats, torch {torch.__version__}, 1 thread; raw loop step ~{raw_step_us:.0f} us')
-    print(f'TrainLoop overhead per step: {statistics.median(overhead_us):.1f} us (median)')
-    print(f'TrainLoop, no callbacks:     {statistics.median(ratios_plain):.3f} x raw-loop steps/s (median)')
-    print(f'TrainLoop, 50 no-op callbacks: {statistics.median(ratios_cbs):.3f} x raw-loop steps/s (median)')
+        whole_plain.append(raw / plain[0])
+        steady_plain.append(raw / plain[1])
+        whole_cbs.append(raw / with_cbs[0])
+        steady_cbs.append(raw / with_cbs[1])
+        per_callback_us.append((with_cbs[1] - plain[1]) / (steps * 50 * len(PER_STEP_HOOKS)) * 1e6)
+        overhead_us.append((plain[1] - raw) / steps * 1e6)
+        fixed_ms.append((plain[0] - plain[1]) * 1e3)
+        fixed_cbs_ms.append((with_cbs[0] - with_cbs[1]) * 1e3)
+    raw_step_us = run_raw(batches, args.epochs)[0] / steps * 1e6
+    mode = f'torch.compile(backend={args.backend!r})' if args.compile else 'eager'
+    print(f'model: MLP {IN_FEATURES}-{HIDDEN}-10, batch {BATCH_SIZE}, {steps} steps per run ({args.epochs} epochs), '
+          f'{args.repeats} interleaved repeats, torch {torch.__version__}, 1 thread, {mode}; raw loop step '
+          f'~{raw_step_us:.0f} us')
+    print(f'TrainLoop overhead per step (steady state): {statistics.median(overhead_us):.1f} us (median)')
+    print(f'fit start + end, outside the epochs:        {statistics.median(fixed_ms):.2f} ms per fit, '
+          f'{statistics.median(fixed_cbs_ms):.2f} ms with 50 callbacks (median)')
+    print('x raw-loop steps/s (median)      whole fit   steady state')
+    print(f'TrainLoop, no callbacks:           {statistics.median(whole_plain):.3f}       '
+          f'{statistics.median(steady_plain):.3f}')
+    print(f'TrainLoop, 50 no-op callbacks:     {statistics.median(whole_cbs):.3f}       '
+          f'{statistics.median(steady_cbs):.3f}')
     print(f'cost of one no-op callback per hook call: {statistics.median(per_callback_us):.3f} us (median)')
 
 

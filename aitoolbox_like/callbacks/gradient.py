@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional,
 
 import torch
 
+from .. import distributed
 from ._common import check_int, import_matplotlib, new_figure
 from .abstract import AbstractCallback, AbstractExperimentCallback
 
@@ -32,15 +33,20 @@ def _optimizer_params(loop: 'TrainLoop', optimizer_idx: int) -> List[torch.nn.Pa
     return [p for group in groups for p in group['params']]
 
 
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    return distributed.local_tensor(grad.detach()).reshape(-1)
+
+
 def _layer_gradient(layer: Any) -> Optional[torch.Tensor]:
     """The gradient to inspect for one entry of ``model_layers_extract_def(model)``: a parameter's own gradient,
-    a module's ``weight`` gradient (as AIToolbox), or all of a weight-less module's gradients flattened."""
+    a module's ``weight`` gradient (as AIToolbox), or all of a weight-less module's gradients flattened. Under FSDP
+    (gpu_mode='fsdp') this process's shard of it: these callbacks run on one rank, where gathering would hang."""
     if isinstance(layer, torch.Tensor):
-        return None if layer.grad is None else layer.grad.detach().reshape(-1)
+        return None if layer.grad is None else _local(layer.grad)
     weight = getattr(layer, 'weight', None)
     if isinstance(weight, torch.Tensor):
-        return None if weight.grad is None else weight.grad.detach().reshape(-1)
-    grads = [p.grad.detach().reshape(-1) for p in layer.parameters() if p.grad is not None]
+        return None if weight.grad is None else _local(weight.grad)
+    grads = [_local(p.grad) for p in layer.parameters() if p.grad is not None]
     return torch.cat(grads) if grads else None
 
 
@@ -332,7 +338,10 @@ class GradNormLogger(AbstractCallback):
         params, layer_indices = self._params, self._layer_indices
         assert params is not None and layer_indices is not None, 'set in on_train_begin'
         device = self.train_loop_obj.device
-        param_norms = [None if p.grad is None else torch.linalg.vector_norm(p.grad.detach().float(), self.norm_type)
+        # Under FSDP a gradient is a DTensor shard: full_tensor() completes its norm over every rank (this
+        # callback runs on every rank).
+        param_norms = [None if p.grad is None else
+                       distributed.full_tensor(torch.linalg.vector_norm(p.grad.detach().float(), self.norm_type))
                        for p in params]
         norms = torch.stack([self._layer_norm(param_norms, indices, device) for indices in layer_indices])
         self._sums = norms if self._sums is None else self._sums + norms

@@ -4,6 +4,11 @@ Files go to ``<local folder>/<project>/<experiment>_<timestamp>/`` (AIToolbox's 
 ``cloud_save_mode='s3'``, to the same keys under ``s3://<bucket>/<cloud_dir_prefix>/`` through a background
 uploader (training does not wait for the network). Checkpoints hold the full training state
 (aitoolbox_like.loop_state) so ``fit(resume_from=...)`` continues exactly where a run stopped.
+
+With ``async_save=True`` (the default) a save only copies the state to host memory on the training thread; the
+file, its pointers and its upload are written by a background thread (checkpoint.AsyncCheckpointWriter), at most
+one at a time. The next save, the end of fit (on_train_end / on_exception) and ``wait_for_pending_save()`` wait for
+it, and raise its error if it failed.
 """
 import copy
 import logging
@@ -11,8 +16,8 @@ import math
 import os
 from typing import Any, Optional
 
-from .. import loop_state
-from ..checkpoint import atomic_torch_save
+from .. import distributed, loop_state, sharded_checkpoint
+from ..checkpoint import AsyncCheckpointWriter, atomic_torch_save
 from ..experiment import (BEST_POINTER, CHECKPOINT_DIR, LATEST_POINTER, MODEL_DIR, RESULTS_DIR, Experiment,
                           ExperimentUploader, get_experiment, get_uploader, normalize_cloud_save_mode, write_pointer)
 from ..experiment import model_file_name  # noqa: F401  (kept importable from this module, where it used to live)
@@ -31,7 +36,7 @@ class ExperimentSaverBase(AbstractCallback):
 
     def __init__(self, callback_name, project_name, experiment_name, local_model_result_folder_path, hyperparams,
                  cloud_save_mode='s3', bucket_name='model-result', cloud_dir_prefix='', endpoint_url=None,
-                 execution_order=100, device_idx_execution=0):
+                 execution_order=100, device_idx_execution=0, async_save=True):
         super().__init__(callback_name, execution_order, device_idx_execution)
         if local_model_result_folder_path is None:
             raise ValueError(f'{type(self).__name__}: local_model_result_folder_path is required (the folder under '
@@ -48,6 +53,9 @@ class ExperimentSaverBase(AbstractCallback):
         # Set at registration, before any hook that uses it runs.
         self.experiment: Experiment = None  # type: ignore[assignment]  # None only until registration
         self.uploader: Optional[ExperimentUploader] = None
+        # async_save: checkpoint files are written by this writer's background thread (None: on the training thread).
+        self.async_save = bool(async_save)
+        self.async_writer: Optional[AsyncCheckpointWriter] = AsyncCheckpointWriter() if async_save else None
         validate_key_part(project_name, 'project_name')
         validate_key_part(experiment_name, 'experiment_name')
 
@@ -79,20 +87,86 @@ class ExperimentSaverBase(AbstractCallback):
     def _model_file_name(self, epoch=None, iteration_idx=None):
         return model_file_name(self.experiment_name, self.train_loop_obj.experiment_timestamp, epoch, iteration_idx)
 
-    def _save_state(self, subdir, file_name, mid_epoch=False, pointer=None):
-        """Write the loop's full state atomically into ``<experiment>/<subdir>/<file_name>`` and upload it."""
+    def wait_for_pending_save(self):
+        """Block until the checkpoint being written in the background (if any) is complete: its file, pointers and
+        upload queued. Raises CheckpointError if that write failed. Does nothing with ``async_save=False``."""
+        if self.async_writer is not None:
+            self.async_writer.wait()
+
+    def on_train_end(self):
+        # The end of fit returns only once the last checkpoint is complete (before the loop waits for uploads).
+        self.wait_for_pending_save()
+
+    def on_exception(self, exception):
+        try:
+            self.wait_for_pending_save()
+        except Exception as error:
+            # fit is already failing with `exception`; the failed write is reported, not lost.
+            logger.error('%s: %s (while fit failed with %s)', type(self).__name__, error, type(exception).__name__)
+            exception.add_note(f'also: {error}')
+
+    def _save_state(self, subdir, file_name, mid_epoch=False, pointer=None, after_write=None, wait=False,
+                    checkpoint=None):
+        """Write the loop's full state atomically into ``<experiment>/<subdir>/<file_name>``, then point
+        ``pointer`` at it, queue its upload and run ``after_write(path)``; returns the file's path.
+
+        With ``async_save`` the training thread only waits for the previous write and copies the state to host
+        memory; the rest runs in the background (``wait=True``: wait for it before returning). ``checkpoint``: the
+        state to write, already built (an FSDP export, gathered by every rank); None: built here."""
         loop = self.train_loop_obj
+        self.wait_for_pending_save()        # one write in flight at most; its error is raised here
         self.save_hyperparams()
-        checkpoint = loop_state.build_checkpoint(loop, self.hyperparams, mid_epoch=mid_epoch)
+        if checkpoint is None:
+            checkpoint = loop_state.build_checkpoint(loop, self.hyperparams, mid_epoch=mid_epoch)
         folder = self.experiment.subdir(subdir)
         path = os.path.join(folder, file_name)
-        atomic_torch_save(checkpoint, path, temp_dir=self.experiment.dir_path)
-        if pointer:
-            # After the file is complete: a reader following the pointer always finds a whole checkpoint.
-            write_pointer(self.experiment.dir_path, pointer, path)
-        if self.uploader is not None:
-            self.uploader.upload_experiment_file(path, latest_pointer_name=pointer)
+        experiment_dir = self.experiment.dir_path
+        uploader = self.uploader
+
+        def write(state):
+            atomic_torch_save(state, path, temp_dir=experiment_dir)
+            if pointer:
+                # After the file is complete: a reader following the pointer always finds a whole checkpoint.
+                write_pointer(experiment_dir, pointer, path)
+            if uploader is not None:
+                uploader.upload_experiment_file(path, latest_pointer_name=pointer)
+            if after_write is not None:
+                after_write(path)
+
+        if self.async_writer is None:
+            write(checkpoint)
+        else:
+            self.async_writer.submit(path, write, self.async_writer.snapshot(checkpoint))
+            if wait:
+                self.async_writer.wait()
         return path
+
+
+    def _save_sharded_state(self, subdir, folder_name, mid_epoch=False, pointer=None, after_write=None):
+        """FSDP: every rank writes its shards into the folder ``<experiment>/<subdir>/<folder_name>`` (DCP, see
+        aitoolbox_like/sharded_checkpoint.py); rank 0 then points ``pointer`` at its marker file, queues the
+        upload (marker last, the cloud pointer set after it) and runs ``after_write``. Synchronous (async_save
+        does not apply). Returns the folder's path."""
+        loop = self.train_loop_obj
+        self.wait_for_pending_save()
+        folder = None
+        if loop.is_main_process():
+            self.save_hyperparams()
+            folder = os.path.join(self.experiment.subdir(subdir), folder_name)
+        # On every rank: a callback's state may gather sharded tensors (a collective).
+        train_state = loop_state.build_checkpoint(loop, self.hyperparams, mid_epoch=mid_epoch, weights=False)
+        marker = sharded_checkpoint.save(loop, folder, train_state)
+        if loop.is_main_process():
+            if pointer:
+                write_pointer(self.experiment.dir_path, pointer, marker)     # every shard is written by now
+            if self.uploader is not None:
+                files = sharded_checkpoint.upload_order(os.path.dirname(marker))
+                for path in files[:-1]:
+                    self.uploader.upload_experiment_file(path)
+                self.uploader.upload_experiment_file(files[-1], latest_pointer_name=pointer)
+            if after_write is not None:
+                after_write(os.path.dirname(marker))
+        return os.path.dirname(marker)
 
 
 class ModelCheckpoint(ExperimentSaverBase):
@@ -119,14 +193,21 @@ class ModelCheckpoint(ExperimentSaverBase):
             loader, else 'loss'.
         mode ('auto', 'min', 'max'): whether lower or higher is better; 'auto': lower for losses and errors.
         endpoint_url (str or None): S3-compatible endpoint; None: boto3's (AWS_ENDPOINT_URL_S3 is honoured).
+        async_save (bool): write checkpoints in a background thread (training waits only for a copy of the state in
+            host memory); the pointers, the upload and rm_subopt_local_models follow once the file is complete. The
+            next save and the end of fit wait for it and raise its error. False: write on the training thread.
     """
+
+    # Read by the FSDP launcher (ddp_launch): under gpu_mode='fsdp' every rank writes its shards of a checkpoint,
+    # so this callback then runs on every rank (device_idx_execution=None); rank 0 alone writes the other files.
+    collective_when_sharded = True
 
     def __init__(self, project_name, experiment_name, local_model_result_folder_path, hyperparams,
                  cloud_save_mode='s3', bucket_name='model-result', cloud_dir_prefix='', rm_subopt_local_models=False,
-                 num_best_checkpoints_kept=2, monitor=None, mode='auto', endpoint_url=None):
+                 num_best_checkpoints_kept=2, monitor=None, mode='auto', endpoint_url=None, async_save=True):
         super().__init__('Model checkpoint at end of epoch', project_name, experiment_name,
                          local_model_result_folder_path, hyperparams, cloud_save_mode, bucket_name, cloud_dir_prefix,
-                         endpoint_url, execution_order=100, device_idx_execution=0)
+                         endpoint_url, execution_order=100, device_idx_execution=0, async_save=async_save)
         if mode not in ('auto', 'min', 'max'):
             raise ValueError(f"mode must be 'auto', 'min' or 'max', got {mode!r}")
         if isinstance(num_best_checkpoints_kept, bool) or not isinstance(num_best_checkpoints_kept, int) \
@@ -198,43 +279,67 @@ class ModelCheckpoint(ExperimentSaverBase):
     def on_epoch_end(self):
         self.save_checkpoint()
 
-    def save_checkpoint(self, iteration_idx=None):
+    def save_checkpoint(self, iteration_idx=None, wait=False):
+        """Save the full training state (after batch ``iteration_idx`` when given, else at the epoch's end) and
+        return the checkpoint's path. With ``async_save`` the file is written in the background; ``wait=True``
+        returns only once it is complete (its pointers written, its upload queued)."""
         loop = self.train_loop_obj
-        if not loop.is_main_process():
+        sharded = distributed.is_fsdp_model(loop.model)     # FSDP: every rank writes its shards
+        if not loop.is_main_process() and not sharded:
             return None
+        self.wait_for_pending_save()        # the previous checkpoint is complete before the ranking changes
         mid_epoch = iteration_idx is not None
         file_name = self._model_file_name(loop.epoch, iteration_idx)
+        if sharded:
+            file_name = sharded_checkpoint.folder_name(file_name)
         if not mid_epoch:
             self.scored = [s for s in self.scored if s[2] != file_name] + [[self._current_score(), loop.epoch,
                                                                              file_name]]
-        path = self._save_state(CHECKPOINT_DIR, file_name, mid_epoch=mid_epoch,
-                                pointer=LATEST_POINTER)
+        # Decided now, on the training thread; applied once the new file is complete (in the background with
+        # async_save), so the pointer never names an unfinished file and deletion only sees complete checkpoints.
+        best = self._best_files()
+        remove = self.rm_subopt_local_models and self._ranking_known(best)
+
+        def after_write(path):
+            folder = os.path.dirname(path)
+            if not mid_epoch:
+                self._update_best(folder, best)
+            if remove:
+                self._remove_suboptimal(folder, file_name, best)
+
+        if sharded:
+            path = self._save_sharded_state(CHECKPOINT_DIR, file_name, mid_epoch, LATEST_POINTER, after_write)
+        else:
+            path = self._save_state(CHECKPOINT_DIR, file_name, mid_epoch=mid_epoch, pointer=LATEST_POINTER,
+                                    after_write=after_write, wait=wait)
         self.latest_checkpoint_path = path
-        if not mid_epoch:
-            self._update_best(os.path.dirname(path))
-        if self.rm_subopt_local_models:
-            self._remove_suboptimal(os.path.dirname(path), file_name)
         return path
 
-    def _update_best(self, folder):
-        best = self._best_files()
+    def _ranking_known(self, best):
         if best:
-            pointer = write_pointer(self.experiment.dir_path, BEST_POINTER, os.path.join(folder, best[0]))
+            return True
+        # No value of the monitor yet (a wrong name, or a metric not computed so far): nothing is known to be
+        # worse, so nothing is deleted.
+        if not self._monitor_missing_reported:
+            logger.warning('%s: rm_subopt_local_models ranks checkpoints by %r, which has no value in the history '
+                           '(its metrics: %s); no checkpoint is deleted until it has one. Check monitor=.',
+                           type(self).__name__, self._monitor_name(), sorted(self.train_loop_obj.train_history))
+            self._monitor_missing_reported = True
+        return False
+
+    def _update_best(self, folder, best):
+        if best:
+            target = os.path.join(folder, best[0])
+            if os.path.isdir(target):       # a sharded checkpoint: pointers name its marker file
+                target = os.path.join(target, sharded_checkpoint.MARKER)
+            pointer = write_pointer(self.experiment.dir_path, BEST_POINTER, target)
             if self.uploader is not None:
                 # Queued after the checkpoint it names, so the cloud pointer never runs ahead of the file.
                 self.uploader.upload_experiment_file(pointer)
 
-    def _remove_suboptimal(self, folder, newest):
-        best = self._best_files()
-        if not best:
-            # No value of the monitor yet (a wrong name, or a metric not computed so far): nothing is known to be
-            # worse, so nothing is deleted.
-            if not self._monitor_missing_reported:
-                logger.warning('%s: rm_subopt_local_models ranks checkpoints by %r, which has no value in the history '
-                               '(its metrics: %s); no checkpoint is deleted until it has one. Check monitor=.',
-                               type(self).__name__, self._monitor_name(), sorted(self.train_loop_obj.train_history))
-                self._monitor_missing_reported = True
-            return
+    def _remove_suboptimal(self, folder, newest, best):
+        # Runs once `newest` is complete; any earlier write is complete too (one in flight at most), and a file
+        # being written is a temporary file at the experiment root: only complete checkpoints are listed here.
         keep = set(best[:self.num_best_checkpoints_kept]) | {newest}
         for name in os.listdir(folder):
             if name.startswith(f'model_{self.experiment_name}_') and name.endswith('.pth') and name not in keep:
@@ -254,17 +359,18 @@ class ModelCheckpoint(ExperimentSaverBase):
 class ModelIterationCheckpoint(ModelCheckpoint):
     """ModelCheckpoint that also saves every ``save_frequency`` training batches (global batch index, as in
     AIToolbox: after batches idx = k * save_frequency, k >= 1), as ``..._E<epoch>_ITER<idx>.pth``. These
-    mid-epoch checkpoints resume inside the epoch, with the same data order as the uninterrupted run."""
+    mid-epoch checkpoints resume inside the epoch, with the same data order as the uninterrupted run.
+    ``async_save`` as in ModelCheckpoint."""
 
     def __init__(self, save_frequency, project_name, experiment_name, local_model_result_folder_path, hyperparams,
                  cloud_save_mode='s3', bucket_name='model-result', cloud_dir_prefix='', rm_subopt_local_models=False,
-                 num_best_checkpoints_kept=2, monitor=None, mode='auto', endpoint_url=None):
+                 num_best_checkpoints_kept=2, monitor=None, mode='auto', endpoint_url=None, async_save=True):
         if isinstance(save_frequency, bool) or not isinstance(save_frequency, int) or save_frequency < 1:
             raise ValueError(f'save_frequency must be an int >= 1 (training batches between checkpoints), got '
                              f'{save_frequency!r}')
         super().__init__(project_name, experiment_name, local_model_result_folder_path, hyperparams, cloud_save_mode,
                          bucket_name, cloud_dir_prefix, rm_subopt_local_models, num_best_checkpoints_kept, monitor,
-                         mode, endpoint_url)
+                         mode, endpoint_url, async_save)
         self.save_frequency = save_frequency
 
     def on_batch_end(self):
@@ -281,14 +387,16 @@ class ModelTrainEndSave(ExperimentSaverBase):
     hyperparameters, training history, ``y_true`` and ``y_predicted``) and ``plots/<metric>.png``.
 
     Runs on every process of a distributed run (predictions are gathered from all ranks); only rank 0 writes.
+    With ``async_save`` (default) the final model is written in the background while the results are written;
+    on_train_end returns once both are complete.
     """
 
     def __init__(self, project_name, experiment_name, local_model_result_folder_path, hyperparams,
                  val_result_package=None, test_result_package=None, cloud_save_mode='s3', bucket_name='model-result',
-                 cloud_dir_prefix='', endpoint_url=None):
+                 cloud_dir_prefix='', endpoint_url=None, async_save=True):
         super().__init__('Model save at the end of training', project_name, experiment_name,
                          local_model_result_folder_path, hyperparams, cloud_save_mode, bucket_name, cloud_dir_prefix,
-                         endpoint_url, execution_order=101, device_idx_execution=None)
+                         endpoint_url, execution_order=101, device_idx_execution=None, async_save=async_save)
         if val_result_package is None and test_result_package is None:
             raise ValueError('ModelTrainEndSave: give val_result_package and/or test_result_package (both are None)')
         for name, package in (('val_result_package', val_result_package), ('test_result_package', test_result_package)):
@@ -336,17 +444,21 @@ class ModelTrainEndSave(ExperimentSaverBase):
             self.result_package = packages[1] + packages[0]
         else:
             self.result_package = packages[0]
+        # FSDP: the whole model is gathered to rank 0 by every rank (a collective) for the single-file export.
+        export = loop_state.build_checkpoint(loop, self.hyperparams) if distributed.is_fsdp_model(loop.model) else None
         if loop.is_main_process():
-            self.saved_files = self._save_experiment()
+            self.saved_files = self._save_experiment(export)
 
-    def _save_experiment(self):
+    def _save_experiment(self, checkpoint=None):
         loop = self.train_loop_obj
-        model_path = self._save_state(MODEL_DIR, self._model_file_name())
+        model_path = self._save_state(MODEL_DIR, self._model_file_name(), checkpoint=checkpoint)
         # AIToolbox's results files: the pickle (labels included) and plots/, then the packages' own files.
         saved = write_experiment_results(
             self.experiment.subdir(RESULTS_DIR), self.experiment_name, loop.experiment_timestamp,
             self.result_package, training_history=loop.train_history, save_true_pred_labels=True,
             temp_dir=self.experiment.dir_path)
+        # The final model was written in the background while the results were written: complete before fit ends.
+        self.wait_for_pending_save()
         files = [model_path] + [path for _, path in saved if os.path.isfile(path)]
         if self.uploader is not None:
             for path in files[1:]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence,
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from .. import distributed
 from ._common import BatchLossReader, check_int
 from ._common import is_number as _is_number
 from .abstract import AbstractExperimentCallback
@@ -235,15 +236,17 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
                 self._writer.add_scalar(tag, float(lr), step)
 
     def log_parameter_histograms(self, step: int) -> None:
-        """A ``parameters/<name>`` histogram of every model parameter at ``step``."""
+        """A ``parameters/<name>`` histogram of every model parameter at ``step`` (under FSDP, of this process's
+        shard: gathering the whole parameter is a collective, and the callback may run on one rank only)."""
         for name, param in unwrap_model(self.train_loop_obj.model).named_parameters():
-            self._writer.add_histogram(f'parameters/{name}', param.detach(), step)
+            self._writer.add_histogram(f'parameters/{name}', distributed.local_tensor(param.detach()), step)
 
     def log_gradient_histograms(self, step: int) -> None:
-        """A ``gradients/<name>`` histogram of every model parameter that has a gradient, at ``step``."""
+        """A ``gradients/<name>`` histogram of every model parameter that has a gradient, at ``step`` (under FSDP,
+        of this process's shard)."""
         for name, param in unwrap_model(self.train_loop_obj.model).named_parameters():
             if param.grad is not None:
-                self._writer.add_histogram(f'gradients/{name}', param.grad.detach(), step)
+                self._writer.add_histogram(f'gradients/{name}', distributed.local_tensor(param.grad.detach()), step)
 
     def log_model_graph(self, input_to_model: Any = None) -> bool:
         """Trace the model once and write its graph. Without ``input_to_model`` the inputs are the first

@@ -29,6 +29,12 @@ class KillAt(AbstractCallback):
 
     def on_after_backward(self):
         if self.train_loop_obj.total_iteration_idx == self.batch_idx:
+            # Checkpoints are written in the background: let the last one finish, so the kill lands after it
+            # (killing during a background write is tested in test_async_checkpoint.py).
+            for callback in self.train_loop_obj.callbacks:
+                wait = getattr(callback, 'wait_for_pending_save', None)
+                if wait is not None:
+                    wait()
             os.kill(os.getpid(), signal.SIGKILL)
 
 

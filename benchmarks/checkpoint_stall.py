@@ -1,0 +1,135 @@
+"""Checkpoint stall: how long the training loop stops for one checkpoint, synchronous vs asynchronous saving.
+
+For models of 25, 100 and 400 MB (a stack of bias-free nn.Linear(1024, 1024) layers, fp32, plain SGD so the
+checkpoint is about the model's size) it trains a TrainLoop with a ModelIterationCheckpoint, once with
+``async_save=False`` and once with ``async_save=True``, in the same process, and times every save from the call
+(``save_checkpoint``) to the loop continuing. Saves are spaced (every N steps) so that the training between two
+saves is longer than one synchronous write, as in a real run; an async save that still had to wait for the
+previous write would show up in its stall (nothing is left out).
+
+Printed per size and mode: the first save's stall (the async writer allocates its host buffers then; later saves
+reuse them), the median and the max over all saves. The last line is ``async/sync stall at 100 MB: R``, the ratio of
+the medians.
+
+Usage: python benchmarks/checkpoint_stall.py [--sizes 25 100 400] [--saves 6] [--dir FOLDER]
+"""
+import argparse
+import math
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from aitoolbox_like import TrainLoop, TTBasicModel
+from aitoolbox_like.callbacks.model_save import ModelIterationCheckpoint
+from aitoolbox_like.checkpoint import atomic_torch_save
+
+WIDTH = 1024
+BATCH_SIZE = 4
+
+
+class LinearStack(TTBasicModel):
+    def __init__(self, n_layers):
+        super().__init__()
+        self.layers = nn.Sequential(*(nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(n_layers)))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+class TimedCheckpoint(ModelIterationCheckpoint):
+    """Records how long each save_checkpoint call held the training loop."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stalls = []
+
+    def save_checkpoint(self, iteration_idx=None, wait=False):
+        start = time.perf_counter()
+        path = super().save_checkpoint(iteration_idx, wait)
+        self.stalls.append(time.perf_counter() - start)
+        return path
+
+
+def n_layers_for(megabytes):
+    return max(1, round(megabytes * 1e6 / (WIDTH * WIDTH * 4)))
+
+
+def estimate(model, folder):
+    """(seconds per training step, seconds for one synchronous write of the model's state)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(BATCH_SIZE, WIDTH)
+    times = []
+    for _ in range(4):
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), x).backward()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    writes = []
+    for _ in range(2):
+        start = time.perf_counter()
+        atomic_torch_save(model.state_dict(), os.path.join(folder, 'estimate.pth'))
+        writes.append(time.perf_counter() - start)
+        os.remove(os.path.join(folder, 'estimate.pth'))
+    return statistics.median(times[1:]), max(writes)
+
+
+def run(megabytes, async_save, save_every, saves, folder):
+    torch.manual_seed(0)
+    model = LinearStack(n_layers_for(megabytes))
+    steps = save_every * saves
+    data = TensorDataset(torch.randn(steps * BATCH_SIZE, WIDTH), torch.randn(steps * BATCH_SIZE, WIDTH))
+    loader = DataLoader(data, batch_size=BATCH_SIZE)
+    saver = TimedCheckpoint(save_every, 'bench', f'{megabytes}mb_{"async" if async_save else "sync"}', folder,
+                            {'size_mb': megabytes}, cloud_save_mode='local', monitor='not_tracked',
+                            async_save=async_save)
+    loop = TrainLoop(model, loader, None, None, torch.optim.SGD(model.parameters(), lr=1e-4), nn.MSELoss(),
+                     end_auto_eval=False, progress_bar=False)
+    loop.fit(num_epochs=1, callbacks=[saver])
+    # The epoch-end save comes right after the last iteration save (no training in between): left out.
+    stalls = saver.stalls[:saves]
+    shutil.rmtree(os.path.join(folder, 'bench'), ignore_errors=True)
+    return stalls
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--sizes', type=int, nargs='+', default=[25, 100, 400])
+    parser.add_argument('--saves', type=int, default=6)
+    parser.add_argument('--dir', default=None, help='where checkpoints are written (default: a temp folder)')
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+    folder = tempfile.mkdtemp(prefix='checkpoint_stall_', dir=args.dir)
+    rows = []
+    medians = {}
+    try:
+        for megabytes in args.sizes:
+            step_s, write_s = estimate(LinearStack(n_layers_for(megabytes)), folder)
+            save_every = max(2, math.ceil(3.0 * write_s / step_s))
+            for async_save in (False, True):
+                stalls = run(megabytes, async_save, save_every, args.saves, folder)
+                mode = 'async' if async_save else 'sync'
+                medians[megabytes, mode] = statistics.median(stalls)
+                rows.append((megabytes, mode, save_every, len(stalls), stalls[0], statistics.median(stalls),
+                             max(stalls)))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+    print(f'{"model":>7} {"mode":>6} {"every":>6} {"saves":>6} {"first ms":>9} {"median ms":>10} {"max ms":>8}')
+    for megabytes, mode, every, count, first, median, worst in rows:
+        print(f'{megabytes:>5}MB {mode:>6} {every:>6} {count:>6} {first * 1e3:>9.1f} {median * 1e3:>10.1f} '
+              f'{worst * 1e3:>8.1f}')
+    for megabytes in args.sizes:
+        print(f'{megabytes} MB: async/sync median stall {medians[megabytes, "async"] / medians[megabytes, "sync"]:.3f}')
+    if 100 in args.sizes:
+        print(f'async/sync stall at 100 MB: {medians[100, "async"] / medians[100, "sync"]:.3f}')
+
+
+if __name__ == '__main__':
+    main()
