@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Optional
 
-from ..experiment.reporting import TrainingHistoryPlotter
+from ..experiment.reporting import TrainingHistoryPlotter, append_epoch_text_block
 from ..experiment.reporting import history_series    # public here too: the tensorboard / wandb callbacks use it
 from ..message_passing import MessageHandling
 from ._common import check_int, import_matplotlib
@@ -464,11 +464,7 @@ class ModelTrainHistoryFileWriter(ModelTrainHistoryBaseCB):
         os.makedirs(self.results_dir_path, exist_ok=True)
         path = os.path.join(self.results_dir_path, f'{prefix}results.{self.file_format}')
         if self.file_format == 'txt':
-            with open(path, 'a') as f:
-                f.write(f'============================\nEpoch: {epoch}\n============================\n')
-                for name, value in current.items():
-                    f.write(f'{name}:\t{value}\n')
-                f.write('\n\n')
+            append_epoch_text_block(path, epoch, current)
         else:
             self._write_row(path, epoch, current, '\t' if self.file_format == 'tsv' else ',')
         self.last_written_files = [path]

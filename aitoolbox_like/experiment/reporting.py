@@ -281,11 +281,7 @@ class TrainingHistoryWriter:
         path = os.path.join(folder, file_name)
         latest = {name: values[-1] for name, (_, values) in history_series(training_history).items() if values}
         if file_format == 'txt':
-            with open(path, 'a') as f:
-                f.write(f'============================\nEpoch: {epoch}\n============================\n')
-                for name, value in latest.items():
-                    f.write(f'{name}:\t{value}\n')
-                f.write('\n\n')
+            append_epoch_text_block(path, epoch, latest)
         else:
             with open(path, 'a', newline='') as f:
                 writer = csv.writer(f, delimiter='\t' if file_format == 'tsv' else ',')
@@ -299,6 +295,15 @@ class TrainingHistoryWriter:
                     writer.writerow(['Epoch'] + names)
                 writer.writerow([epoch] + [latest.get(name, '') for name in self.metric_name_cols])
         return os.path.join(results_folder_name or '', file_name), path
+
+
+def append_epoch_text_block(path: str, epoch: int, values: Mapping[str, Any]) -> None:
+    """Append AIToolbox's human-readable block of one epoch's metrics ('txt' history files)."""
+    with open(path, 'a') as f:
+        f.write(f'============================\nEpoch: {epoch}\n============================\n')
+        for name, value in values.items():
+            f.write(f'{name}:\t{value}\n')
+        f.write('\n\n')
 
 
 class GradientPlotter:
