@@ -367,19 +367,21 @@ class TrainLoop:
             except StopTraining:
                 pass
             self.message_service.end_of_training_trigger()
-            self._wait_for_pending_saves()
+            self.wait_for_pending_saves()
             self.wait_for_uploads()
         except BaseException as exc:
             self.callbacks_handler.execute_exception(exc)
             try:
-                self._wait_for_pending_saves()
+                self.wait_for_pending_saves()
             except Exception:
                 logger.exception('A background checkpoint write failed while fit was failing with %r', exc)
             self.wait_for_uploads(after_exception=True)
             raise
         return self.model
 
-    def _wait_for_pending_saves(self):
+    def wait_for_pending_saves(self) -> None:
+        """Wait until the checkpoints the saving callbacks write in the background are complete (the end of fit
+        does this); a failed background write is raised here."""
         # Saving callbacks write checkpoints in the background and wait in their own on_train_end; this also covers
         # a fit whose on_train_end was cut short (StopTraining raised there by an earlier callback).
         for callback in self.callbacks:

@@ -525,6 +525,10 @@ class MLflowTracking(AbstractExperimentCallback):
         if self.batch_log_frequency is not None:
             self.log_mid_train_loss()       # a StopTraining inside an epoch skips on_epoch_end
         self.log_train_end_metrics()
+        if self.log_checkpoints:
+            # This callback runs before the savers' on_train_end: the last checkpoint may still be written in the
+            # background, and a partial or missing file must not be what the run keeps.
+            self.train_loop_obj.wait_for_pending_saves()
         self._log_artifacts()
         if self.finish_run_on_train_end:
             self._sender.submit(_Operation('terminate', status='FINISHED'))
