@@ -11,6 +11,7 @@ import logging
 import os
 import pickle
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -243,9 +244,22 @@ def _run_spawned_rank(local_rank, global_rank, payload, rendezvous, result_dir):
         dist.barrier()
     except BaseException:
         _record_failure(result_dir, global_rank)
-        raise
-    finally:
-        dist.destroy_process_group()
+        _exit_failed_rank()
+    dist.destroy_process_group()
+
+
+def _exit_failed_rank():
+    """End a failed rank's process at once, without tearing its process group down.
+
+    ``destroy_process_group`` (and the process group's destructor at interpreter exit) can wait on peers that are
+    themselves blocked in a collective waiting for this rank: a deadlock that only the test timeout ended (seen
+    under load). Exiting closes this rank's connections, so the other ranks' collectives fail at once; the parent
+    reports the failure recorded before this call."""
+    traceback.print_exc()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    logging.shutdown()
+    os._exit(1)
 
 
 def _save_worker_result(loop, path, gathered=None):
