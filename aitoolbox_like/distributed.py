@@ -374,6 +374,18 @@ def copy_full_into(target: torch.Tensor, source: torch.Tensor) -> None:
     target.copy_(source)
 
 
+def average_over_processes_(tensors: Iterable[torch.Tensor]) -> None:
+    """Replace each of ``tensors`` (plain tensors, e.g. BatchNorm statistics) in place by its mean over the processes:
+    a collective, every rank calls it with the same tensors in the same order. Nothing to do in a single process."""
+    if not is_distributed():
+        return
+    world_size = get_world_size()
+    for tensor in tensors:
+        # SUM then divide: gloo has no AVG reduction.
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor.div_(world_size)
+
+
 def is_fsdp_model(model: Any) -> bool:
     """True when ``model`` (or one of its sub-modules) was sharded with FSDP2's ``fully_shard``."""
     return isinstance(model, torch.nn.Module) and any(isinstance(m, FSDPModule) for m in model.modules())

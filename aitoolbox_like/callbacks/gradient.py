@@ -14,6 +14,7 @@ import torch
 from .. import distributed
 from ._common import check_int, import_matplotlib, new_figure
 from .abstract import AbstractCallback, AbstractExperimentCallback
+from .handler import CollectiveInRankRestrictedCallbackError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -33,20 +34,36 @@ def _optimizer_params(loop: 'TrainLoop', optimizer_idx: int) -> List[torch.nn.Pa
     return [p for group in groups for p in group['params']]
 
 
-def _local(grad: torch.Tensor) -> torch.Tensor:
-    return distributed.local_tensor(grad.detach()).reshape(-1)
+def whole_tensor(callback: AbstractCallback, value: torch.Tensor) -> torch.Tensor:
+    """The whole of ``value`` for ``callback`` to read: under FSDP (gpu_mode='fsdp') a DTensor shard is gathered
+    from every process (``distributed.full_tensor``, a collective), otherwise ``value`` itself, at no cost.
+
+    The callbacks that gather set ``collective_when_sharded = True``, so the FSDP launcher runs them on every rank
+    and all ranks reach the gather together; one that still runs on a single rank (its gate not lifted) gets
+    :class:`CollectiveInRankRestrictedCallbackError` here instead of a hang."""
+    if distributed.is_dtensor(value) and callback.train_loop_obj.running_rank_restricted_callback is not None:
+        raise CollectiveInRankRestrictedCallbackError(
+            f'callback {callback.callback_name!r} ({type(callback).__name__}) runs only on rank '
+            f'{callback.device_idx_execution} but needs whole parameters or gradients of the FSDP model, which every '
+            f'rank must gather together; it would hang. Set its device_idx_execution=None (and keep its writing on '
+            f'train_loop_obj.is_main_process()), or give its class collective_when_sharded = True.')
+    return distributed.full_tensor(value)
 
 
-def _layer_gradient(layer: Any) -> Optional[torch.Tensor]:
+def _whole_flat(callback: AbstractCallback, grad: torch.Tensor) -> torch.Tensor:
+    return whole_tensor(callback, grad.detach()).reshape(-1)
+
+
+def _layer_gradient(callback: AbstractCallback, layer: Any) -> Optional[torch.Tensor]:
     """The gradient to inspect for one entry of ``model_layers_extract_def(model)``: a parameter's own gradient,
     a module's ``weight`` gradient (as AIToolbox), or all of a weight-less module's gradients flattened. Under FSDP
-    (gpu_mode='fsdp') this process's shard of it: these callbacks run on one rank, where gathering would hang."""
+    the whole gradient, gathered from every rank (every rank calls this at the same update)."""
     if isinstance(layer, torch.Tensor):
-        return None if layer.grad is None else _local(layer.grad)
+        return None if layer.grad is None else _whole_flat(callback, layer.grad)
     weight = getattr(layer, 'weight', None)
     if isinstance(weight, torch.Tensor):
-        return None if weight.grad is None else _local(weight.grad)
-    grads = [_local(p.grad) for p in layer.parameters() if p.grad is not None]
+        return None if weight.grad is None else _whole_flat(callback, weight.grad)
+    grads = [_whole_flat(callback, p.grad) for p in layer.parameters() if p.grad is not None]
     return torch.cat(grads) if grads else None
 
 
@@ -110,6 +127,10 @@ class GradientStatsPrint(GradientCallbackBase):
     at epoch end, after zero_grad, and printed "None" on torch 2). The statistics are computed on the device and
     read once per reported epoch.
 
+    Runs on rank 0 only, except under FSDP (gpu_mode='fsdp'): there it runs on every rank, and the ranks gather the
+    chosen layers' whole gradients together at each captured update; the main process alone computes, prints and
+    keeps ``last_stats``, which are the statistics of the whole gradients, as in one process.
+
     Args:
         model_layers_extract_def (callable): ``model -> list of layers`` (modules or parameters).
         stats_eval_freq (int): report every this many epochs.
@@ -117,6 +138,9 @@ class GradientStatsPrint(GradientCallbackBase):
     """
 
     STAT_NAMES = ('mean', 'std', 'norm', 'zero_fraction')
+    # Read by the FSDP launcher (ddp_launch): under gpu_mode='fsdp' gradients are sharded and gathering them is a
+    # collective, so the launcher then runs this callback on every rank (device_idx_execution=None).
+    collective_when_sharded = True
 
     def __init__(self, model_layers_extract_def: Callable[[Any], Iterable[Any]], stats_eval_freq: int = 1,
                  on_every_grad_update: bool = False) -> None:
@@ -144,7 +168,12 @@ class GradientStatsPrint(GradientCallbackBase):
         if not (due or self.on_every_grad_update):
             return
         layers = self.model_layers_extract_def(loop.model)
-        self._captured = [None if (g := _layer_gradient(layer)) is None else _gradient_stats(g) for layer in layers]
+        # Every rank running this gathers (the same layers at the same update); of several ranks running it (FSDP),
+        # the main process alone reports.
+        gradients = [_layer_gradient(self, layer) for layer in layers]
+        if self.device_idx_execution is None and not loop.is_main_process():
+            return
+        self._captured = [None if g is None else _gradient_stats(g) for g in gradients]
         if self.on_every_grad_update:
             self._report(f'epoch {loop.epoch}, batch {loop.iteration}')
 
@@ -177,6 +206,9 @@ class GradDistributionPlot(AbstractExperimentCallback):
     The gradients are those of the epoch's last optimizer update, captured before zero_grad (AIToolbox read them
     after zero_grad and plotted nothing on torch 2). Needs matplotlib (``pip install aitoolbox_like[plots]``).
 
+    Runs on rank 0 only, except under FSDP (gpu_mode='fsdp'): there it runs on every rank, and the ranks gather the
+    chosen layers' whole gradients together at each epoch's last update; the main process alone plots and uploads.
+
     Args:
         model_layers_extract_def (callable): ``model -> list of layers`` (modules or parameters).
         grad_plots_dir_name (str): folder inside the experiment folder.
@@ -191,6 +223,10 @@ class GradDistributionPlot(AbstractExperimentCallback):
         cloud_dir_prefix: key prefix in the bucket (with cloud_save_mode).
         bins (int): histogram bins.
     """
+
+    # Read by the FSDP launcher (ddp_launch): gathering sharded gradients is a collective, so under gpu_mode='fsdp'
+    # the launcher runs this callback on every rank.
+    collective_when_sharded = True
 
     def __init__(self, model_layers_extract_def: Callable[[Any], Iterable[Any]],
                  grad_plots_dir_name: str = 'grad_distribution', file_format: str = 'png',
@@ -230,8 +266,11 @@ class GradDistributionPlot(AbstractExperimentCallback):
         if optimizer_idx != 0 or not loop.is_last_batch:
             return
         layers = self.model_layers_extract_def(loop.model)
+        gradients = [_layer_gradient(self, layer) for layer in layers]     # every rank running this gathers
+        if self.device_idx_execution is None and not loop.is_main_process():
+            return
         # A device copy: the loop's zero_grad (set_to_none or in place) must not change what we plot.
-        self._captured = [None if (g := _layer_gradient(layer)) is None else g.clone() for layer in layers]
+        self._captured = [None if g is None else g.clone() for g in gradients]
 
     def on_epoch_end(self) -> None:
         """Plot (and upload) the captured gradients."""

@@ -1,8 +1,14 @@
 """TensorBoard callbacks (``pip install aitoolbox_like[tensorboard]``).
 
-All of them run on rank 0 only (device_idx_execution=0) and never call a collective: they read the
-training history, the loop's per-batch losses, the optimizer and the (unwrapped) model, so a distributed
-run cannot hang on them. Batch losses are rank 0's own losses; history metrics are the global ones.
+All of them run on rank 0 only (device_idx_execution=0) and call no collective: they read the training history,
+the loop's per-batch losses, the optimizer and the (unwrapped) model, so a distributed run cannot hang on them.
+Batch losses are rank 0's own losses; history metrics are the global ones.
+
+One exception, under FSDP (gpu_mode='fsdp') only: parameters and gradients are sharded there, and the histograms
+of TensorboardParameterHistograms and of TensorboardFullTracking(histogram_frequency=k) are of the whole tensors,
+gathered from every rank (``full_tensor``, a collective). These two set ``collective_when_sharded``, so the FSDP
+launcher runs them on every rank; all ranks gather at the same points and only the main process writes event
+files. The model graph is not written under FSDP (tracing would run the sharded model's forward on one rank).
 
 Event files go to ``<experiment folder>/tensorboard/<project>_<experiment>`` (is_project=True, the default)
 or to ``log_dir`` itself (is_project=False). Open them with ``tensorboard --logdir <that folder>``.
@@ -19,6 +25,7 @@ from .. import distributed
 from ._common import BatchLossReader, check_int
 from ._common import is_number as _is_number
 from .abstract import AbstractExperimentCallback
+from .gradient import whole_tensor
 from ..experiment import is_s3_mode
 from .performance_eval import history_series
 
@@ -107,6 +114,12 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
         self._batch_losses = BatchLossReader()
 
     @property
+    def writes_events(self) -> bool:
+        """Whether this process writes the event files: True wherever the callback runs, except on the ranks other
+        than the main one under FSDP, which only take part in gathering whole tensors for the histograms."""
+        return self.tb_writer is not None
+
+    @property
     def _writer(self) -> 'SummaryWriter':
         """The SummaryWriter; the hooks that write run only after registration created it."""
         writer = self.tb_writer
@@ -116,10 +129,14 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
     # ---- set-up ---------------------------------------------------------------------------------
 
     def on_train_loop_registration(self) -> None:
-        """Infer the experiment folder (is_project=True), create the log folder and open the SummaryWriter."""
+        """Infer the experiment folder (is_project=True), create the log folder and open the SummaryWriter (in the
+        main process only, when the callback runs on every rank: under FSDP, see the module's docstring)."""
         if self.is_project:
             self.try_infer_experiment_details(infer_cloud_details=True)
             self.prepare_results_saver()
+        if self.device_idx_execution is None and not self.train_loop_obj.is_main_process():
+            self.tb_writer = None          # this rank only joins the gathers of whole tensors
+            return
         self.log_dir = self.create_log_dir()
         if not self.is_project and 'filename_suffix' not in self.tb_writer_kwargs:
             self.tb_writer_kwargs['filename_suffix'] = f'_{self.train_loop_obj.experiment_timestamp}'
@@ -139,6 +156,8 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
 
     def on_train_end(self) -> None:
         """Close the SummaryWriter and upload the event files."""
+        if not self.writes_events:
+            return
         self._writer.close()       # writing again later (a second fit) reopens a new event file
         self.upload_to_cloud()
 
@@ -149,7 +168,7 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
 
     def upload_to_cloud(self) -> None:
         """Upload the event files (only with an S3 cloud_save_mode)."""
-        if not is_s3_mode(self.cloud_save_mode):
+        if not is_s3_mode(self.cloud_save_mode) or not self.writes_events:
             return
         self._writer.flush()
         paths = [os.path.join(root, name) for root, _, names in os.walk(self.log_dir) for name in names]
@@ -236,17 +255,27 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
                 self._writer.add_scalar(tag, float(lr), step)
 
     def log_parameter_histograms(self, step: int) -> None:
-        """A ``parameters/<name>`` histogram of every model parameter at ``step`` (under FSDP, of this process's
-        shard: gathering the whole parameter is a collective, and the callback may run on one rank only)."""
-        for name, param in unwrap_model(self.train_loop_obj.model).named_parameters():
-            self._writer.add_histogram(f'parameters/{name}', distributed.local_tensor(param.detach()), step)
+        """A ``parameters/<name>`` histogram of every model parameter at ``step``. Under FSDP each parameter is
+        gathered whole, one at a time (a collective: every rank runs this callback and calls this together); the
+        main process writes."""
+        model = unwrap_model(self.train_loop_obj.model)
+        # Read through state_dict: after an evaluation pass FSDP keeps the root unit's parameters gathered, as plain
+        # tensors whose storage it frees later (which fails once a histogram has shared it with numpy); state_dict
+        # reshards first and gives every parameter as its shard.
+        state = model.state_dict()
+        for name, param in model.named_parameters():
+            value = whole_tensor(self, state[name] if name in state else param.detach())
+            if self.writes_events:
+                self._writer.add_histogram(f'parameters/{name}', value, step)
 
     def log_gradient_histograms(self, step: int) -> None:
         """A ``gradients/<name>`` histogram of every model parameter that has a gradient, at ``step`` (under FSDP,
-        of this process's shard)."""
+        of the whole gradient, gathered as in log_parameter_histograms)."""
         for name, param in unwrap_model(self.train_loop_obj.model).named_parameters():
             if param.grad is not None:
-                self._writer.add_histogram(f'gradients/{name}', distributed.local_tensor(param.grad.detach()), step)
+                value = whole_tensor(self, param.grad.detach())
+                if self.writes_events:
+                    self._writer.add_histogram(f'gradients/{name}', value, step)
 
     def log_model_graph(self, input_to_model: Any = None) -> bool:
         """Trace the model once and write its graph. Without ``input_to_model`` the inputs are the first
@@ -254,6 +283,11 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
         that cannot be traced only gets a warning; training goes on."""
         loop = self.train_loop_obj
         model = unwrap_model(loop.model)
+        if distributed.is_fsdp_model(model):
+            # Tracing runs the model's forward, which under FSDP gathers each block's parameters from every rank.
+            logger.warning("%s: the model graph is not written under gpu_mode='fsdp' (tracing the sharded model is a "
+                           "collective the other ranks do not join)", self.callback_name)
+            return False
         try:
             if input_to_model is None:
                 batch = first_batch(loop.train_loader)
@@ -419,7 +453,11 @@ class TensorboardLearningRate(TensorboardReporterBaseCB):
 
 
 class TensorboardParameterHistograms(TensorboardReporterBaseCB):
-    """Parameter and gradient histograms every k epochs (arguments: see ``__init__``)."""
+    """Parameter and gradient histograms every k epochs (arguments: see ``__init__``). Under FSDP it runs on every
+    rank to gather the whole tensors (see the module's docstring)."""
+
+    # Read by the FSDP launcher (ddp_launch): under gpu_mode='fsdp' this callback then runs on every rank.
+    collective_when_sharded = True
 
     def __init__(self, histogram_frequency: int = 1, log_gradients: bool = True, log_dir: Optional[str] = None,
                  is_project: bool = True, project_name: Optional[str] = None, experiment_name: Optional[str] = None,
@@ -449,8 +487,9 @@ class TensorboardParameterHistograms(TensorboardReporterBaseCB):
         """Parameter histograms in a due epoch, flush and upload."""
         if self._due():
             self.log_parameter_histograms(self.train_loop_obj.epoch)
-        self._writer.flush()
-        self.upload_to_cloud()
+        if self.writes_events:
+            self._writer.flush()
+            self.upload_to_cloud()
 
 
 class TensorboardModelGraph(TensorboardReporterBaseCB):
@@ -509,7 +548,14 @@ class TensorboardHyperparameters(TensorboardReporterBaseCB):
 
 class TensorboardFullTracking(TensorboardReporterBaseCB):
     """Batch losses, history metrics and learning rates in one event file, plus optional histograms, graph and
-    hyperparameters (arguments: see ``__init__``)."""
+    hyperparameters (arguments: see ``__init__``). With histograms under FSDP it runs on every rank to gather the
+    whole tensors; the other ranks do nothing else (see the module's docstring)."""
+
+    @property
+    def collective_when_sharded(self) -> bool:
+        """Read by the FSDP launcher (ddp_launch): with histograms, under gpu_mode='fsdp' this callback runs on every
+        rank (the histograms gather whole tensors); without, it stays on rank 0."""
+        return self.histogram_frequency is not None
 
     def __init__(self, metric_names: Optional[Sequence[str]] = None, batch_log_frequency: int = 1,
                  log_dir: Optional[str] = None, is_project: bool = True, project_name: Optional[str] = None,
@@ -553,9 +599,17 @@ class TensorboardFullTracking(TensorboardReporterBaseCB):
 
     def on_train_begin(self) -> None:
         """Write the model graph (with log_graph, first fit only)."""
-        if self.log_graph and not self._graph_written:
+        if self.log_graph and not self._graph_written and self.writes_events:
             self._graph_written = True
             self.log_model_graph()
+
+    def hooks_in_use(self) -> List[str]:
+        """Every hook it overrides, but on_batch_end (batch losses) only where it writes: the other ranks of an FSDP
+        run only gather for the histograms, and the step then costs them nothing."""
+        hooks = super().hooks_in_use()
+        if self.device_idx_execution is None and not distributed.is_main_process():
+            hooks = [name for name in hooks if name != 'on_batch_end']
+        return hooks
 
     def on_batch_end(self) -> None:
         """Write the pending batch losses every ``batch_sync_frequency`` steps."""
@@ -569,17 +623,21 @@ class TensorboardFullTracking(TensorboardReporterBaseCB):
         """Batch losses, history metrics, learning rates and (when due) parameter histograms; flush and
         upload."""
         epoch = self.train_loop_obj.epoch
-        self.log_mid_train_loss()
-        self._log_epoch_history()
-        if self.log_learning_rate:
-            self.log_learning_rates(epoch)
+        if self.writes_events:
+            self.log_mid_train_loss()
+            self._log_epoch_history()
+            if self.log_learning_rate:
+                self.log_learning_rates(epoch)
         if self._histograms_due():
             self.log_parameter_histograms(epoch)
-        self._writer.flush()
-        self.upload_to_cloud()
+        if self.writes_events:
+            self._writer.flush()
+            self.upload_to_cloud()
 
     def on_train_end(self) -> None:
         """Remaining batch losses, ``train_end_*`` metrics and hyperparameters; then close and upload."""
+        if not self.writes_events:
+            return
         self.log_mid_train_loss()
         self._log_train_end_history()
         hparams = self._hparams_to_write()
