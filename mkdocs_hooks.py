@@ -1,10 +1,12 @@
-"""MkDocs hooks (see mkdocs.yml): the home page is README.md, the example page is examples/digits_cnn.py.
+"""MkDocs hooks (see mkdocs.yml): the home page is README.md, the example page is examples/digits_cnn.py, and the
+recipe reference (recipes-reference.md) lists every name of the recipe registries, generated from the registries.
 
 README.md is written for the repository root, so its links are rewritten for the site: ``docs/X`` becomes
 ``X``, a link to a folder becomes its README.md page, and ``examples/digits_cnn.py`` becomes the example page.
 Folder links in the docs pages (``callbacks/``, as GitHub shows them) are rewritten to the folder's README.md
 page the same way, so the strict build checks them like every other link.
 """
+import html
 import posixpath
 import re
 from pathlib import Path
@@ -22,9 +24,40 @@ def _example_page():
             f'with a custom callback; `make demo` runs it.\n\n```python\n{source.rstrip()}\n```\n')
 
 
+def _cell(text):
+    # Table cells: Sphinx roles (:class:`X`) as plain code, HTML-escaped, '|' as an entity (it would split the cell).
+    text = re.sub(r':[a-z]+:`~?([^`]+)`', r'`\1`', text)
+    return html.escape(text).replace('|', '&#124;')
+
+
+def recipes_reference_page():
+    """Markdown of every registered name, per registry kind, with its recipe arguments and first sentence."""
+    from aitoolbox_like.recipes.recipe import reference_entries
+    from aitoolbox_like.recipes.registry import KINDS
+
+    lines = ['# Recipe reference: every registered name', '',
+             'Generated from the registries when the documentation is built: what a recipe can name without '
+             'registering anything (see [Recipes](recipes.md)). Each entry shows the arguments a recipe gives, '
+             'with their defaults; the recipe fills the ones it builds itself (an optimizer\'s parameters, a '
+             'scheduler\'s optimizer, a loop\'s model, loaders, optimizer and criterion). '
+             '`aitoolbox-like list KIND` prints the same, with your own registered names.', '']
+    for kind, description in KINDS.items():
+        entries = reference_entries(kind)
+        lines += [f'## {kind}', '', f'{description[0].upper()}{description[1:]}.', '']
+        if not entries:
+            lines += ['None built in: register yours (`@register_' + kind + '`) or name them by import path.', '']
+            continue
+        lines += ['| name | arguments | description |', '|---|---|---|']
+        for name, signature, summary in entries:
+            lines.append(f'| `{name}` | <code>{_cell(signature)}</code> | {_cell(summary)} |')
+        lines.append('')
+    return '\n'.join(lines)
+
+
 def on_files(files, config):
     files.append(File.generated(config, 'index.md', content=(ROOT / 'README.md').read_text()))
     files.append(File.generated(config, 'example.md', content=_example_page()))
+    files.append(File.generated(config, 'recipes-reference.md', content=recipes_reference_page()))
     return files
 
 

@@ -19,7 +19,11 @@ setup(
         'torch>=2.1,<2.14',
         'numpy>=1.24',
         'tqdm>=4.60',
+        'omegaconf>=2.3',      # recipes: YAML, ${...} interpolation, key.path=value overrides (aitoolbox-like CLI)
     ],
+    entry_points={
+        'console_scripts': ['aitoolbox-like = aitoolbox_like.recipes.cli:main'],
+    },
     extras_require={
         's3': ['boto3>=1.28'],
         'tensorboard': ['tensorboard>=2.14'],

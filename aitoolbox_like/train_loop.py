@@ -165,6 +165,10 @@ class TrainLoop:
         self.experiment: Optional[Experiment] = None   # the experiment folder, set by the first saving callback
         self.experiment_uploader: Optional[ExperimentUploader] = None
         self.upload_failures: List[Any] = []    # uploads that had failed when fit ended
+        # More text files for the experiment folder's root, {file name: text}, written atomically next to the
+        # hyperparameter files and uploaded with them (rewritten when the text changes: a resumed run's own);
+        # the recipe command line puts the resolved recipe.yaml and command_line.txt here.
+        self.experiment_files: Dict[str, str] = {}
         self.resume_plan: Optional[loop_state.ResumePlan] = None
         # With a checkpoint callback, a fit also gets PreemptionCheckpoint (SIGTERM / SIGINT save and stop cleanly;
         # callbacks/defaults.py); the tracking loops take it as an argument.

@@ -23,10 +23,12 @@ from aitoolbox_like.callbacks.basic import EarlyStopping
 from aitoolbox_like.callbacks.performance_eval import (ModelPerformanceEvaluation, ModelPerformancePrintReport,
                                                        ModelTrainHistoryFileWriter, ModelTrainHistoryPlot)
 from aitoolbox_like.callbacks.tensorboard import TensorboardFullTracking
+from aitoolbox_like.recipes import register_callback, register_data, register_model
 from aitoolbox_like.result_package import ClassificationResultPackage
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 
 
+@register_model        # so that a recipe can say model: {name: DigitsCNN} (examples/recipes/digits.yaml)
 class DigitsCNN(TTModel):
     def __init__(self):
         super().__init__()
@@ -49,6 +51,7 @@ class DigitsCNN(TTModel):
         return logits.argmax(dim=1), labels, None
 
 
+@register_callback
 class WorstClassReport(AbstractCallback):
     """A custom callback: after each epoch, log the digit the model gets wrong most often on the validation
     set (the predictions are computed once per epoch and shared with the evaluation callback)."""
@@ -65,6 +68,7 @@ class WorstClassReport(AbstractCallback):
                                          worst, int(errors[worst]))
 
 
+@register_data
 def digits_loaders(batch_size=64, seed=0):
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0     # pixel values 0..16

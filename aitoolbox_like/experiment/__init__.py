@@ -51,6 +51,9 @@ LATEST_POINTER = 'latest_checkpoint.txt'
 BEST_POINTER = 'best_checkpoint.txt'
 # Where versions before the root pointers kept them (content: the bare file name, or a full cloud key).
 LEGACY_LATEST_POINTER = 'latest'
+# What the experiment writes itself: loop.experiment_files may not take these names.
+_RESERVED_NAMES = {HYPERPARAMS_TXT, HYPERPARAMS_JSON, SOURCE_ZIP, CHECKPOINT_DIR, MODEL_DIR, RESULTS_DIR,
+                   LATEST_POINTER, BEST_POINTER, MARKER_FILE, PENDING_UPLOADS}
 _SKIP_DIRS = {'__pycache__', '.git', '.hg', '.svn', '.ipynb_checkpoints', '.venv', 'venv', '.mypy_cache',
               '.pytest_cache'}
 
@@ -197,6 +200,7 @@ class Experiment:
         self._base_timestamp = None
         self._journal: Optional[UploadJournal] = None
         self._reported_unfinished = None
+        self._files_written: Dict[str, str] = {}    # the loop's experiment_files as last written: {name: text}
 
     @property
     def journal(self) -> UploadJournal:
@@ -423,13 +427,15 @@ class Experiment:
 
     def save_hyperparams(self, hyperparams, uploader=None):
         """Write hyperparams_list.txt and hyperparams.json, copy the experiment script and zip the source
-        folders, once per experiment folder (a resumed run keeps the original files)."""
+        folders, once per experiment folder (a resumed run keeps the original files). The loop's
+        ``experiment_files`` are written too, whenever their text changed (see :meth:`save_experiment_files`)."""
         folder = self.claim()
+        written = self.save_experiment_files(uploader)
         txt_path = os.path.join(folder, HYPERPARAMS_TXT)
         if os.path.exists(txt_path):
-            return []
+            return written
         hyperparams = hyperparams if hyperparams is not None else {}
-        written = []
+        upload_from = len(written)
         json_path = os.path.join(folder, HYPERPARAMS_JSON)
         write_text_atomically(json_path, hyperparams_to_json(hyperparams))
         written.append(json_path)
@@ -448,8 +454,38 @@ class Experiment:
         write_hyperparams_text(txt_path, hyperparams)
         written.append(txt_path)
         if uploader is not None:
-            for path in written:
+            for path in written[upload_from:]:
                 uploader.upload_experiment_file(path)
+        return written
+
+    def save_experiment_files(self, uploader=None):
+        """Write the loop's ``experiment_files`` ({file name: text}, e.g. the recipe command line's ``recipe.yaml``
+        and ``command_line.txt``) atomically at the root of the experiment folder and queue their upload; a file
+        whose text is already there is left alone, so a resumed run rewrites only what changed. Returns the paths
+        written."""
+        files = getattr(self.loop, 'experiment_files', None) or {}
+        written = []
+        for name, text in files.items():
+            validate_key_part(name, 'experiment_files name')
+            if name in _RESERVED_NAMES:
+                raise ValueError(f'loop.experiment_files: {name!r} is a file the experiment writes itself; give the '
+                                 f'file another name')
+            if not isinstance(text, str):
+                raise TypeError(f'loop.experiment_files[{name!r}] must be text (str), got {type(text).__qualname__}')
+            if self._files_written.get(name) == text:
+                continue
+            path = os.path.join(self.claim(), name)
+            try:
+                with open(path, encoding='utf-8') as f:
+                    unchanged = f.read() == text
+            except OSError:
+                unchanged = False
+            if not unchanged:
+                write_text_atomically(path, text)
+                written.append(path)
+                if uploader is not None:
+                    uploader.upload_experiment_file(path)
+            self._files_written[name] = text
         return written
 
 

@@ -1,0 +1,373 @@
+"""The ``aitoolbox-like`` command line (also ``python -m aitoolbox_like``).
+
+    aitoolbox-like train RECIPE.yaml [key.path=value ...]      train; the resolved recipe and this command line
+                                                               are saved in the experiment folder
+    aitoolbox-like resume EXPERIMENT [key.path=value ...]      continue an interrupted run from its own recipe
+                                                               (EXPERIMENT: its local folder or s3://bucket/...)
+    aitoolbox-like show RECIPE.yaml [key.path=value ...]       print the resolved recipe (and check it)
+    aitoolbox-like callbacks [--import FILE]                   the registered callbacks and their arguments
+    aitoolbox-like list KIND [--import FILE]                   the names of one registry (optimizer, ...)
+
+A recipe that does not check (unknown names or keys, wrong types, missing arguments) is reported in full, one
+``key.path: problem`` line each, with exit status 2 and nothing trained.
+"""
+import argparse
+import datetime
+import logging
+import os
+import shlex
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .recipe import COMMAND_LINE_FILE, RECIPE_FILE, Recipe, RecipeError, Run, reference_entries
+from .registry import KINDS, UnknownNameError
+
+logger = logging.getLogger(__name__)
+
+PROG = 'aitoolbox-like'
+#: Exit status of a recipe that does not check (argparse uses it for bad command lines too).
+EXIT_RECIPE_ERROR = 2
+#: Callbacks whose saved state says that they stopped the run (no patience left).
+EARLY_STOPPING_STATE_PREFIXES = ('EarlyStopping', 'ThresholdEarlyStopping')
+
+
+def _program_name() -> str:
+    """How the user started us: the console script, or ``python -m aitoolbox_like``."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ''
+    return PROG if name.startswith(PROG) else 'python -m aitoolbox_like'
+
+
+def command_line_text(argv: Sequence[str]) -> str:
+    """The block ``command_line.txt`` gets for this command: when and where it ran, then the command itself."""
+    when = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')
+    lines = [f'# {when}, in {os.getcwd()}']
+    if 'WORLD_SIZE' in os.environ and 'RANK' in os.environ:
+        lines.append(f'# started by torchrun (or another launcher) as {os.environ["WORLD_SIZE"]} processes')
+    lines.append(' '.join([_program_name(), shlex.join(argv)]).rstrip())
+    return '\n'.join(lines) + '\n'
+
+
+def _is_main_process() -> bool:
+    return os.environ.get('RANK', '0') == '0'
+
+
+def _say(message: str) -> None:
+    """CLI output the user asked for: on rank 0 only (under torchrun every process runs this command)."""
+    if _is_main_process():
+        print(message, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- train
+
+
+def _attach_files(run: Run, recipe: Recipe, command_text: str) -> None:
+    loop = run.loop
+    files = getattr(loop, 'experiment_files', None)
+    if not isinstance(files, dict):
+        logger.warning('%s has no experiment_files: the resolved recipe and the command line are not saved with '
+                       'the experiment', type(loop).__qualname__)
+        return
+    # The same header every time: a resume that changes nothing in the recipe leaves the file as it is.
+    files[RECIPE_FILE] = (f'# The resolved recipe of this experiment ({COMMAND_LINE_FILE} says how it was run); '
+                          f'`{PROG} resume <this folder>` continues it.\n' + recipe.to_yaml())
+    files[COMMAND_LINE_FILE] = command_text
+
+
+def _finish(run: Run) -> None:
+    loop = run.loop
+    experiment = getattr(loop, 'experiment', None)
+    history = getattr(loop, 'train_history', None)
+    if history is not None and loop.is_main_process():
+        last = {name: history[name][-1] for name in ('loss', 'val_loss') if name in history and history[name]}
+        if last:
+            _say('final ' + ', '.join(f'{name} {value:.6g}' for name, value in last.items()))
+    if experiment is not None and loop.is_main_process():
+        _say(f'experiment folder: {experiment.dir_path}')
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        # Under torchrun the process group outlives fit (for evaluation after it); this command is done with it.
+        dist.destroy_process_group()
+
+
+def cmd_train(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    recipe = Recipe.load(args.recipe, args.overrides)
+    if args.check:
+        recipe.validate()
+        _say(f'{args.recipe}: the recipe checks')
+        return 0
+    recipe_path = os.path.abspath(args.recipe)
+    # The recipe file is the experiment's "script" (copied into the folder, as AIToolbox copies the training
+    # script) unless its name is one of the files a recipe run writes there itself.
+    script = recipe_path if os.path.basename(recipe_path) not in (RECIPE_FILE, COMMAND_LINE_FILE) else None
+    run = recipe.build(hyperparams_defaults={'experiment_file_path': script})
+    _attach_files(run, recipe, command_line_text(argv))
+    run.fit()
+    _finish(run)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- resume
+
+
+def finished_reason(checkpoint: Any, fit_kwargs: Dict[str, Any], callback_names: Sequence[str] = ()) -> Optional[str]:
+    """Why the run whose newest checkpoint is ``checkpoint`` needs no more training, or None.
+
+    Finished means: the checkpoint was taken at the end of an epoch (not mid-epoch, as a preemption, a time limit
+    or an iteration checkpoint leaves it) and either the epochs (batches) ``fit`` asks for are done
+    (``loop.epochs_completed >= num_epochs``; with ``num_iterations``, ``iteration_idx + 1 >= num_iterations``) or
+    an early stopper that the recipe still has (its class name in ``callback_names``) had stopped it (the saved
+    state of an ``EarlyStopping`` / ``ThresholdEarlyStopping`` has no patience left).
+    """
+    from ..loop_state import CHECKPOINT_KIND
+    if not isinstance(checkpoint, dict) or checkpoint.get('kind') != CHECKPOINT_KIND:
+        return None
+    position = checkpoint.get('data_position') or {}
+    if position.get('batches_done') is not None:
+        return None
+    counters = checkpoint.get('loop') or {}
+    epochs = int(counters.get('epochs_completed', 0))
+    num_iterations = fit_kwargs.get('num_iterations') or 0
+    if num_iterations:
+        done = int(counters.get('total_iteration_idx', -1)) + 1
+        if done >= num_iterations:
+            return f'finished: {done} batches trained (fit.num_iterations={num_iterations})'
+    else:
+        num_epochs = fit_kwargs.get('num_epochs') or 0
+        if epochs >= num_epochs:
+            return f'finished: {epochs} epochs trained (fit.num_epochs={num_epochs})'
+    for key, state in (checkpoint.get('callbacks') or {}).items():
+        stopper = str(key).split('_', 1)[0]
+        if stopper in EARLY_STOPPING_STATE_PREFIXES and stopper in callback_names and isinstance(state, dict):
+            patience = state.get('patience_count')
+            if isinstance(patience, int) and patience < 0:
+                return f'finished: stopped early by {key} after {epochs} epochs'
+    return None
+
+
+def _read_experiment(source: str, endpoint_url: Optional[str]) -> Tuple[str, str, str]:
+    """``(recipe text, previous command lines, where the recipe was read)`` of an experiment folder or s3:// URI."""
+    if source.startswith('s3://'):
+        from ..storage.s3 import S3Storage
+        bucket, _, prefix = source[len('s3://'):].partition('/')
+        prefix = prefix.strip('/')
+        if not bucket or not prefix:
+            raise RecipeError([f'{source}: expected s3://bucket/<prefix>/<project>/<experiment>_<timestamp>'])
+        storage = S3Storage(bucket, endpoint_url=endpoint_url)
+        where = storage.uri(f'{prefix}/{RECIPE_FILE}')
+        try:
+            text = storage.read_text(f'{prefix}/{RECIPE_FILE}')
+        except FileNotFoundError:
+            raise RecipeError([f'{where} does not exist: only runs started with `{PROG} train` can be resumed '
+                               f'this way (or the experiment is elsewhere)']) from None
+        try:
+            previous = storage.read_text(f'{prefix}/{COMMAND_LINE_FILE}')
+        except FileNotFoundError:
+            previous = ''
+        return text, previous, where
+    folder = os.path.abspath(os.path.expanduser(source))
+    where = os.path.join(folder, RECIPE_FILE)
+    if not os.path.isdir(folder):
+        raise RecipeError([f'{source}: not an experiment folder (give the folder, .../<project>/<experiment>_'
+                           f'<timestamp>, or its s3:// address)'])
+    try:
+        with open(where, encoding='utf-8') as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise RecipeError([f'{where} does not exist: only runs started with `{PROG} train` can be resumed this '
+                           f'way']) from None
+    try:
+        with open(os.path.join(folder, COMMAND_LINE_FILE), encoding='utf-8') as f:
+            previous = f.read()
+    except FileNotFoundError:
+        previous = ''
+    return text, previous, where
+
+
+def _sections_with(config: Dict[str, Any], key: str) -> List[Tuple[str, Dict[str, Any]]]:
+    """``(path, mapping)`` of the loop and callbacks that set ``key``."""
+    found = []
+    if isinstance(config.get('loop'), dict) and key in config['loop']:
+        found.append(('loop', config['loop']))
+    for i, item in enumerate(config.get('callbacks') or []):
+        if isinstance(item, dict) and key in item:
+            found.append((f'callbacks[{i}]', item))
+    return found
+
+
+def _continue_in(recipe: Recipe, experiment: str) -> None:
+    """Make the recipe write to the experiment being resumed: a local folder's results root replaces every
+    ``local_model_result_folder_path``; an s3:// one must be the recipe's bucket and prefix."""
+    errors = []
+    config = recipe.config
+    if experiment.startswith('s3://'):
+        bucket, _, key = experiment[len('s3://'):].strip('/').partition('/')
+        for path, section in _sections_with(config, 'bucket_name'):
+            expected = '/'.join(p for p in (str(section.get('cloud_dir_prefix') or '').strip('/'),
+                                            str(section.get('project_name', '')), '') if p)
+            if section['bucket_name'] != bucket or not key.startswith(expected):
+                errors.append(f'{path}: the recipe saves to s3://{section["bucket_name"]}/{expected}..., not to '
+                              f'{experiment}')
+    else:
+        folder = os.path.abspath(os.path.expanduser(experiment))
+        project_dir, folder_name = os.path.split(folder)
+        root, project = os.path.split(project_dir)
+        for path, section in _sections_with(config, 'local_model_result_folder_path'):
+            if section.get('project_name') != project or \
+                    not folder_name.startswith(f'{section.get("experiment_name")}_'):
+                errors.append(f'{path}: project_name={section.get("project_name")!r}, experiment_name='
+                              f'{section.get("experiment_name")!r} do not name the folder {folder}')
+            section['local_model_result_folder_path'] = root
+    if errors:
+        raise RecipeError(errors, recipe.source)
+
+
+def cmd_resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .. import loop_state
+    experiment = args.experiment
+    text, previous, where = _read_experiment(experiment, args.endpoint_url)
+    base_dir = os.path.abspath(os.path.expanduser(experiment)) if not experiment.startswith('s3://') else os.getcwd()
+    recipe = Recipe.from_text(text, source=where, base_dir=base_dir, overrides=args.overrides)
+    _continue_in(recipe, experiment)
+    plan = recipe.plan()
+    try:
+        checkpoint, checkpoint_source = loop_state.load_resume_checkpoint(
+            None, experiment if experiment.startswith('s3://') else os.path.abspath(os.path.expanduser(experiment)),
+            endpoint_url=args.endpoint_url)
+    except FileNotFoundError as error:
+        _say(f'{experiment}: no checkpoint to resume from ({error}); start the run again with: '
+             f'{PROG} train {shlex.quote(where)}')
+        return 1
+    reason = finished_reason(checkpoint, plan.fit, [getattr(c.target, '__name__', '') for c in plan.callbacks])
+    if reason is not None:
+        _say(f'{experiment}: {reason} (newest checkpoint {checkpoint_source}); nothing to train. To train longer: '
+             f'{PROG} resume {shlex.quote(experiment)} fit.num_epochs=<more>')
+        return 0
+    del checkpoint       # fit loads it again, in every process of a distributed run
+    # hyperparams_list.txt and the script copy stay those of the first run; no script to copy now.
+    run = recipe.build(hyperparams_defaults={'experiment_file_path': None})
+    _attach_files(run, recipe, previous + command_line_text(argv))
+    run.fit(resume_from=experiment if experiment.startswith('s3://') else os.path.abspath(
+        os.path.expanduser(experiment)))
+    _finish(run)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- show / list
+
+
+def cmd_show(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    recipe = Recipe.load(args.recipe, args.overrides)
+    sys.stdout.write(recipe.to_yaml())
+    sys.stdout.flush()
+    recipe.validate()
+    return 0
+
+
+def _import_all(imports: Sequence[str]) -> None:
+    if imports:
+        Recipe({'imports': list(imports)}, source='--import', base_dir=os.getcwd()).import_modules()
+
+
+def _print_entries(kind: str) -> None:
+    for name, signature, summary in reference_entries(kind):
+        print(f'{name}({signature})')
+        if summary:
+            print(f'    {summary}')
+
+
+def cmd_callbacks(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    _import_all(args.imports)
+    _print_entries('callback')
+    return 0
+
+
+def cmd_list(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    _import_all(args.imports)
+    _print_entries(args.kind)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``aitoolbox-like`` (every subcommand has ``--help``)."""
+    parser = argparse.ArgumentParser(
+        prog=_program_name(), description='Train, resume and inspect experiments described by YAML recipes '
+                                          '(docs/recipes.md).')
+    parser.add_argument('--log-level', default='INFO', choices=['DEBUG', 'INFO', 'WARNING', 'ERROR'],
+                        help='logging level of the training run (default INFO)')
+    commands = parser.add_subparsers(dest='command', required=True, metavar='COMMAND')
+
+    overrides_help = 'key.path=value overrides of the recipe, e.g. fit.num_epochs=3 callbacks.0.patience=5'
+    train = commands.add_parser('train', help='train from a recipe',
+                                description='Check the recipe, build everything it names and train. The resolved '
+                                            'recipe and this command line are saved in the experiment folder '
+                                            f'({RECIPE_FILE}, {COMMAND_LINE_FILE}).')
+    train.add_argument('recipe', help='the recipe YAML file')
+    train.add_argument('overrides', nargs='*', metavar='key.path=value', help=overrides_help)
+    train.add_argument('--check', action='store_true', help='only check the recipe (exit status 0 when it checks)')
+    train.set_defaults(handler=cmd_train)
+
+    resume = commands.add_parser('resume', help='continue an interrupted run from its experiment folder',
+                                 description=f'Rebuild the run from the {RECIPE_FILE} saved in its experiment folder '
+                                             'and continue from its newest checkpoint, in the same folder, exactly '
+                                             'as if it had not been interrupted. A run that already finished says '
+                                             'so and exits with status 0.')
+    resume.add_argument('experiment', help='the experiment folder (<results>/<project>/<experiment>_<timestamp>) or '
+                                           'its s3://bucket/<prefix>/<project>/<experiment>_<timestamp> address')
+    resume.add_argument('overrides', nargs='*', metavar='key.path=value',
+                        help='overrides of the saved recipe (e.g. fit.num_epochs=20 to train a finished run longer); '
+                             'they are saved with the run')
+    resume.add_argument('--endpoint-url', default=None, help='S3 endpoint (default: boto3\'s, e.g. '
+                                                             'AWS_ENDPOINT_URL_S3)')
+    resume.set_defaults(handler=cmd_resume)
+
+    show = commands.add_parser('show', help='print the resolved recipe',
+                               description='Print the recipe with overrides applied and interpolations resolved, '
+                                           'then check it (exit status 2 and the problems when it does not check).')
+    show.add_argument('recipe', help='the recipe YAML file')
+    show.add_argument('overrides', nargs='*', metavar='key.path=value', help=overrides_help)
+    show.set_defaults(handler=cmd_show)
+
+    import_help = 'a python file or module to import first (its @register_* names are listed too); repeatable'
+    callbacks = commands.add_parser('callbacks', help='list the registered callbacks and their arguments',
+                                    description='Every registered callback: its arguments with their defaults, '
+                                                'and the first line of its documentation.')
+    callbacks.add_argument('--import', dest='imports', action='append', default=[], metavar='FILE_OR_MODULE',
+                           help=import_help)
+    callbacks.set_defaults(handler=cmd_callbacks)
+
+    listing = commands.add_parser('list', help='list the names of one registry',
+                                  description='Every name of one registry, with its arguments. Kinds: ' +
+                                              '; '.join(f'{k}: {v}' for k, v in KINDS.items()))
+    listing.add_argument('kind', choices=list(KINDS), help='which registry')
+    listing.add_argument('--import', dest='imports', action='append', default=[], metavar='FILE_OR_MODULE',
+                         help=import_help)
+    listing.set_defaults(handler=cmd_list)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; returns the exit status (0 done, 1 nothing to resume, 2 a recipe that does not
+    check)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=getattr(logging, args.log_level),
+                            format='%(levelname)s %(name)s: %(message)s')
+    try:
+        return int(args.handler(args, argv))
+    except (RecipeError, UnknownNameError) as error:
+        print(f'{parser.prog}: {error}', file=sys.stderr, flush=True)
+        return EXIT_RECIPE_ERROR
+    except BrokenPipeError:
+        # The reader of a listing went away (`aitoolbox-like callbacks | head`): not an error of ours; stdout is
+        # pointed at /dev/null so that the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

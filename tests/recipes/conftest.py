@@ -1,0 +1,9 @@
+import os
+import sys
+
+# tests/ has no __init__.py: put tests/ (s3_server, helpers) on sys.path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if os.path.dirname(_HERE) not in sys.path:
+    sys.path.insert(0, os.path.dirname(_HERE))
+
+from s3_server import s3_server  # noqa: E402,F401  (pytest fixture)

@@ -1,0 +1,29 @@
+"""The generated recipe reference: the documentation site (built as tests/test_docs.py builds it) lists every
+name a recipe can use without registering anything."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aitoolbox_like.recipes.registry import REGISTRIES
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+@pytest.mark.timeout(180)
+def test_every_registered_name_appears_in_the_generated_reference(tmp_path):
+    site = tmp_path / 'site'
+    env = dict(os.environ, HOME=str(tmp_path), NO_MKDOCS_2_WARNING='1', PYTHONDONTWRITEBYTECODE='1')
+    result = subprocess.run([sys.executable, '-m', 'mkdocs', 'build', '--strict', '--config-file',
+                             str(ROOT / 'mkdocs.yml'), '--site-dir', str(site)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=170)
+    assert result.returncode == 0, result.stdout + result.stderr
+    page = (site / 'recipes-reference' / 'index.html').read_text()
+    missing = [f'{kind}:{name}' for kind, registry in REGISTRIES.items() for name in registry.builtin_names()
+               if f'<code>{name}</code>' not in page]
+    assert missing == []
+    assert sum(len(r.builtin_names()) for r in REGISTRIES.values()) > 100
+    # Linked from the recipes page, which is in the navigation.
+    assert 'href="../recipes-reference/"' in (site / 'recipes' / 'index.html').read_text()
