@@ -197,20 +197,23 @@ def _first_failure(result_dir):
     """``(rank, traceback text)`` of the earliest failure a spawned process recorded, or None."""
     failures = []
     for name in os.listdir(result_dir):
-        if name.startswith('failure_rank'):
+        if name.startswith('failure_rank') and name.endswith('.txt'):
             with open(os.path.join(result_dir, name), encoding='utf-8') as f:
-                when, trace = f.read().split('\n', 1)
+                when, _, trace = f.read().partition('\n')
             failures.append((float(when), int(name[len('failure_rank'):-len('.txt')]), trace))
     return min(failures)[1:] if failures else None
 
 
 def _record_failure(result_dir, global_rank):
     """Write the exception being handled, with the time, so the parent can report the root cause rather than
-    the first exit it sees. Called before the process group is torn down (which makes the other ranks fail)."""
+    the first exit it sees. Called before this rank exits (which makes the other ranks fail)."""
     path = os.path.join(result_dir, _FAILURE_FILE.format(global_rank))
     if not os.path.exists(path):
-        with open(path, 'w', encoding='utf-8') as f:
+        # Written aside and renamed: the parent stops the other ranks as soon as one exits, possibly in the middle
+        # of this write, and must never read half a file.
+        with open(path + '.tmp', 'w', encoding='utf-8') as f:
             f.write(f'{time.time()!r}\n{traceback.format_exc()}')
+        os.replace(path + '.tmp', path)
 
 
 def _spawn_entry(local_rank, payload, rendezvous, result_dir):
