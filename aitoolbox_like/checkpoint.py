@@ -54,8 +54,9 @@ class CheckpointError(RuntimeError):
     """A checkpoint cannot be written or read as asked; the message says why and what to do."""
 
 
-def _fsync_directory(directory: StrPath) -> None:
-    # Makes the rename itself durable; some platforms (Windows) cannot open a directory.
+def fsync_directory(directory: StrPath) -> None:
+    """fsync a folder, which makes a rename (or a file created) inside it durable; a no-op where a folder cannot
+    be opened (Windows)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
@@ -76,7 +77,7 @@ def atomic_torch_save(obj: Any, path: StrPath, temp_dir: StrPath | None = None) 
     """
     path = os.path.abspath(os.fspath(path))
     write_atomically(path, lambda f: torch.save(obj, f), temp_suffix='.tmp', make_parents=False, temp_dir=temp_dir)
-    _fsync_directory(os.path.dirname(path))
+    fsync_directory(os.path.dirname(path))
 
 
 def load_model_weights(model: _ModuleT, state_dict: Mapping[str, Any], source: str = 'checkpoint') -> _ModuleT:

@@ -130,6 +130,32 @@ def _rebuild_losses(losses):
     return [MultiLoss(loss['multiloss']) if isinstance(loss, dict) else loss for loss in losses]
 
 
+def _losses_over_ranks(losses):
+    """The running losses of every rank averaged batch by batch (a collective): under FSDP every rank builds the
+    checkpoint, and rank 0's own losses alone would make each rank of the resumed run count rank 0's. Every rank of
+    the resumed run (any number of them) restores these means, and the epoch's 'accumulated_loss' (the mean over
+    ranks of each rank's mean) comes out as in the uninterrupted run. Ranks with different numbers of batches (a
+    loader not sharded evenly): each keeps its own."""
+    def to_cpu(value):
+        if isinstance(value, torch.Tensor):
+            return value.detach().cpu()
+        return {k: to_cpu(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+    own = [to_cpu(loss) for loss in losses]
+    gathered: List[Any] = [None] * distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, own)
+    if len({len(rank_losses) for rank_losses in gathered}) != 1 or any(
+            not isinstance(loss, (torch.Tensor, dict)) for rank_losses in gathered for loss in rank_losses):
+        return losses
+
+    def mean(values):
+        if isinstance(values[0], dict):
+            return {k: mean([v[k] for v in values]) for k in values[0]}
+        return torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in values]).mean().to(values[0].dtype)
+
+    return [mean([rank_losses[i] for rank_losses in gathered]) for i in range(len(own))]
+
+
 def _json_safe(hyperparams):
     text = json.dumps(hyperparams if hyperparams is not None else {}, default=repr)
     return text, json.loads(text)
@@ -143,7 +169,7 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True):
         weights (bool): include the model and optimizer state. With an FSDP-sharded model (gpu_mode='fsdp') the
             whole state is gathered to rank 0 (a collective: every process calls build_checkpoint, rank 0's result
             is the one to save); ``weights=False`` leaves them out, for a sharded checkpoint whose weights DCP writes
-            (sharded_checkpoint.save).
+            (sharded_checkpoint.begin_save).
     """
     model = loop.model
     optimizer = loop.optimizer
@@ -165,6 +191,8 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True):
                              loss_batch_accum=_plain_losses(loop.loss_batch_accum))
         if data_position['epoch_start_rng'] is None:
             raise CheckpointError('cannot take a mid-epoch checkpoint: the RNG state of the epoch start is unknown')
+        if fsdp and loop.world_size > 1:
+            data_position['loss_batch_accum'] = _losses_over_ranks(data_position['loss_batch_accum'])
         if not loop.should_execute_optimizer_update():
             # Inside a gradient-accumulation window: the accumulated gradients are part of the state.
             if fsdp:
@@ -542,7 +570,7 @@ def load_resume_checkpoint(loop, resume_from, experiment=None, callbacks=None, m
         return resume_from, 'the given checkpoint dict'
     resume_from = os.fspath(resume_from)
     if resume_from.startswith('s3://'):
-        return _load_from_s3(resume_from, map_location, allow_unsafe_pickle, endpoint_url)
+        return _load_from_s3(resume_from, map_location, allow_unsafe_pickle, endpoint_url, experiment)
     if resume_from == 'latest':
         if experiment is None:
             raise ValueError("fit(resume_from='latest') needs to know the experiment: use a TrainLoopCheckpoint (or "
@@ -579,6 +607,40 @@ def _download_and_load(storage, key, map_location, allow_unsafe_pickle):
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
+def _sharded_folder_key(key):
+    """The folder key when ``key`` names a sharded checkpoint (its ``.dcp`` folder or its marker), else None."""
+    key = key.rstrip('/')
+    if key.endswith(f'/{sharded_checkpoint.MARKER}'):
+        key = key[:-len(sharded_checkpoint.MARKER) - 1]
+    return key if key.endswith(sharded_checkpoint.SUFFIX) else None
+
+
+def _download_sharded(storage, folder_key, experiment, map_location):
+    """A sharded checkpoint in S3: its folder is downloaded into the same place of the local experiments root (the
+    train state is read now, the shards once the model is sharded: sharded_checkpoint.load_model_and_optimizer)."""
+    uri = storage.uri(folder_key)
+    if experiment is None:
+        raise ValueError(f'resume_from={uri!r}: a sharded (FSDP) checkpoint is downloaded into the local '
+                         f'experiment folder before it is loaded, and this TrainLoop has none; use a '
+                         f'TrainLoopCheckpoint (or pass a ModelCheckpoint, whose local_model_result_folder_path is the '
+                         f'root), or download the folder and give its path')
+    parts = folder_key.split('/')
+    if len(parts) < 4 or parts[-2] != CHECKPOINT_DIR:
+        raise CheckpointError(f'resume_from={uri!r}: expected a sharded checkpoint of an experiment folder, '
+                              f'.../<project>/<experiment>_<timestamp>/{CHECKPOINT_DIR}/<name>'
+                              f'{sharded_checkpoint.SUFFIX}')
+    place = validate_key('/'.join(parts[-4:]), 'sharded checkpoint folder')
+    local = sharded_checkpoint.download(storage, folder_key, os.path.join(experiment.root, *place.split('/')))
+    return sharded_checkpoint.load_train_state(local, map_location), uri
+
+
+def _download_target(storage, key, experiment, map_location, allow_unsafe_pickle):
+    folder_key = _sharded_folder_key(key)
+    if folder_key is not None:
+        return _download_sharded(storage, folder_key, experiment, map_location)
+    return _download_and_load(storage, key, map_location, allow_unsafe_pickle)
+
+
 def _pointer_target(storage, pointer_key):
     """The key of the checkpoint a cloud pointer names. A root pointer holds the path inside the experiment
     folder; a legacy ``checkpoint_model/latest`` holds a key whose last part is the file name."""
@@ -594,7 +656,7 @@ def _pointer_target(storage, pointer_key):
     return join_key(folder, text)
 
 
-def _load_from_s3(uri, map_location, allow_unsafe_pickle, endpoint_url=None):
+def _load_from_s3(uri, map_location, allow_unsafe_pickle, endpoint_url=None, experiment=None):
     from .storage.s3 import S3Storage
     bucket, _, key = uri[len('s3://'):].partition('/')
     key = key.strip('/')
@@ -603,6 +665,8 @@ def _load_from_s3(uri, map_location, allow_unsafe_pickle, endpoint_url=None):
                          f'folder>')
     storage = S3Storage(bucket, endpoint_url=endpoint_url)
     is_pointer = key.rsplit('/', 1)[-1] in (LATEST_POINTER, LEGACY_LATEST_POINTER)
+    if _sharded_folder_key(key) is not None:
+        return _download_sharded(storage, _sharded_folder_key(key), experiment, map_location)
     if key.endswith(('.pth', '.pt')) or not is_pointer and storage.exists(key):
         return _download_and_load(storage, key, map_location, allow_unsafe_pickle)
     experiment_key = key[:-len(CHECKPOINT_DIR) - 1] if key.endswith(f'/{CHECKPOINT_DIR}') else key
@@ -610,7 +674,8 @@ def _load_from_s3(uri, map_location, allow_unsafe_pickle, endpoint_url=None):
                                            f'{experiment_key}/{CHECKPOINT_DIR}/{LEGACY_LATEST_POINTER}']
     for pointer in candidates:
         if storage.exists(pointer):
-            return _download_and_load(storage, _pointer_target(storage, pointer), map_location, allow_unsafe_pickle)
+            return _download_target(storage, _pointer_target(storage, pointer), experiment, map_location,
+                                    allow_unsafe_pickle)
     raise FileNotFoundError(f'resume_from={uri!r}: no checkpoint there (neither a file nor an experiment folder '
                             f'with a {LATEST_POINTER} pointer)')
 
@@ -635,4 +700,4 @@ def _find_latest_in_cloud(loop, experiment, callbacks):
             pointers.setdefault('/'.join(parts[:2]), key)
     if not pointers:
         return None
-    return _download_and_load(storage, _pointer_target(storage, pointers[max(pointers)]), 'cpu', False)
+    return _download_target(storage, _pointer_target(storage, pointers[max(pointers)]), experiment, 'cpu', False)

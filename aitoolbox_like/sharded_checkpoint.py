@@ -8,10 +8,18 @@ A sharded checkpoint is a folder, ``checkpoint_model/model_<experiment>_<timesta
     __<rank>_0.distcp    each process's shards of the model and the optimizer state (DCP's files)
     .metadata            DCP's index of the shards, written last, once every rank's shards are written
 
-The folder is written as ``<name>.tmp`` and renamed by rank 0 once ``dcp.save`` has returned on every rank, so a
-folder with the final name is complete; its ``.metadata`` file is the marker of completeness, and the
-``latest_checkpoint.txt`` pointer names that file (written after the rename). To S3 the other files are uploaded
-first and ``.metadata`` last, with the cloud pointer set once it is uploaded (the uploader sends in order).
+The folder is written under a hidden temporary name (``.<name>.dcp.<12 hex>.tmp``, next to the final one) and
+renamed by rank 0 once DCP's save has completed (its ``.metadata`` is written by rank 0 after every rank reported
+its files), so a folder with the final name is complete; its ``.metadata`` file is the marker of completeness, and
+the ``latest_checkpoint.txt`` pointer names that file (written after the rename). A killed write leaves only the
+temporary folder, removed when the experiment is resumed (storage.local.remove_stray_temp_files). To S3 the other
+files are uploaded first and ``.metadata`` last, with the cloud pointer set once it is uploaded (the uploader sends
+in order); :func:`download` brings such a folder back for a resume.
+
+Asynchronous saves (the saving callbacks' ``async_save=True``): :func:`begin_save` copies this rank's shards to host
+memory (torch's DefaultStager) and hands them to ``torch.distributed.checkpoint.async_save``, which writes them in a
+background thread over a gloo process group of its own (:func:`checkpoint_process_group`);
+:meth:`ShardedSave.finish`, run by the callback's background writer, waits for that write and completes the folder.
 
 Model and optimizer go through ``torch.distributed.checkpoint.state_dict.get_state_dict`` / ``set_state_dict``:
 keys are parameter names (FQNs), values DTensors. DCP reshards on load, so a checkpoint written by N processes
@@ -19,10 +27,12 @@ resumes on M processes, in a single process without a process group included (th
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
-from typing import TYPE_CHECKING, Any
+import weakref
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -30,7 +40,9 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict, set_optimizer_state_dict, set_state_dict)
 
 from . import distributed
-from .checkpoint import CheckpointError, atomic_torch_save, load_checkpoint
+from .checkpoint import CheckpointError, atomic_torch_save, fsync_directory, load_checkpoint
+from .storage.base import Storage, join_key, validate_key
+from .storage.local import mark_temp_live, remove_folder, temp_name_for
 
 if TYPE_CHECKING:
     from .train_loop import TrainLoop
@@ -76,31 +88,133 @@ def _broadcast(value: Any) -> Any:
     return holder[0]
 
 
+def checkpoint_process_group() -> Any:
+    """The process group of background checkpoint writes: a gloo group of every rank, made once per default group.
+
+    A checkpoint written in the background runs DCP's collectives (the gather of the save plans and of the written
+    files' index) from another thread than training; on their own group they never interleave with training's
+    collectives (FSDP's all-gathers, loss reductions), and gloo runs them on the CPU, as
+    ``torch.distributed.checkpoint.async_save`` requires. A collective itself: every rank calls it at the same point
+    (the first asynchronous sharded save)."""
+    world, group = (ref() for ref in _checkpoint_group) if _checkpoint_group else (None, None)
+    if world is None or world is not dist.group.WORLD or group is None:
+        group = dist.new_group(backend='gloo')
+        _checkpoint_group[:] = [weakref.ref(dist.group.WORLD), weakref.ref(group)]
+    return group
+
+
+# Weak references to [the default group the checkpoint group was made for, the checkpoint group]: torch owns both
+# (destroy_process_group() ends them where it is called, not at interpreter exit); a new default group (a later fit
+# under a new process group) gets a new checkpoint group.
+_checkpoint_group: list[weakref.ref[Any]] = []
+
+
+def new_stager() -> Any:
+    """The host-memory stager of asynchronous sharded saves (torch's DefaultStager): it copies this rank's shards
+    (DTensors' local tensors) to CPU memory and keeps those buffers for the next save, like the snapshot of a
+    single-file checkpoint. The saving callback owns it and closes it (:func:`close_stager`) at the end of fit."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False, use_async_staging=False,
+                                        use_non_blocking_copy=False))
+
+
+def close_stager(stager: Any) -> None:
+    """Release a stager's host buffers (after its last save is complete)."""
+    if stager is not None:
+        stager.close()
+
+
+class ShardedSave:
+    """One sharded checkpoint being written, started by :func:`begin_save` on every rank.
+
+    :meth:`finish` completes it: waits for this rank's shards (written in DCP's background thread by an
+    asynchronous save; already written by a synchronous one), then on rank 0 writes ``train_state.pt`` and renames
+    the folder into place. Once ``finish`` returned on rank 0, every rank's shards are written (DCP's ``.metadata``
+    is written by rank 0 after every rank reported its files) and the folder has its final name.
+    """
+
+    def __init__(self, folder: str, tmp: str, train_state: dict[str, Any] | None, future: Any) -> None:
+        self.folder = folder
+        self.tmp = tmp
+        self.marker = os.path.join(folder, MARKER)
+        self._train_state = train_state
+        self._future = future
+
+    def finish(self) -> str:
+        """Complete the checkpoint (rank 0: ``train_state.pt``, fsync, rename); returns its marker file's path.
+        Raises the error of a failed DCP write (on every rank: DCP reports one rank's failure to all); the
+        temporary folder is then removed and the previous checkpoints are untouched."""
+        main = distributed.is_main_process()
+        try:
+            if self._future is not None:
+                future, self._future = self._future, None
+                future.result()
+            if main:
+                # After DCP's files: the folder only counts once renamed, whatever the order inside.
+                atomic_torch_save(self._train_state, os.path.join(self.tmp, TRAIN_STATE_FILE), temp_dir=self.tmp)
+                self._train_state = None
+                fsync_directory(self.tmp)       # DCP fsyncs its files; this makes their names durable too
+                if os.path.isdir(self.folder):
+                    remove_folder(self.folder)      # a checkpoint of the same name saved again
+                os.replace(self.tmp, self.folder)
+                fsync_directory(os.path.dirname(self.folder))
+        except BaseException:
+            if main:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+        finally:
+            if main:
+                mark_temp_live(self.tmp, False)
+        return self.marker
+
+
+def begin_save(loop: TrainLoop, folder: str | None, train_state: dict[str, Any] | None,
+               stager: Any = None) -> ShardedSave:
+    """Start writing the loop's sharded checkpoint into ``folder`` (``....dcp``); every process must call it, at
+    the same point. Complete it with :meth:`ShardedSave.finish`.
+
+    ``folder`` and ``train_state`` (``loop_state.build_checkpoint(loop, ..., weights=False)``) are rank 0's; other
+    ranks may pass None. ``stager`` (:func:`new_stager`): asynchronous, with
+    ``torch.distributed.checkpoint.async_save``: this call returns once this rank's shards are copied to host
+    memory, and DCP writes them in a background thread over :func:`checkpoint_process_group` (``train_state`` must
+    then be a copy that training does not change). None: ``dcp.save`` writes them before this call returns."""
+    names = None
+    if distributed.is_main_process() and isinstance(folder, str):
+        # Written under a hidden temporary name next to the final one (a killed write leaves only a folder that
+        # remove_stray_temp_files deletes when the experiment is resumed), renamed once complete.
+        tmp = os.path.join(os.path.dirname(folder), temp_name_for(os.path.basename(folder)))
+        mark_temp_live(tmp)
+        names = (folder, tmp)
+    names = _broadcast(names)
+    if names is None:
+        raise ValueError('sharded_checkpoint.begin_save: rank 0 must give the checkpoint folder')
+    folder, tmp = names
+    try:
+        model_state, optimizer_state = get_state_dict(loop.model, _optimizers(loop))
+        state = {'model': model_state, 'optim': optimizer_state}
+        if stager is None:
+            future = None
+            dcp.save(state, checkpoint_id=tmp)
+        else:
+            future = dcp.async_save(state, checkpoint_id=tmp, process_group=checkpoint_process_group(),
+                                    async_stager=stager)
+    except BaseException:
+        if distributed.is_main_process():
+            shutil.rmtree(tmp, ignore_errors=True)
+            mark_temp_live(tmp, False)
+        raise
+    return ShardedSave(folder, tmp, train_state, future)
+
+
 def save(loop: TrainLoop, folder: str | None, train_state: dict[str, Any]) -> str:
-    """Write the loop's sharded checkpoint into ``folder`` (``....dcp``); every process must call it.
+    """Write the loop's sharded checkpoint into ``folder`` (``....dcp``) synchronously; every process must call it.
 
     ``train_state`` is ``loop_state.build_checkpoint(loop, ..., weights=False)``; rank 0's is written. ``folder`` is
     taken from rank 0 (other ranks may pass anything). Returns the marker file's path, complete on return."""
-    folder = _broadcast(folder)
-    if not isinstance(folder, str):
-        raise ValueError('sharded_checkpoint.save: rank 0 must give the checkpoint folder')
-    tmp = folder + '.tmp'
-    if distributed.is_main_process():
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        atomic_torch_save(train_state, os.path.join(tmp, TRAIN_STATE_FILE), temp_dir=tmp)
+    marker = begin_save(loop, folder, train_state).finish()
     if distributed.is_distributed():
-        dist.barrier()
-    model_state, optimizer_state = get_state_dict(loop.model, _optimizers(loop))
-    dcp.save({'model': model_state, 'optim': optimizer_state}, checkpoint_id=tmp)
-    # dcp.save returns on every rank after the coordinator wrote .metadata, i.e. after every shard is written.
-    if distributed.is_main_process():
-        if os.path.isdir(folder):
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    if distributed.is_distributed():
-        dist.barrier()      # nobody moves on (e.g. to the next save of the same name) before the rename
-    return os.path.join(folder, MARKER)
+        dist.barrier()      # nobody moves on before the rename
+    return marker
 
 
 def upload_order(folder: str) -> list[str]:
@@ -108,6 +222,65 @@ def upload_order(folder: str) -> list[str]:
     cloud pointer set after it never names a folder with missing shards."""
     names = sorted(n for n in os.listdir(folder) if n != MARKER)
     return [os.path.join(folder, n) for n in names] + [os.path.join(folder, MARKER)]
+
+
+def download(storage: Storage, folder_key: str, local_folder: str) -> str:
+    """Download the sharded checkpoint stored under ``folder_key`` (all its shards, ``.metadata`` and
+    ``train_state.pt``) into ``local_folder``, atomically: into a hidden temporary folder next to it, renamed once
+    complete (a failed or killed download leaves no folder under the final name). Returns ``local_folder``.
+
+    A complete local folder of that name is used as it is (it may hold what is not uploaded yet). Several processes
+    of one machine may call it at once: one downloads (under a lock on the parent folder), the others then find the
+    folder complete. CheckpointError if the stored folder is incomplete (no ``.metadata``: its upload never
+    finished)."""
+    local_folder = os.path.abspath(local_folder)
+    parent = os.path.dirname(local_folder)
+    os.makedirs(parent, exist_ok=True)
+    with _folder_lock(parent):
+        if is_sharded_checkpoint(local_folder):
+            logger.info('%s is already here (%s); not downloaded again', storage.uri(folder_key), local_folder)
+            return local_folder
+        names = [key[len(folder_key) + 1:] for key in storage.list(folder_key + '/')]
+        if MARKER not in names or TRAIN_STATE_FILE not in names:
+            raise CheckpointError(f'{storage.uri(folder_key)} is not a complete sharded checkpoint (no {MARKER} or '
+                                  f'{TRAIN_STATE_FILE}; its upload may not have finished): resume from an earlier '
+                                  f'one, or from its experiment folder (whose pointer names complete checkpoints only)')
+        tmp = os.path.join(parent, temp_name_for(os.path.basename(local_folder)))
+        mark_temp_live(tmp)
+        try:
+            os.makedirs(tmp)
+            for name in names:
+                target = os.path.join(tmp, *validate_key(name, 'file of a sharded checkpoint').split('/'))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                storage.load_file(join_key(folder_key, name), target)
+            fsync_directory(tmp)
+            if os.path.isdir(local_folder):
+                remove_folder(local_folder)       # an incomplete leftover of that name
+            os.replace(tmp, local_folder)
+            fsync_directory(parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            mark_temp_live(tmp, False)
+    logger.info('Downloaded %s (%d files) into %s', storage.uri(folder_key), len(names), local_folder)
+    return local_folder
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: str) -> Iterator[None]:
+    """An exclusive lock on ``folder`` between processes (flock; none where fcntl does not exist)."""
+    try:
+        import fcntl
+    except ImportError:     # pragma: no cover - Windows
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)        # releases the lock
 
 
 def load_train_state(path: str | os.PathLike[str], map_location: Any = 'cpu') -> dict[str, Any]:
@@ -217,5 +390,6 @@ def gradients_inside_window_error() -> CheckpointError:
 
 
 __all__ = ['SUFFIX', 'MARKER', 'TRAIN_STATE_FILE', 'FOLDER_KEY', 'folder_name', 'is_sharded_checkpoint',
-           'checkpoint_folder', 'save', 'upload_order', 'load_train_state', 'load_model_and_optimizer', 'full_state',
+           'checkpoint_folder', 'checkpoint_process_group', 'new_stager', 'close_stager', 'ShardedSave', 'begin_save',
+           'save', 'upload_order', 'download', 'load_train_state', 'load_model_and_optimizer', 'full_state',
            'load_full_state', 'index_keyed', 'gradients_inside_window_error']

@@ -11,9 +11,15 @@ Printed per size and mode: the first save's stall (the async writer allocates it
 reuse them), the median and the max over all saves. The last line is ``async/sync stall at 100 MB: R``, the ratio of
 the medians.
 
-Usage: python benchmarks/checkpoint_stall.py [--sizes 25 100 400] [--saves 6] [--dir FOLDER]
+``--fsdp`` measures sharded checkpoints instead: the same models trained with ``gpu_mode='fsdp'`` on 2 CPU processes
+(gloo; each layer its own FSDP unit), every rank writing its shards with torch.distributed.checkpoint, synchronously
+or in the background (``dcp.async_save`` over a checkpoint process group); the stall is rank 0's, the spacing of saves
+the same as without it. The last line is then ``fsdp async/sync stall at 100 MB: R``.
+
+Usage: python benchmarks/checkpoint_stall.py [--sizes 25 100 400] [--saves 6] [--dir FOLDER] [--fsdp]
 """
 import argparse
+import json
 import math
 import os
 import shutil
@@ -43,17 +49,25 @@ class LinearStack(TTBasicModel):
 
 
 class TimedCheckpoint(ModelIterationCheckpoint):
-    """Records how long each save_checkpoint call held the training loop."""
+    """Records how long each save_checkpoint call held the training loop; with ``stall_file``, the main process
+    writes them there at the end of fit (an FSDP fit trains in other processes)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, stall_file=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.stalls = []
+        self.stall_file = stall_file
 
     def save_checkpoint(self, iteration_idx=None, wait=False):
         start = time.perf_counter()
         path = super().save_checkpoint(iteration_idx, wait)
         self.stalls.append(time.perf_counter() - start)
         return path
+
+    def on_train_end(self):
+        super().on_train_end()
+        if self.stall_file is not None and self.train_loop_obj.is_main_process():
+            with open(self.stall_file, 'w') as f:
+                json.dump(self.stalls, f)
 
 
 def n_layers_for(megabytes):
@@ -80,20 +94,30 @@ def estimate(model, folder):
     return statistics.median(times[1:]), max(writes)
 
 
-def run(megabytes, async_save, save_every, saves, folder):
+def run(megabytes, async_save, save_every, saves, folder, fsdp=False):
     torch.manual_seed(0)
     model = LinearStack(n_layers_for(megabytes))
     steps = save_every * saves
-    data = TensorDataset(torch.randn(steps * BATCH_SIZE, WIDTH), torch.randn(steps * BATCH_SIZE, WIDTH))
+    processes = 2 if fsdp else 1
+    samples = steps * BATCH_SIZE * processes     # each process trains `steps` batches
+    data = TensorDataset(torch.randn(samples, WIDTH), torch.randn(samples, WIDTH))
     loader = DataLoader(data, batch_size=BATCH_SIZE)
+    stall_file = os.path.join(folder, 'stalls.json') if fsdp else None
     saver = TimedCheckpoint(save_every, 'bench', f'{megabytes}mb_{"async" if async_save else "sync"}', folder,
                             {'size_mb': megabytes}, cloud_save_mode='local', monitor='not_tracked',
-                            async_save=async_save)
+                            async_save=async_save, stall_file=stall_file)
     loop = TrainLoop(model, loader, None, None, torch.optim.SGD(model.parameters(), lr=1e-4), nn.MSELoss(),
-                     end_auto_eval=False, progress_bar=False)
-    loop.fit(num_epochs=1, callbacks=[saver])
+                     end_auto_eval=False, progress_bar=False, gpu_mode='fsdp' if fsdp else 'single')
+    if fsdp:
+        loop.fit(num_epochs=1, callbacks=[saver], num_gpus=processes, on_gpu=False)
+        with open(stall_file) as f:
+            all_stalls = json.load(f)
+        os.remove(stall_file)
+    else:
+        loop.fit(num_epochs=1, callbacks=[saver])
+        all_stalls = saver.stalls
     # The epoch-end save comes right after the last iteration save (no training in between): left out.
-    stalls = saver.stalls[:saves]
+    stalls = all_stalls[:saves]
     shutil.rmtree(os.path.join(folder, 'bench'), ignore_errors=True)
     return stalls
 
@@ -103,6 +127,8 @@ def main():
     parser.add_argument('--sizes', type=int, nargs='+', default=[25, 100, 400])
     parser.add_argument('--saves', type=int, default=6)
     parser.add_argument('--dir', default=None, help='where checkpoints are written (default: a temp folder)')
+    parser.add_argument('--fsdp', action='store_true',
+                        help="sharded checkpoints of gpu_mode='fsdp' on 2 CPU processes instead of one process")
     args = parser.parse_args()
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     folder = tempfile.mkdtemp(prefix='checkpoint_stall_', dir=args.dir)
@@ -113,7 +139,7 @@ def main():
             step_s, write_s = estimate(LinearStack(n_layers_for(megabytes)), folder)
             save_every = max(2, math.ceil(3.0 * write_s / step_s))
             for async_save in (False, True):
-                stalls = run(megabytes, async_save, save_every, args.saves, folder)
+                stalls = run(megabytes, async_save, save_every, args.saves, folder, args.fsdp)
                 mode = 'async' if async_save else 'sync'
                 medians[megabytes, mode] = statistics.median(stalls)
                 rows.append((megabytes, mode, save_every, len(stalls), stalls[0], statistics.median(stalls),
@@ -125,10 +151,12 @@ def main():
     for megabytes, mode, every, count, first, median, worst in rows:
         print(f'{megabytes:>5}MB {mode:>6} {every:>6} {count:>6} {first * 1e3:>9.1f} {median * 1e3:>10.1f} '
               f'{worst * 1e3:>8.1f}')
+    label = 'fsdp ' if args.fsdp else ''
     for megabytes in args.sizes:
-        print(f'{megabytes} MB: async/sync median stall {medians[megabytes, "async"] / medians[megabytes, "sync"]:.3f}')
+        print(f'{label}{megabytes} MB: async/sync median stall '
+              f'{medians[megabytes, "async"] / medians[megabytes, "sync"]:.3f}')
     if 100 in args.sizes:
-        print(f'async/sync stall at 100 MB: {medians[100, "async"] / medians[100, "sync"]:.3f}')
+        print(f'{label}async/sync stall at 100 MB: {medians[100, "async"] / medians[100, "sync"]:.3f}')
 
 
 if __name__ == '__main__':

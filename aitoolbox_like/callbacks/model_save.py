@@ -8,13 +8,17 @@ uploader (training does not wait for the network). Checkpoints hold the full tra
 With ``async_save=True`` (the default) a save only copies the state to host memory on the training thread; the
 file, its pointers and its upload are written by a background thread (checkpoint.AsyncCheckpointWriter), at most
 one at a time. The next save, the end of fit (on_train_end / on_exception) and ``wait_for_pending_save()`` wait for
-it, and raise its error if it failed.
+it, and raise its error if it failed. Under FSDP (sharded checkpoints, one folder written by every rank) the same
+holds on each rank: its shards are copied to host memory and written by ``torch.distributed.checkpoint.async_save``
+(aitoolbox_like.sharded_checkpoint).
 """
 import copy
 import logging
 import math
 import os
 from typing import Any, Optional
+
+import torch.distributed as dist
 
 from .. import distributed, loop_state, sharded_checkpoint
 from ..checkpoint import AsyncCheckpointWriter, atomic_torch_save
@@ -23,6 +27,7 @@ from ..experiment import (BEST_POINTER, CHECKPOINT_DIR, LATEST_POINTER, MODEL_DI
 from ..experiment import model_file_name  # noqa: F401  (kept importable from this module, where it used to live)
 from ..experiment.savers import write_experiment_results
 from ..storage.base import validate_key_part
+from ..storage.local import remove_folder
 from ._common import lower_is_better
 from .abstract import AbstractCallback
 
@@ -56,6 +61,9 @@ class ExperimentSaverBase(AbstractCallback):
         # async_save: checkpoint files are written by this writer's background thread (None: on the training thread).
         self.async_save = bool(async_save)
         self.async_writer: Optional[AsyncCheckpointWriter] = AsyncCheckpointWriter() if async_save else None
+        # FSDP with async_save: the host buffers this rank's shards are copied into (made at the first sharded
+        # save, in the process that trains; released at the end of fit).
+        self._stager: Any = None
         validate_key_part(project_name, 'project_name')
         validate_key_part(experiment_name, 'experiment_name')
 
@@ -95,7 +103,10 @@ class ExperimentSaverBase(AbstractCallback):
 
     def on_train_end(self):
         # The end of fit returns only once the last checkpoint is complete (before the loop waits for uploads).
-        self.wait_for_pending_save()
+        try:
+            self.wait_for_pending_save()
+        finally:
+            self._close_stager()
 
     def on_exception(self, exception):
         try:
@@ -104,6 +115,8 @@ class ExperimentSaverBase(AbstractCallback):
             # fit is already failing with `exception`; the failed write is reported, not lost.
             logger.error('%s: %s (while fit failed with %s)', type(self).__name__, error, type(exception).__name__)
             exception.add_note(f'also: {error}')
+        finally:
+            self._close_stager()
 
     def _save_state(self, subdir, file_name, mid_epoch=False, pointer=None, after_write=None, wait=False,
                     checkpoint=None):
@@ -142,31 +155,60 @@ class ExperimentSaverBase(AbstractCallback):
         return path
 
 
-    def _save_sharded_state(self, subdir, folder_name, mid_epoch=False, pointer=None, after_write=None):
+    def _save_sharded_state(self, subdir, folder_name, mid_epoch=False, pointer=None, after_write=None, wait=False):
         """FSDP: every rank writes its shards into the folder ``<experiment>/<subdir>/<folder_name>`` (DCP, see
         aitoolbox_like/sharded_checkpoint.py); rank 0 then points ``pointer`` at its marker file, queues the
-        upload (marker last, the cloud pointer set after it) and runs ``after_write``. Synchronous (async_save
-        does not apply). Returns the folder's path."""
+        upload (marker last, the cloud pointer set after it) and runs ``after_write``. Returns the folder's path.
+
+        With ``async_save`` the training thread waits for the previous save and copies this rank's shards (and, on
+        rank 0, the train state) to host memory; DCP's write, the rename, the pointer and the upload follow in the
+        background (``wait=True``: wait for them before returning)."""
         loop = self.train_loop_obj
+        main = loop.is_main_process()
         self.wait_for_pending_save()
         folder = None
-        if loop.is_main_process():
+        if main:
             self.save_hyperparams()
             folder = os.path.join(self.experiment.subdir(subdir), folder_name)
         # On every rank: a callback's state may gather sharded tensors (a collective).
         train_state = loop_state.build_checkpoint(loop, self.hyperparams, mid_epoch=mid_epoch, weights=False)
-        marker = sharded_checkpoint.save(loop, folder, train_state)
-        if loop.is_main_process():
+        writer = self.async_writer
+        if writer is not None:
+            train_state = writer.snapshot(train_state) if main else None
+            if self._stager is None:
+                self._stager = sharded_checkpoint.new_stager()
+        save = sharded_checkpoint.begin_save(loop, folder, train_state,
+                                             self._stager if writer is not None else None)
+        experiment_dir = self.experiment.dir_path
+        uploader = self.uploader
+
+        def complete(_):
+            marker = save.finish()
+            if not main:
+                return
             if pointer:
-                write_pointer(self.experiment.dir_path, pointer, marker)     # every shard is written by now
-            if self.uploader is not None:
-                files = sharded_checkpoint.upload_order(os.path.dirname(marker))
+                write_pointer(experiment_dir, pointer, marker)     # every rank's shards are written by now
+            if uploader is not None:
+                files = sharded_checkpoint.upload_order(save.folder)
                 for path in files[:-1]:
-                    self.uploader.upload_experiment_file(path)
-                self.uploader.upload_experiment_file(files[-1], latest_pointer_name=pointer)
+                    uploader.upload_experiment_file(path)
+                uploader.upload_experiment_file(files[-1], latest_pointer_name=pointer)
             if after_write is not None:
-                after_write(os.path.dirname(marker))
-        return os.path.dirname(marker)
+                after_write(save.folder)
+
+        if writer is None:
+            complete(None)
+            if distributed.is_distributed():
+                dist.barrier()      # synchronous: the checkpoint is complete on every rank on return
+        else:
+            writer.submit(save.folder, complete, None)
+            if wait:
+                writer.wait()
+        return save.folder
+
+    def _close_stager(self):
+        stager, self._stager = self._stager, None
+        sharded_checkpoint.close_stager(stager)
 
 
 class ModelCheckpoint(ExperimentSaverBase):
@@ -187,7 +229,8 @@ class ModelCheckpoint(ExperimentSaverBase):
         rm_subopt_local_models (bool or str): delete local epoch checkpoints that are not among the
             ``num_best_checkpoints_kept`` best by ``monitor`` (a str names the metric, as in AIToolbox). The newest
             checkpoint is always kept, so a run can resume. Cloud copies are kept; with S3, a checkpoint is deleted
-            locally only once its upload is confirmed.
+            locally only once its upload is confirmed (a sharded checkpoint folder of an FSDP fit: whole, once every
+            file in it is confirmed).
         num_best_checkpoints_kept (int): how many best checkpoints survive rm_subopt_local_models.
         monitor (str or None): history metric that ranks checkpoints; None: 'val_loss' with a validation
             loader, else 'loss'.
@@ -196,6 +239,8 @@ class ModelCheckpoint(ExperimentSaverBase):
         async_save (bool): write checkpoints in a background thread (training waits only for a copy of the state in
             host memory); the pointers, the upload and rm_subopt_local_models follow once the file is complete. The
             next save and the end of fit wait for it and raise its error. False: write on the training thread.
+            Under FSDP each rank copies its shards to host memory and torch.distributed.checkpoint.async_save writes
+            them; rank 0 completes the folder and moves the pointers once every rank's shards are written.
     """
 
     # Read by the FSDP launcher (ddp_launch): under gpu_mode='fsdp' every rank writes its shards of a checkpoint,
@@ -308,7 +353,7 @@ class ModelCheckpoint(ExperimentSaverBase):
                 self._remove_suboptimal(folder, file_name, best)
 
         if sharded:
-            path = self._save_sharded_state(CHECKPOINT_DIR, file_name, mid_epoch, LATEST_POINTER, after_write)
+            path = self._save_sharded_state(CHECKPOINT_DIR, file_name, mid_epoch, LATEST_POINTER, after_write, wait)
         else:
             path = self._save_state(CHECKPOINT_DIR, file_name, mid_epoch=mid_epoch, pointer=LATEST_POINTER,
                                     after_write=after_write, wait=wait)
@@ -339,21 +384,28 @@ class ModelCheckpoint(ExperimentSaverBase):
 
     def _remove_suboptimal(self, folder, newest, best):
         # Runs once `newest` is complete; any earlier write is complete too (one in flight at most), and a file
-        # being written is a temporary file at the experiment root: only complete checkpoints are listed here.
+        # being written is a temporary file at the experiment root (a sharded folder being written has a hidden
+        # temporary name): only complete checkpoints are listed here.
         keep = set(best[:self.num_best_checkpoints_kept]) | {newest}
         for name in os.listdir(folder):
-            if name.startswith(f'model_{self.experiment_name}_') and name.endswith('.pth') and name not in keep:
-                path = os.path.join(folder, name)
-                if self.uploader is not None:
-                    # The uploader owns files it still has to send: it deletes this one once its upload is
-                    # confirmed (deleting it now would lose it while S3 is down).
-                    self.uploader.remove_local_file(path)
-                    continue
-                try:
+            if not name.startswith(f'model_{self.experiment_name}_') or name in keep \
+                    or not name.endswith(('.pth', sharded_checkpoint.SUFFIX)):
+                continue
+            path = os.path.join(folder, name)
+            if self.uploader is not None:
+                # The uploader owns files it still has to send: it deletes this checkpoint (a sharded folder once
+                # each of its files is confirmed) when its upload is confirmed (deleting it now would lose it while
+                # S3 is down).
+                self.uploader.remove_local_file(path)
+                continue
+            try:
+                if os.path.isdir(path):
+                    remove_folder(path)
+                else:
                     os.remove(path)
-                    logger.debug('Removed sub-optimal checkpoint %s', name)
-                except FileNotFoundError:
-                    pass
+                logger.debug('Removed sub-optimal checkpoint %s', name)
+            except FileNotFoundError:
+                pass
 
 
 class ModelIterationCheckpoint(ModelCheckpoint):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 import torch
 import torch.distributed as dist
 
+from .. import distributed
 from .abstract import AbstractCallback, StopTraining
 from .model_save import ModelCheckpoint, ModelIterationCheckpoint
 
@@ -31,7 +32,8 @@ _Handler = Union[Callable[[int, Any], Any], int, signal.Handlers, None]
 
 def find_checkpoint_callback(loop: 'TrainLoop') -> Optional[ModelCheckpoint]:
     """The loop's registered checkpoint callback (``ModelCheckpoint`` or ``ModelIterationCheckpoint``) in this
-    process, or None (also on DDP ranks other than 0, where the checkpoint callback does not run)."""
+    process, or None (also on DDP ranks other than 0, where the checkpoint callback does not run; under FSDP it runs
+    on every rank)."""
     for callback in loop.callbacks:
         if isinstance(callback, ModelCheckpoint):
             return callback
@@ -82,7 +84,10 @@ class PreemptionCheckpoint(AbstractCallback):
     the ranks agree on the step to stop at: every ``ddp_sync_every`` steps each rank starts an asynchronous
     all-reduce of its flag over a CPU (gloo) group, and reads its result ``ddp_sync_every`` steps later, so all ranks
     stop at the same step (at most ``2 * ddp_sync_every`` steps after the signal) without a device sync; rank 0
-    writes the checkpoint. A signal reaching any one rank stops them all.
+    writes the checkpoint. A signal reaching any one rank stops them all. Under FSDP every rank writes its shards of
+    the checkpoint; a stop agreed on inside a gradient-accumulation window waits for the window's update step (a
+    sharded checkpoint cannot hold the accumulated gradients), and ``on_exception`` writes nothing (a sharded save
+    needs every rank, which the exception may not have reached).
 
     Args:
         signals: the signals that request a stop (default SIGTERM and SIGINT). ``()`` installs none (a stop is then
@@ -125,6 +130,8 @@ class PreemptionCheckpoint(AbstractCallback):
         self._between_steps = False
         self._group: Any = None
         self._pending: Optional[Tuple[Any, torch.Tensor]] = None
+        self._stop_due = False              # a stop is agreed on; the checkpoint follows at the next update step
+        self._window_reported = False
 
     # ---- requesting a stop --------------------------------------------------------------------------------
 
@@ -172,6 +179,7 @@ class PreemptionCheckpoint(AbstractCallback):
         self.checkpoint_path = None
         self._between_steps = False
         self._pending = None
+        self._stop_due = self._window_reported = False
         loop = self.train_loop_obj
         if loop.world_size > 1 and self._group is None:
             # Every rank runs on_train_begin; a gloo group lets the flags be reduced on the CPU (no device sync).
@@ -212,9 +220,27 @@ class PreemptionCheckpoint(AbstractCallback):
         if self._group is None:
             if self._requested is None:
                 return
-        elif not self._agreed_stop():
+        elif not self._stop_due and not self._agreed_stop():
+            return
+        self._stop_due = True
+        if self._inside_sharded_window():
             return
         self._checkpoint_and_stop()
+
+    def _inside_sharded_window(self) -> bool:
+        """FSDP: a sharded checkpoint cannot hold the accumulated gradients of an open gradient-accumulation window
+        (sharded_checkpoint.gradients_inside_window_error), so the stop waits for the window's update step (at most
+        ``grad_accumulation - 1`` batches; the last batch of an epoch always updates). Every rank decides the same:
+        they agreed on the step and count batches alike."""
+        loop = self.train_loop_obj
+        if loop.should_execute_optimizer_update() or not distributed.is_fsdp_model(loop.model):
+            return False
+        if not self._window_reported and loop.is_main_process():
+            logger.warning('%s: batch %d is inside a gradient-accumulation window; under FSDP the checkpoint is '
+                           'written after the window\'s optimizer update', self._requested or 'stop requested',
+                           loop.total_iteration_idx)
+        self._window_reported = True
+        return True
 
     def _agreed_stop(self) -> bool:
         """DDP: every rank answers the same at the same step. The flags are reduced asynchronously over the gloo
@@ -295,6 +321,14 @@ class PreemptionCheckpoint(AbstractCallback):
                 logger.warning('%s: %s was raised inside a training step or outside the epoch\'s batches; no '
                                'checkpoint is written (the last one is the resume point)', type(self).__name__,
                                type(exception).__name__)
+            return
+        if distributed.is_fsdp_model(loop.model):
+            # Every rank writes its shards of a sharded checkpoint, but an exception may have reached this rank
+            # alone: the others would never join the save, and it would wait for them forever.
+            if loop.is_main_process():
+                logger.warning("%s: under gpu_mode='fsdp' no checkpoint is written after an exception (a sharded "
+                               'checkpoint needs every rank, which the exception may not have reached); the last '
+                               'checkpoint is the resume point', type(self).__name__)
             return
         try:
             self.checkpoint_path = self._save(loop)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 from .._typing import StrPath
 from .base import Storage
-from .local import LocalStorage, write_text_atomically
+from .local import LocalStorage, remove_folder, write_text_atomically
 
 try:
     import fcntl
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 JOURNAL_NAME = 'pending_uploads.json'
 _FORMAT_VERSION = 1
 # The fields of a journal entry besides the storage location (bucket / prefix / endpoint, or root).
-ENTRY_FIELDS = ('id', 'file', 'key', 'pointer_key', 'pointer_text', 'delete_local_after')
+ENTRY_FIELDS = ('id', 'file', 'key', 'pointer_key', 'pointer_text', 'delete_local_after', 'delete_local_folder')
 
 
 class UploadJournal:
@@ -91,6 +91,15 @@ class UploadJournal:
             for entry in entries:
                 if entry.get('file') == file:
                     entry['delete_local_after'] = True
+        self._update(change)
+
+    def mark_delete_local_folder(self, folder: str) -> None:
+        """Delete the local ``folder`` (a journal name) whole once the uploads of all the files inside it are
+        confirmed, whoever confirms them (a sharded checkpoint that rm_subopt_local_models removes)."""
+        def change(entries: list[dict[str, Any]]) -> None:
+            for entry in entries:
+                if str(entry.get('file')).startswith(folder + '/'):
+                    entry['delete_local_folder'] = folder
         self._update(change)
 
     # -- file -------------------------------------------------------------------------------------------------
@@ -184,8 +193,9 @@ def sync_journal(folder: StrPath, endpoint_url: str | None = None,
     """Upload what the journal of ``folder`` (its ``pending_uploads.json``) lists, in the order it was queued.
 
     A "latest" pointer is written after its object; a file marked for deletion is deleted once all its uploads
-    succeeded. Uploads that fail stay in the journal (try again later); after a network error the other uploads
-    to the same storage are not tried. ``endpoint_url`` replaces the recorded S3 endpoint.
+    succeeded (a folder marked for deletion, once the uploads of all the files inside it succeeded). Uploads that
+    fail stay in the journal (try again later); after a network error the other uploads to the same storage are
+    not tried. ``endpoint_url`` replaces the recorded S3 endpoint.
     """
     folder = os.path.abspath(os.fspath(folder))
     journal = UploadJournal(os.path.join(folder, JOURNAL_NAME))
@@ -225,6 +235,12 @@ def sync_journal(folder: StrPath, endpoint_url: str | None = None,
         if entry.get('delete_local_after') and not any(e['file'] == entry['file'] for e in journal.entries()):
             try:
                 os.remove(path)
+            except FileNotFoundError:
+                pass
+        doomed = str(entry.get('delete_local_folder') or '')
+        if doomed and not any(str(e['file']).startswith(doomed + '/') for e in journal.entries()):
+            try:
+                remove_folder(os.path.join(journal.base_dir, *doomed.split('/')))
             except FileNotFoundError:
                 pass
     return report

@@ -27,7 +27,7 @@ _live_lock = threading.Lock()
 
 def _temp_path_for(path: Path, temp_suffix: str = _PARTIAL_SUFFIX, temp_dir: StrPath | None = None) -> Path:
     folder = path.parent if temp_dir is None else Path(os.path.abspath(os.fspath(temp_dir)))
-    return folder / f'.{path.name}.{secrets.token_hex(6)}{temp_suffix}'
+    return folder / temp_name_for(path.name, temp_suffix)
 
 
 def write_atomically(path: StrPath, write: Callable[[IO[bytes]], object], temp_suffix: str = _PARTIAL_SUFFIX,
@@ -68,15 +68,54 @@ def is_temp_file_name(name: str) -> bool:
     return _TEMP_RE.match(name) is not None
 
 
+def temp_name_for(name: str, temp_suffix: str = '.tmp') -> str:
+    """The name a temporary file or folder standing for ``name`` gets: ``.<name>.<12 hex digits><temp_suffix>``
+    (hidden, unique, and recognised by :func:`remove_stray_temp_files` and :func:`is_temp_file_name`)."""
+    return f'.{name}.{secrets.token_hex(6)}{temp_suffix}'
+
+
+def mark_temp_live(path: StrPath, live: bool = True) -> None:
+    """Declare that this process is writing the temporary file or folder ``path`` (``live=False``: no longer), so
+    that :func:`remove_stray_temp_files` leaves it alone meanwhile. For writers other than write_atomically."""
+    path = os.path.abspath(os.fspath(path))
+    with _live_lock:
+        if live:
+            _live_temp_files.add(path)
+        else:
+            _live_temp_files.discard(path)
+
+
+def remove_folder(path: StrPath) -> None:
+    """Delete the folder ``path`` and what it holds, all at once for a reader: it is first renamed to a temporary
+    name in the same parent (atomic), then deleted; a crash in between leaves only a temporary folder, which
+    :func:`remove_stray_temp_files` deletes. FileNotFoundError if it does not exist."""
+    path = os.path.abspath(os.fspath(path))
+    doomed = os.path.join(os.path.dirname(path), temp_name_for(os.path.basename(path)))
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
 def remove_stray_temp_files(folder: StrPath) -> list[str]:
-    """Delete the temp files a killed :func:`write_atomically` left in ``folder`` (and its subfolders).
+    """Delete the temp files a killed :func:`write_atomically` left in ``folder`` (and its subfolders), and the
+    temporary folders of a killed folder write or :func:`remove_folder` (same naming).
 
     Temp files that a write of this process is still writing are never touched. Returns the removed paths.
     Only for folders no other process writes into at the same time (an experiment folder belongs to one run).
     """
     removed: list[str] = []
     root = os.path.abspath(os.fspath(folder))
-    for dirpath, _, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in list(dirnames):
+            if not _TEMP_RE.match(name):
+                continue
+            dirnames.remove(name)       # not walked into: it goes as a whole
+            path = os.path.join(dirpath, name)
+            with _live_lock:
+                if path in _live_temp_files:
+                    continue
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+            logger.info('Removed %s, the temporary folder of a write that never finished', path)
         for name in filenames:
             if not _TEMP_RE.match(name):
                 continue

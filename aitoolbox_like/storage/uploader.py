@@ -7,7 +7,8 @@ pointer is written only after the object it names is fully uploaded, so a reader
 always finds a complete file.
 
 The uploader owns the files it still has to send: :meth:`BackgroundUploader.delete_after_upload` deletes a
-local file only once every upload of it is confirmed. With a :class:`~.journal.UploadJournal`, every job is
+local file only once every upload of it is confirmed (a folder, such as a sharded checkpoint, once every upload of
+a file inside it is confirmed, and then all at once). With a :class:`~.journal.UploadJournal`, every job is
 written to disk before it is queued and removed once confirmed, so another process can finish what this one
 could not (a resumed run, or ``python -m aitoolbox_like.experiment.sync``).
 """
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .._typing import StrPath
 from .base import Storage, StorageError
+from .local import remove_folder
 
 if TYPE_CHECKING:   # the journal's sync uses is_retryable from here
     from .journal import UploadJournal
@@ -125,6 +127,7 @@ class BackgroundUploader:
         # the local files they upload are deleted only when none is left (delete_after_upload).
         self._unconfirmed: dict[str, UploadJob] = {}
         self._delete_requested: set[str] = set()
+        self._delete_requested_folders: set[str] = set()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._pending = 0
@@ -190,8 +193,13 @@ class BackgroundUploader:
 
         Returns True if the file was deleted now. A file whose upload failed for good stays (it is the only
         copy); the journal keeps the request, so a later sync deletes it after uploading it.
+
+        A folder (a sharded checkpoint) is deleted whole once no upload of a file inside it is unconfirmed; until
+        then nothing in it is deleted, so it stays complete (see :func:`~.local.remove_folder`).
         """
         path = os.path.abspath(os.fspath(local_path))
+        if os.path.isdir(path):
+            return self._delete_folder_after_upload(path)
         with self._lock:
             if any(job.local_path == path for job in self._unconfirmed.values()):
                 self._delete_requested.add(path)
@@ -203,6 +211,23 @@ class BackgroundUploader:
             except FileNotFoundError:
                 pass
             return True
+
+    def _delete_folder_after_upload(self, folder: str) -> bool:
+        with self._lock:
+            if self._unconfirmed_inside(folder):
+                self._delete_requested_folders.add(folder)
+                if self.journal is not None:
+                    self.journal.mark_delete_local_folder(self.journal.relative(folder))
+                return False
+            try:
+                remove_folder(folder)
+            except FileNotFoundError:
+                pass
+            return True
+
+    def _unconfirmed_inside(self, folder: str) -> bool:
+        inside = folder + os.sep
+        return any(job.local_path.startswith(inside) for job in self._unconfirmed.values())
 
     def unconfirmed(self) -> list[UploadJob]:
         """Jobs not confirmed by the storage: queued, in progress, or failed (their files are kept)."""
@@ -293,6 +318,18 @@ class BackgroundUploader:
                     pass
                 except OSError as error:
                     logger.warning('Uploaded %s but could not delete the local copy: %s', job.key, error)
+            for folder in [f for f in self._delete_requested_folders if path.startswith(f + os.sep)]:
+                if self._unconfirmed_inside(folder):
+                    continue
+                self._delete_requested_folders.discard(folder)
+                try:
+                    remove_folder(folder)
+                    logger.debug('Uploaded every file of %s; removed the local folder', folder)
+                except FileNotFoundError:
+                    pass
+                except OSError as error:
+                    logger.warning('Uploaded every file of %s but could not delete the local folder: %s', folder,
+                                   error)
 
     def _attempt(self, job: UploadJob, key: str, operation: Callable[[], object]) -> bool:
         delay = self.initial_backoff_s
