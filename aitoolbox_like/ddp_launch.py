@@ -137,7 +137,12 @@ def _fit_in_this_process(loop, backend, init_method, settings):
         dist.init_process_group(backend=backend, init_method=init_method)
     # The process group stays up after fit, so that evaluation and prediction afterwards still see every rank's
     # share of the data; the script ends it with torch.distributed.destroy_process_group().
-    _train_worker(loop, local_rank, settings)
+    try:
+        _train_worker(loop, local_rank, settings)
+    finally:
+        # Under torchrun the callbacks are the caller's own objects: a later fit of theirs gets them as given.
+        for cb, gate in settings.get('lifted_gates', []):
+            cb.device_idx_execution = gate
     return loop.model
 
 
@@ -388,4 +393,5 @@ def _shard_model(loop, settings):
     for cb in (list(loop.callbacks) + list(loop.callbacks_handler.cached_callbacks)
                + list(settings['callbacks'] or [])):
         if getattr(cb, 'collective_when_sharded', False):
+            settings.setdefault('lifted_gates', []).append((cb, cb.device_idx_execution))
             cb.device_idx_execution = None

@@ -21,6 +21,8 @@ def main(out_dir):
                                                 is_project=False)
     trained = loop.fit(num_epochs=2, callbacks=callbacks() + [histograms], on_gpu=False)
     assert trained is loop.model and is_fsdp_model(trained)      # under torchrun: this process's sharded module
+    # It ran on every rank during the FSDP fit (its gather is a collective); the user's object keeps its own gate.
+    assert histograms.device_idx_execution == 0
     model_state, _ = sharded_checkpoint.full_state(loop)         # every rank gathers; rank 0 gets the whole state
     if dist.get_rank() == 0:
         torch.save(model_state, os.path.join(out_dir, 'weights.pt'))
