@@ -1,4 +1,7 @@
 """Small models and data shared by the tests."""
+import os
+
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -41,3 +44,28 @@ def loaders(n=53, batch_size=8, shuffle=True, seed=0):
 
 def state_equal(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---- multi-process (FSDP) tests
+
+#: Sharded runs reduce in another order than one process: weights agree within this tolerance.
+SHARDED_TOLERANCE = dict(rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture
+def one_thread_per_worker(monkeypatch):
+    """One intra-op thread per spawned process (inherited through the environment): 2 processes on 2 cores."""
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+
+
+def assert_close_states(a, b):
+    """Two state dicts with the same keys and values equal within SHARDED_TOLERANCE."""
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], **SHARDED_TOLERANCE)
+
+
+def experiment_dir(root, project='proj'):
+    """The one experiment folder of ``project`` under the results folder ``root``."""
+    [name] = os.listdir(os.path.join(root, project))
+    return os.path.join(root, project, name)

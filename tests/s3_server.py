@@ -290,3 +290,13 @@ def s3_server(tmp_path_factory):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """The session's server as boto3's default endpoint, with experiment uploads that try once and wait up to 120 s."""
+    from aitoolbox_like.experiment import ExperimentUploader
+    monkeypatch.setenv('AWS_ENDPOINT_URL_S3', s3_server.endpoint_url)
+    monkeypatch.setattr(ExperimentUploader, 'storage_options', {'max_attempts': 1})
+    monkeypatch.setattr(ExperimentUploader, 'wait_timeout_s', 120.0)
+    return s3_server

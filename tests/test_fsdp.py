@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'ddp
 
 from aitoolbox_like.checkpoint import load_checkpoint              # noqa: E402
 from aitoolbox_like.experiment import LATEST_POINTER, read_pointer  # noqa: E402
+from helpers import assert_close_states, experiment_dir, one_thread_per_worker  # noqa: E402,F401  (fixture)
 from ddp_common import Regressor                                   # noqa: E402
 from fsdp_common import callbacks, reference, shard_each_layer, tracked_loop  # noqa: E402
 
@@ -24,19 +25,8 @@ EMA_KEY = 'ExponentialMovingAverage_0.9'
 
 
 @pytest.fixture(autouse=True)
-def _one_thread_per_worker(monkeypatch):
-    monkeypatch.setenv('OMP_NUM_THREADS', '1')      # inherited by the spawned processes
-
-
-def assert_close_states(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
-
-
-def experiment_dir(root):
-    [name] = os.listdir(os.path.join(root, 'proj'))
-    return os.path.join(root, 'proj', name)
+def _one_thread_per_worker(one_thread_per_worker):
+    pass
 
 
 def latest_checkpoint_state(root):

@@ -27,6 +27,7 @@ from ddp_common import regression_data                              # noqa: E402
 from fsdp_callbacks_common import (MIN_NUM_PARAMS, BatchNormRegressor, SaveWholeWeightsAtEpochEnd,  # noqa: E402
                                    reporting_callbacks, swa, tracked_loop)
 from fsdp_common import callbacks, reference                        # noqa: E402
+from helpers import SHARDED_TOLERANCE, assert_close_states, one_thread_per_worker  # noqa: E402,F401  (fixture)
 from fsdp_common import tracked_loop as fsdp_tracked_loop          # noqa: E402
 
 pytest.importorskip('tensorboard')
@@ -34,19 +35,13 @@ pytest.importorskip('matplotlib')
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOLERANCE = dict(rtol=1e-5, atol=1e-6)
+TOLERANCE = SHARDED_TOLERANCE
 SWA_KEY = 'StochasticWeightAveraging'
 
 
 @pytest.fixture(autouse=True)
-def _one_thread_per_worker(monkeypatch):
-    monkeypatch.setenv('OMP_NUM_THREADS', '1')      # inherited by the spawned processes
-
-
-def assert_close_states(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], **TOLERANCE)
+def _one_thread_per_worker(one_thread_per_worker):
+    pass
 
 
 def load_rank_file(folder, name, rank=0):

@@ -24,6 +24,7 @@ from aitoolbox_like.checkpoint import load_checkpoint  # noqa: E402
 from aitoolbox_like.experiment import LATEST_POINTER, read_pointer  # noqa: E402
 from aitoolbox_like.storage import BackgroundUploader, LocalStorage, UploadJournal, sync_journal  # noqa: E402
 from aitoolbox_like.storage.s3 import S3Storage  # noqa: E402
+from helpers import assert_close_states, experiment_dir, one_thread_per_worker  # noqa: E402,F401  (fixture)
 from fsdp_checkpoint_common import (BLOCK_WRITE_ENV, RecordStop, SignalSelfOnRank, checkpoint_loop,  # noqa: E402
                                     reference)
 from fsdp_common import callbacks, shard_each_layer  # noqa: E402
@@ -35,19 +36,8 @@ EMA_KEY = 'ExponentialMovingAverage_0.9'
 
 
 @pytest.fixture(autouse=True)
-def _one_thread_per_worker(monkeypatch):
-    monkeypatch.setenv('OMP_NUM_THREADS', '1')      # inherited by the spawned processes
-
-
-def assert_close_states(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
-
-
-def experiment_dir(root):
-    [name] = os.listdir(os.path.join(root, 'proj'))
-    return os.path.join(root, 'proj', name)
+def _one_thread_per_worker(one_thread_per_worker):
+    pass
 
 
 def checkpoint_names(root):

@@ -7,11 +7,10 @@ import shutil
 import pytest
 import torch
 
-from aitoolbox_like.experiment import ExperimentUploader
 from aitoolbox_like.experiment.reporting import matplotlib_available
 from aitoolbox_like.result_package.basic import ClassificationResultPackage
 from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave
-from s3_server import make_bucket
+from s3_server import make_bucket, s3_env  # noqa: F401  (fixture)
 from saving_helpers import assert_same_weights, make_parts, weights
 
 AITOOLBOX_FOLDERS = ('checkpoint_model', 'model', 'results')
@@ -115,14 +114,6 @@ def test_experiment_folders_of_the_old_layout_still_resume(tmp_path):
     resumed = _loop(TrainLoopCheckpoint, tmp_path, seed=3, cloud_save_mode='local')
     resumed.fit(num_epochs=1, resume_from=str(folder))
     assert resumed.train_history.get_epochs('loss') == [0]
-
-
-@pytest.fixture
-def s3_env(s3_server, monkeypatch):
-    monkeypatch.setenv('AWS_ENDPOINT_URL_S3', s3_server.endpoint_url)
-    monkeypatch.setattr(ExperimentUploader, 'storage_options', {'max_attempts': 1})
-    monkeypatch.setattr(ExperimentUploader, 'wait_timeout_s', 120.0)
-    return s3_server
 
 
 def test_s3_folders_hold_exactly_aitoolboxs_files_and_resume_follows_the_root_pointer(s3_env, tmp_path):

@@ -6,20 +6,11 @@ import shutil
 import pytest
 import torch
 
-from aitoolbox_like.experiment import ExperimentUploader
 from aitoolbox_like.recipes.cli import main
 from aitoolbox_like.storage.s3 import S3Storage
-from s3_server import make_bucket
+from s3_server import make_bucket, s3_env  # noqa: F401  (fixture)
 
 PARTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'recipe_parts.py')
-
-
-@pytest.fixture
-def s3_env(s3_server, monkeypatch):
-    monkeypatch.setenv('AWS_ENDPOINT_URL_S3', s3_server.endpoint_url)
-    monkeypatch.setattr(ExperimentUploader, 'storage_options', {'max_attempts': 1})
-    monkeypatch.setattr(ExperimentUploader, 'wait_timeout_s', 120.0)
-    return s3_server
 
 
 def _recipe(tmp_path, bucket, name):
