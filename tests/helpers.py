@@ -52,9 +52,10 @@ def state_equal(a, b):
 SHARDED_TOLERANCE = dict(rtol=1e-5, atol=1e-6)
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def one_thread_per_worker(monkeypatch):
-    """One intra-op thread per spawned process (inherited through the environment): 2 processes on 2 cores."""
+    """One intra-op thread per spawned process (inherited through the environment): 2 processes on 2 cores.
+    Autouse in the test modules that import it by name (the multi-process ones), nowhere else."""
     monkeypatch.setenv('OMP_NUM_THREADS', '1')
 
 

@@ -24,11 +24,6 @@ FSDP = dict(num_gpus=2, on_gpu=False, fsdp_shard_fn=shard_each_layer)
 EMA_KEY = 'ExponentialMovingAverage_0.9'
 
 
-@pytest.fixture(autouse=True)
-def _one_thread_per_worker(one_thread_per_worker):
-    pass
-
-
 def latest_checkpoint_state(root):
     """The train state the latest pointer names (a sharded checkpoint's train_state.pt)."""
     marker = read_pointer(experiment_dir(root), LATEST_POINTER)

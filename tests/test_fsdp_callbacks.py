@@ -39,11 +39,6 @@ TOLERANCE = SHARDED_TOLERANCE
 SWA_KEY = 'StochasticWeightAveraging'
 
 
-@pytest.fixture(autouse=True)
-def _one_thread_per_worker(one_thread_per_worker):
-    pass
-
-
 def load_rank_file(folder, name, rank=0):
     return torch.load(os.path.join(folder, f'{name}_rank{rank}.pt'), weights_only=False)
 

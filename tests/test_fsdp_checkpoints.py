@@ -35,11 +35,6 @@ FSDP = dict(num_gpus=2, on_gpu=False, fsdp_shard_fn=shard_each_layer)
 EMA_KEY = 'ExponentialMovingAverage_0.9'
 
 
-@pytest.fixture(autouse=True)
-def _one_thread_per_worker(one_thread_per_worker):
-    pass
-
-
 def checkpoint_names(root):
     return sorted(os.listdir(os.path.join(experiment_dir(root), 'checkpoint_model')))
 
