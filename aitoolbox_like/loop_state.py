@@ -657,9 +657,8 @@ def _pointer_target(storage, pointer_key):
 
 
 def _load_from_s3(uri, map_location, allow_unsafe_pickle, endpoint_url=None, experiment=None):
-    from .storage.s3 import S3Storage
-    bucket, _, key = uri[len('s3://'):].partition('/')
-    key = key.strip('/')
+    from .storage.s3 import S3Storage, split_s3_uri
+    bucket, key = split_s3_uri(uri)
     if not bucket or not key:
         raise ValueError(f'resume_from={uri!r}: expected s3://bucket/key/of/checkpoint.pth or s3://bucket/<experiment '
                          f'folder>')

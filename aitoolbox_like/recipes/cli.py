@@ -147,9 +147,8 @@ def finished_reason(checkpoint: Any, fit_kwargs: Dict[str, Any], callback_names:
 def _read_experiment(source: str, endpoint_url: Optional[str]) -> Tuple[str, str, str]:
     """``(recipe text, previous command lines, where the recipe was read)`` of an experiment folder or s3:// URI."""
     if source.startswith('s3://'):
-        from ..storage.s3 import S3Storage
-        bucket, _, prefix = source[len('s3://'):].partition('/')
-        prefix = prefix.strip('/')
+        from ..storage.s3 import S3Storage, split_s3_uri
+        bucket, prefix = split_s3_uri(source)
         if not bucket or not prefix:
             raise RecipeError([f'{source}: expected s3://bucket/<prefix>/<project>/<experiment>_<timestamp>'])
         storage = S3Storage(bucket, endpoint_url=endpoint_url)
@@ -200,7 +199,8 @@ def _continue_in(recipe: Recipe, experiment: str) -> None:
     errors = []
     config = recipe.config
     if experiment.startswith('s3://'):
-        bucket, _, key = experiment[len('s3://'):].strip('/').partition('/')
+        from ..storage.s3 import split_s3_uri
+        bucket, key = split_s3_uri(experiment)
         for path, section in _sections_with(config, 'bucket_name'):
             expected = '/'.join(p for p in (str(section.get('cloud_dir_prefix') or '').strip('/'),
                                             str(section.get('project_name', '')), '') if p)
@@ -223,16 +223,17 @@ def _continue_in(recipe: Recipe, experiment: str) -> None:
 
 def cmd_resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .. import loop_state
-    experiment = args.experiment
+    # A local folder is made absolute once: the recipe's imports, the loop's results root and resume_from use it.
+    experiment = args.experiment if args.experiment.startswith('s3://') else \
+        os.path.abspath(os.path.expanduser(args.experiment))
     text, previous, where = _read_experiment(experiment, args.endpoint_url)
-    base_dir = os.path.abspath(os.path.expanduser(experiment)) if not experiment.startswith('s3://') else os.getcwd()
+    base_dir = experiment if not experiment.startswith('s3://') else os.getcwd()
     recipe = Recipe.from_text(text, source=where, base_dir=base_dir, overrides=args.overrides)
     _continue_in(recipe, experiment)
     plan = recipe.plan()
     try:
-        checkpoint, checkpoint_source = loop_state.load_resume_checkpoint(
-            None, experiment if experiment.startswith('s3://') else os.path.abspath(os.path.expanduser(experiment)),
-            endpoint_url=args.endpoint_url)
+        checkpoint, checkpoint_source = loop_state.load_resume_checkpoint(None, experiment,
+                                                                           endpoint_url=args.endpoint_url)
     except FileNotFoundError as error:
         _say(f'{experiment}: no checkpoint to resume from ({error}); start the run again with: '
              f'{PROG} train {shlex.quote(where)}')
@@ -246,8 +247,7 @@ def cmd_resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
     # hyperparams_list.txt and the script copy stay those of the first run; no script to copy now.
     run = recipe.build(hyperparams_defaults={'experiment_file_path': None})
     _attach_files(run, recipe, previous + command_line_text(argv))
-    run.fit(resume_from=experiment if experiment.startswith('s3://') else os.path.abspath(
-        os.path.expanduser(experiment)))
+    run.fit(resume_from=experiment)
     _finish(run)
     return 0
 

@@ -26,6 +26,13 @@ _NO_BUCKET_CODES = frozenset({'NoSuchBucket'})
 _PRECONDITION_CODES = frozenset({'PreconditionFailed', '412', 'ConditionalRequestConflict', '409'})
 
 
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/some/key/`` -> ``('bucket', 'some/key')``; either part may be empty (the caller names what
+    it expected)."""
+    bucket, _, key = uri[len('s3://'):].partition('/')
+    return bucket, key.strip('/')
+
+
 def _import_boto3() -> Any:
     try:
         import boto3
