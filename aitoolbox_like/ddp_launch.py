@@ -253,22 +253,28 @@ def _run_spawned_rank(local_rank, global_rank, payload, rendezvous, result_dir):
         dist.barrier()
     except BaseException:
         _record_failure(result_dir, global_rank)
-        _exit_failed_rank()
+        traceback.print_exc()
+        _end_rank_process(1)
     dist.destroy_process_group()
+    _end_rank_process(0)
 
 
-def _exit_failed_rank():
-    """End a failed rank's process at once, without tearing its process group down.
+def _end_rank_process(status):
+    """End a spawned rank's process now, with ``status``, skipping the interpreter's clean-up.
 
-    ``destroy_process_group`` (and the process group's destructor at interpreter exit) can wait on peers that are
-    themselves blocked in a collective waiting for this rank: a deadlock that only the test timeout ended (seen
+    A failed rank (status 1) does not tear its process group down: ``destroy_process_group`` can wait on peers that
+    are themselves blocked in a collective waiting for this rank (a deadlock that only the test timeout ended, seen
     under load). Exiting closes this rank's connections, so the other ranks' collectives fail at once; the parent
-    reports the failure recorded before this call."""
-    traceback.print_exc()
+    reports the failure recorded before this call.
+
+    A finished rank (status 0) has written its result and destroyed its process group, but process-group objects
+    still referenced from reference cycles (callbacks and the loop refer to each other) would be destroyed during
+    interpreter shutdown, where gloo's threads can abort the process ("terminate called without an active
+    exception", seen in CI): the parent would then report a finished run as failed."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     logging.shutdown()
-    os._exit(1)
+    os._exit(status)
 
 
 def _save_worker_result(loop, path, gathered=None):
