@@ -1023,3 +1023,20 @@ def _mean_float64(losses: Sequence[Any]) -> torch.Tensor:
 
 def _cpu(value):
     return value.cpu() if isinstance(value, torch.Tensor) else value
+
+
+# The tracking loops live in tracking.py (they subclass TrainLoop, so defining them here would import the saving
+# callbacks into the core). They stay importable from here, where AIToolbox and DESIGN.md put them, through a
+# lazy module attribute: nothing is imported until the name is used, so no import circle comes back.
+_TRACKING_LOOPS = ('TrainLoopCheckpoint', 'TrainLoopEndSave', 'TrainLoopCheckpointEndSave')
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TRACKING_LOOPS:
+        from . import tracking
+        return getattr(tracking, name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(_TRACKING_LOOPS))

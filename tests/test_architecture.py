@@ -43,13 +43,22 @@ def _is_type_checking_block(node):
     return isinstance(node, ast.If) and 'TYPE_CHECKING' in ast.unparse(node.test)
 
 
+def _is_lazy_reexport(node, parent):
+    """A module-level ``__getattr__`` (PEP 562) re-exports names for the module's callers (e.g. the tracking loops
+    at aitoolbox_like.train_loop, their documented path): its imports run only when a caller asks for such a name,
+    after the module is loaded, so they are not dependencies of the module's own code."""
+    return isinstance(parent, ast.Module) and isinstance(node, ast.FunctionDef) and node.name == '__getattr__'
+
+
 def _walk_runtime(tree):
-    """Every node that can execute at run time (``if TYPE_CHECKING:`` blocks are for the type checker only)."""
+    """Every node that can execute at run time as part of the module's own code (``if TYPE_CHECKING:`` blocks are
+    for the type checker only; lazy re-exports serve callers)."""
     stack = [tree]
     while stack:
         node = stack.pop()
         yield node
-        stack.extend(child for child in ast.iter_child_nodes(node) if not _is_type_checking_block(child))
+        stack.extend(child for child in ast.iter_child_nodes(node)
+                     if not _is_type_checking_block(child) and not _is_lazy_reexport(child, node))
 
 
 def _imports(module, tree):
