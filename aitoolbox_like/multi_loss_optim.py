@@ -1,18 +1,20 @@
 """Several losses / several optimizers behind the single-loss, single-optimizer interface."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, cast
 
 import torch
 
 
-class MultiLoss(Mapping[str, torch.Tensor]):
+class MultiLoss(MutableMapping[str, torch.Tensor]):
     """A dict of named losses that backpropagates as one: ``backward()`` runs each loss's backward
     (keeping the graph until the last), ``item()`` gives ``{name: float}``.
 
-    Unlike AIToolbox, the loop backpropagates every loss once per batch and then steps every optimizer;
-    ``loss_optimizer_map`` and the arguments of ``backward`` are accepted for compatibility and unused.
+    The loop calls ``backward()`` once per batch, which backpropagates every loss, and then steps every
+    optimizer. AIToolbox's form ``backward(optimizer_idx, iteration, amp_grad_scaler)`` (for code that drives a
+    MultiLoss itself) backpropagates only the loss of that optimizer, as ``loss_optimizer_map`` assigns them
+    (by default the i-th loss to the i-th optimizer); ``loss_backward_remaining`` counts down as in AIToolbox.
     """
 
     def __init__(self, loss_dict: Mapping[str, torch.Tensor] | Sequence[torch.Tensor],
@@ -24,6 +26,14 @@ class MultiLoss(Mapping[str, torch.Tensor]):
         self.loss_dict: dict[str, torch.Tensor] = dict(loss_dict)
         self.loss_optimizer_map = loss_optimizer_map
         self.retain_graph_until_last = retain_graph_until_last
+        self.loss_backward_remaining = len(self.loss_dict)
+        if loss_optimizer_map is None:
+            self.optimizer_loss_map = dict(enumerate(self.loss_dict))
+        else:
+            if len(loss_optimizer_map) != len(self.loss_dict):
+                raise ValueError(f'loss_optimizer_map has {len(loss_optimizer_map)} entries but there are '
+                                 f'{len(self.loss_dict)} losses: map every loss name to an optimizer index')
+            self.optimizer_loss_map = {int(idx): str(name) for name, idx in loss_optimizer_map.items()}
 
     def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> MultiLoss:
         """A MultiLoss of ``fn`` applied to every loss (e.g. ``torch.Tensor.cpu``)."""
@@ -32,10 +42,21 @@ class MultiLoss(Mapping[str, torch.Tensor]):
 
     def backward(self, optimizer_idx: int | None = None, iteration: int | None = None,
                  amp_grad_scaler: Any = None) -> None:
-        """Backpropagate every loss (the arguments are accepted for AIToolbox compatibility and unused)."""
-        losses = list(self.loss_dict.values())
-        for i, loss in enumerate(losses):
-            loss.backward(retain_graph=self.retain_graph_until_last and i < len(losses) - 1)
+        """Backpropagate every loss; with ``optimizer_idx`` (AIToolbox's form) only the loss of that optimizer,
+        through ``amp_grad_scaler.scale`` when given. ``iteration`` is accepted and unused, as in AIToolbox."""
+        if optimizer_idx is None:
+            losses = list(self.loss_dict.values())
+            for i, loss in enumerate(losses):
+                loss.backward(retain_graph=self.retain_graph_until_last and i < len(losses) - 1)
+            return
+        loss = self.loss_dict[self.optimizer_loss_map[optimizer_idx]]
+        if amp_grad_scaler is not None:
+            loss = amp_grad_scaler.scale(loss)
+        if self.retain_graph_until_last and self.loss_backward_remaining > 1:
+            loss.backward(retain_graph=True)
+        else:
+            loss.backward()
+        self.loss_backward_remaining -= 1
 
     def __truediv__(self, divisor: float | torch.Tensor) -> MultiLoss:
         return self.apply(lambda loss: loss / divisor)
@@ -46,7 +67,16 @@ class MultiLoss(Mapping[str, torch.Tensor]):
 
     def detach(self) -> MultiLoss:
         """A MultiLoss of the detached losses (no graph), e.g. for logging."""
-        return self.apply(torch.Tensor.detach)
+        # Through each loss's own detach(): the losses may be duck-typed objects, not tensors.
+        return self.apply(lambda loss: loss.detach())
+
+    def cpu(self, *args: Any, **kwargs: Any) -> MultiLoss:
+        """A MultiLoss of the losses moved to the CPU."""
+        return self.apply(lambda loss: loss.cpu(*args, **kwargs))
+
+    def numpy(self) -> MultiLoss:
+        """A MultiLoss of the losses as numpy arrays (AIToolbox's)."""
+        return self.apply(lambda loss: loss.numpy())
 
     def item(self) -> dict[str, float]:
         """``{name: float}`` of the losses."""
@@ -63,6 +93,12 @@ class MultiLoss(Mapping[str, torch.Tensor]):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.loss_dict[name]
+
+    def __setitem__(self, name: str, loss: torch.Tensor) -> None:
+        self.loss_dict[name] = loss
+
+    def __delitem__(self, name: str) -> None:
+        del self.loss_dict[name]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.loss_dict)

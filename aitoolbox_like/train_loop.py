@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 GPU_MODES = ('single', 'dp', 'ddp', 'fsdp')
+EVAL_LOSS_WEIGHTINGS = ('batch', 'sample')
 
 
 class TrainLoop:
@@ -89,6 +90,10 @@ class TrainLoop:
             as it is. Either way ``model`` is the plain module (checkpoints have no ``_orig_mod.`` prefix) and
             the forward passes go through ``compiled_model``. The DDP and DataParallel modes run their
             wrapper's forward, which is not compiled.
+        eval_loss_weighting: how an evaluated loss ('loss', 'val_loss', ``evaluate_loss_on_*``) averages the
+            batches: ``'batch'`` (AIToolbox's: the mean of the per-batch mean losses) or ``'sample'`` (weighted by
+            batch size, so a smaller last batch does not count as much as a full one: the mean over samples).
+            Also settable as ``loop.eval_loss_weighting`` before an evaluation.
     """
 
     def __init__(self, model: Any, train_loader: Any, validation_loader: Any, test_loader: Any, optimizer: Any,
@@ -97,7 +102,7 @@ class TrainLoop:
                  end_auto_eval: Union[bool, int] = True, lazy_experiment_save: bool = False,
                  print_callbacks: bool = False, gpu_mode: str = 'single', cuda_device_idx: Optional[int] = None,
                  use_amp: Union[bool, str, Dict[str, Any]] = False, progress_bar: Optional[bool] = None,
-                 compile: Union[bool, Dict[str, Any]] = False) -> None:
+                 compile: Union[bool, Dict[str, Any]] = False, eval_loss_weighting: str = 'batch') -> None:
         if isinstance(compile, dict):
             self.compile_options: Optional[Dict[str, Any]] = dict(compile)
         elif isinstance(compile, bool):
@@ -112,6 +117,9 @@ class TrainLoop:
         self.batch_model_feed_def = model.batch_model_feed_def if isinstance(model, ModelWrap) else None
         if gpu_mode not in GPU_MODES:
             raise ValueError(f'gpu_mode must be one of {GPU_MODES}, got {gpu_mode!r}')
+        if eval_loss_weighting not in EVAL_LOSS_WEIGHTINGS:
+            raise ValueError(f'eval_loss_weighting must be one of {EVAL_LOSS_WEIGHTINGS}, got {eval_loss_weighting!r}')
+        self.eval_loss_weighting = eval_loss_weighting
         if isinstance(end_auto_eval, bool) or end_auto_eval is None:
             end_auto_eval = bool(end_auto_eval)
         elif not isinstance(end_auto_eval, int) or end_auto_eval < 1:
@@ -140,10 +148,11 @@ class TrainLoop:
         self.experiment_timestamp = datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')
         self.train_history = TrainingHistory(has_validation=validation_loader is not None)
         # position
+        self._epochs_running = False    # True while fit trains epochs (see the epoch property)
+        self.epochs_completed = 0       # the next fit starts at this epoch
         self.epoch = 0
         self.iteration = 0
         self.total_iteration_idx = -1
-        self.epochs_completed = 0       # the next fit starts at this epoch
         self.num_epochs: Optional[int] = None
         self.num_iterations: Optional[int] = None
         self.grad_accumulation = 1
@@ -234,6 +243,20 @@ class TrainLoop:
         finally:
             self._feed = plain_feed
             self.ddp_model = None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being trained (0-based); after a fit, the last epoch trained. Set before training starts
+        (before ``fit``, or from on_train_loop_registration / on_train_begin), it says where training continues:
+        ``loop.epoch = 5; loop.fit(num_epochs=6)`` trains epoch 5 only, as in AIToolbox."""
+        return self._epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._epoch = value
+        if not self._epochs_running:
+            # AIToolbox code continues training by setting the epoch (its loop runs range(loop.epoch, num_epochs)).
+            self.epochs_completed = value
 
     @property
     def num_optimizers(self) -> int:
@@ -350,8 +373,7 @@ class TrainLoop:
         self._check_fit_inputs(final=False, need_train_loader=True)
 
         self.model.to(self.device)
-        if isinstance(self.criterion, torch.nn.Module):
-            self.criterion.to(self.device)
+        self.move_criterion_to_device()
         self.model.train()
         if self.resume_plan is not None:
             self.resume_plan.apply(self)
@@ -382,6 +404,15 @@ class TrainLoop:
             self.wait_for_uploads(after_exception=True)
             raise
         return self.model
+
+    def move_criterion_to_device(self) -> None:
+        """Move the criterion to ``device`` when it can be moved: AIToolbox calls ``criterion.to(device)`` on
+        whatever it is given (an nn.Module, a MultiLoss-style object, a user's class with ``to``)."""
+        move = getattr(self.criterion, 'to', None)
+        if callable(move):
+            moved = move(self.device)
+            if moved is not None:       # nn.Module.to returns the module; a duck-typed to() may return nothing
+                self.criterion = moved
 
     def wait_for_pending_saves(self) -> None:
         """Wait until the checkpoints the saving callbacks write in the background are complete (the end of fit
@@ -451,7 +482,6 @@ class TrainLoop:
             return None       # a loader without len(): epochs last until the data runs out
 
     def _train_epochs(self):
-        handler = self.callbacks_handler
         epoch = self.epochs_completed
         num_epochs = self.num_epochs or 0      # None only with num_iterations (a loader without len())
         if not self.num_iterations and epoch >= num_epochs:
@@ -459,6 +489,14 @@ class TrainLoop:
                            'larger num_epochs to continue', epoch, self.num_epochs)
         # With num_iterations the batch count decides (num_epochs is only an estimate then: a previous
         # fit may have ended mid-epoch).
+        self._epochs_running = True
+        try:
+            self._train_epochs_from(epoch, num_epochs)
+        finally:
+            self._epochs_running = False
+
+    def _train_epochs_from(self, epoch, num_epochs):
+        handler = self.callbacks_handler
         while not self._iterations_done() if self.num_iterations else epoch < num_epochs:
             iteration_before = self.total_iteration_idx
             self.epoch = self.train_history.current_epoch = epoch
@@ -572,8 +610,7 @@ class TrainLoop:
                                     f'tensor itself (not loss.item()), so that backward() can reach the '
                                     f'parameters') from None
                 self.loss_batch_accum.append(_loss_value(loss))
-            if self.grad_accumulation > 1:
-                loss = loss / self.grad_accumulation
+            loss = self._divide_for_accumulation(loss)
             if self._amp.uses_scaler:
                 loss = self.amp_scaler.scale(loss) if isinstance(loss, torch.Tensor) else loss.scale(self.amp_scaler)
             try:
@@ -622,8 +659,7 @@ class TrainLoop:
     def backward(self, loss: Any) -> None:
         """Backpropagate ``loss`` as the standard step does: divided by grad_accumulation, scaled by the fp16
         GradScaler; then the on_after_backward hooks. For custom ``train_step`` code."""
-        if self.grad_accumulation > 1:
-            loss = loss / self.grad_accumulation
+        loss = self._divide_for_accumulation(loss)
         if self._amp.uses_scaler:
             loss = self.amp_scaler.scale(loss) if isinstance(loss, torch.Tensor) else loss.scale(self.amp_scaler)
         loss.backward()
@@ -636,6 +672,13 @@ class TrainLoop:
         the scaler update; ``update_applied`` records what was applied (schedulers read it). For custom
         ``train_step`` code; call it on update steps (``should_execute_optimizer_update()``) when accumulating."""
         self._optimizer_update(self.callbacks_handler.hook_lists, optimizer_indices)
+
+    def _divide_for_accumulation(self, loss):
+        # A tensor divided by 1 is the same tensor bit for bit, so that kernel is skipped; any other loss object
+        # (MultiLoss, a user's class) is divided as AIToolbox always did, since its division may do more.
+        if self.grad_accumulation > 1 or not isinstance(loss, torch.Tensor):
+            return loss / self.grad_accumulation
+        return loss
 
     def _get_loss_name(self) -> str:
         feed_def = self.batch_model_feed_def
@@ -710,8 +753,16 @@ class TrainLoop:
 
     def should_execute_optimizer_update(self) -> bool:
         """True on the batches where the optimizer steps: every grad_accumulation-th batch of the epoch and
-        the last batch of the epoch."""
-        return (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch
+        the last batch of the epoch (or of num_iterations)."""
+        if (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch:
+            return True
+        if self._epochs_running:
+            return False        # the loop marks the last batch itself (also for loaders without len())
+        # Outside fit, AIToolbox code sets loop.iteration itself and asks: the last batch of the epoch updates too.
+        try:
+            return self.iteration == len(self.train_loader) - 1
+        except TypeError:
+            return False
 
     def _agree_on_early_stop(self):
         if self.world_size == 1:
@@ -810,13 +861,18 @@ class TrainLoop:
 
     def evaluate_model_loss(self, data_loader: Any, move_to_cpu: bool = False,
                             dataset_info: Optional[Dict[str, Any]] = None) -> Any:
-        """Loss of the model over a loader, in eval mode without gradients: the mean of the per-batch
-        losses weighted by batch size (so a smaller last batch does not skew it)."""
+        """Loss of the model over a loader, in eval mode without gradients: the mean of the per-batch losses
+        (as AIToolbox), or with ``eval_loss_weighting='sample'`` their mean weighted by batch size."""
         self._check_collective_allowed('evaluate_model_loss')
+        weighting = self.eval_loss_weighting
+        if weighting not in EVAL_LOSS_WEIGHTINGS:
+            raise ValueError(f'eval_loss_weighting must be one of {EVAL_LOSS_WEIGHTINGS}, got {weighting!r}')
+        by_sample = weighting == 'sample'
         self._prepare_model_for_evaluation()
         was_training = self.model.training
         self.model.eval()
         weighted_sum, num_samples = None, 0
+        batch_losses: List[Any] = []
         hooks = self.callbacks_handler.hook_lists
         info = dict(dataset_info or {}, kind='loss')
         info.setdefault('type', None)
@@ -831,13 +887,18 @@ class TrainLoop:
                     loss = self._feed.get_loss_eval(batch_data, self.criterion, self.device)
                     for fn in batch_end:
                         fn(batch_data, loss, info)
+                    detached = {k: v.detach() for k, v in loss.items()} if isinstance(loss, MultiLoss) \
+                        else loss.detach()
+                    if not by_sample:
+                        batch_losses.append(detached)
+                        continue
                     n = batch_size_of(batch_data)
-                    if isinstance(loss, MultiLoss):
-                        contribution = {k: v.detach().double() * n for k, v in loss.items()}
+                    if isinstance(detached, dict):
+                        contribution = {k: torch.as_tensor(v).double() * n for k, v in detached.items()}
                         weighted_sum = contribution if weighted_sum is None else \
                             {k: weighted_sum[k] + contribution[k] for k in weighted_sum}
                     else:
-                        contribution = loss.detach().double() * n
+                        contribution = torch.as_tensor(detached).double() * n
                         weighted_sum = contribution if weighted_sum is None else weighted_sum + contribution
                     num_samples += n
         finally:
@@ -846,25 +907,36 @@ class TrainLoop:
             # on_eval_begin (EMA) swap them back here.
             for fn in hooks['on_eval_end']:
                 fn(info)
-        if weighted_sum is None:
-            raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
-        if isinstance(weighted_sum, dict):
-            loss = MultiLoss({k: self._reduce_mean(v, num_samples) for k, v in weighted_sum.items()})
+        if by_sample:
+            if weighted_sum is None:
+                raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
+            means = {k: v / num_samples for k, v in weighted_sum.items()} if isinstance(weighted_sum, dict) \
+                else weighted_sum / num_samples
+        else:
+            if not batch_losses:
+                raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
+            # The float64 mean of the batch means, computed as AIToolbox (and a hand-written loop) computes it.
+            num_samples = len(batch_losses)
+            means = {k: _mean_float64([b[k] for b in batch_losses]) for k in batch_losses[0]} \
+                if isinstance(batch_losses[0], dict) else _mean_float64(batch_losses)
+        if isinstance(means, dict):
+            loss = MultiLoss({k: self._mean_over_ranks(v, num_samples) for k, v in means.items()})
             return loss.apply(torch.Tensor.cpu) if move_to_cpu else loss
-        loss = self._reduce_mean(weighted_sum, num_samples)
+        loss = self._mean_over_ranks(means, num_samples)
         return loss.cpu() if move_to_cpu else loss
 
     def _prepare_model_for_evaluation(self):
         # A loop built only to predict or evaluate never ran fit, which is where the model moves to the device.
         self.model.to(self.device)
-        if isinstance(self.criterion, torch.nn.Module):
-            self.criterion.to(self.device)
+        self.move_criterion_to_device()
 
-    def _reduce_mean(self, weighted_sum, num_samples):
+    def _mean_over_ranks(self, mean, count):
+        """The mean over every process of per-process means of ``count`` items each (this process's mean as it
+        is in a single-process run)."""
         if self.world_size == 1:
-            return weighted_sum / num_samples
-        totals = torch.stack([weighted_sum.to(self._collective_device()),
-                              torch.tensor(float(num_samples), dtype=torch.float64, device=self._collective_device())])
+            return mean
+        device = self._collective_device()
+        totals = torch.stack([mean.to(device) * count, torch.tensor(float(count), dtype=torch.float64, device=device)])
         dist.all_reduce(totals)
         return totals[0] / totals[1]
 
@@ -978,17 +1050,33 @@ class TrainLoop:
         return [cb for cb in self.callbacks if isinstance(cb, AbstractScheduler)]
 
     def get_num_training_steps(self) -> int:
+        """AIToolbox's count of training steps: ``num_iterations // grad_accumulation``, or
+        ``len(train_loader) // grad_accumulation * num_epochs``. It leaves out the update that ends an epoch
+        whose batches are not a multiple of ``grad_accumulation``; :meth:`get_num_optimizer_updates` counts
+        them (the schedulers of this library use that one)."""
+        if self.num_epochs is None and not self.num_iterations:
+            raise RuntimeError('get_num_training_steps() is known only once fit() has started')
+        if self.num_iterations:
+            return self.num_iterations // self.grad_accumulation
+        try:
+            per_epoch = len(self.train_loader)
+        except TypeError:
+            raise RuntimeError('get_num_training_steps() needs a train_loader with len() or fit(num_iterations=...)')
+        return int(per_epoch // self.grad_accumulation * (self.num_epochs or 0))
+
+    def get_num_optimizer_updates(self) -> int:
         """Number of optimizer updates of the whole run up to num_epochs / num_iterations, counting the
         updates of earlier fits (both are totals), so a resumed schedule keeps its length. The last partial
         accumulation window of each epoch counts as an update."""
         if self.num_epochs is None and not self.num_iterations:
-            raise RuntimeError('get_num_training_steps() is known only once fit() has started')
+            raise RuntimeError('get_num_optimizer_updates() is known only once fit() has started')
         try:
             per_epoch = len(self.train_loader)
         except TypeError:
             if self.num_iterations:
                 return math.ceil(self.num_iterations / self.grad_accumulation)
-            raise RuntimeError('get_num_training_steps() needs a train_loader with len() or fit(num_iterations=...)')
+            raise RuntimeError('get_num_optimizer_updates() needs a train_loader with len() or '
+                               'fit(num_iterations=...)')
         total_batches = self.num_iterations or per_epoch * (self.num_epochs or 0)
         full_epochs, rest = divmod(total_batches, per_epoch)
         return full_epochs * math.ceil(per_epoch / self.grad_accumulation) + math.ceil(rest / self.grad_accumulation)

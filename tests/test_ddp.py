@@ -59,7 +59,8 @@ def assert_close_states(a, b):
 def test_spawn_trains_like_one_process_and_returns_the_model(tmp_path):
     out = str(tmp_path)
     model, train, val, optimizer = equivalence_setup()
-    loop = TrainLoop(model, train, val, None, optimizer, nn.MSELoss(), gpu_mode='ddp')
+    # Sample-weighted losses: over the whole data set they equal the single-process values, whatever the split.
+    loop = TrainLoop(model, train, val, None, optimizer, nn.MSELoss(), gpu_mode='ddp', eval_loss_weighting='sample')
     returned = loop.fit(num_epochs=2, grad_accumulation=2, callbacks=[
         SaveFinalWeights(out), SaveMicroBatchGradients(out),
         MarkRun('everywhere', out), MarkRun('rank0only', out, device_idx_execution=0)], **DDP)

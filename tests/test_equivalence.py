@@ -55,16 +55,13 @@ def test_weights_equal_hand_written_loop_to_the_bit(grad_accumulation, optimizer
         if optimizer_cls is torch.optim.Adam else True
 
 
-def test_history_losses_match_hand_computed_values():
+@pytest.mark.parametrize('weighting', ['batch', 'sample'])
+def test_history_losses_match_hand_computed_values(weighting):
     torch.manual_seed(0)
     model, opt = make(0, 0.0, torch.optim.SGD)
     train, val, test = loaders(shuffle=False)
-    batch_losses = []
 
-    class RecordLoss:
-        pass
-
-    tl = TrainLoop(model, train, val, test, opt, nn.CrossEntropyLoss())
+    tl = TrainLoop(model, train, val, test, opt, nn.CrossEntropyLoss(), eval_loss_weighting=weighting)
     tl.fit(num_epochs=1)
     batch_losses = [loss.item() for loss in tl.loss_batch_accum]
     assert tl.train_history['accumulated_loss'] == [pytest.approx(sum(batch_losses) / len(batch_losses))]
@@ -72,11 +69,18 @@ def test_history_losses_match_hand_computed_values():
     model.eval()
     with torch.no_grad():
         def dataset_loss(loader):
-            total = sum(nn.functional.cross_entropy(model(x), y, reduction='sum').item() for x, y in loader)
-            return total / len(loader.dataset)
-        assert tl.train_history['loss'][0] == pytest.approx(dataset_loss(train), rel=1e-6)
-        assert tl.train_history['val_loss'][0] == pytest.approx(dataset_loss(val), rel=1e-6)
-        assert tl.train_history['train_end_test_loss'][0] == pytest.approx(dataset_loss(test), rel=1e-6)
+            if weighting == 'sample':     # the mean over samples
+                total = sum(nn.functional.cross_entropy(model(x), y, reduction='sum').item() for x, y in loader)
+                return total / len(loader.dataset)
+            # AIToolbox's: the float64 mean of the batch means, to the bit
+            return torch.mean(torch.DoubleTensor([nn.functional.cross_entropy(model(x), y) for x, y in loader]))
+        for key, loader in (('loss', train), ('val_loss', val), ('train_end_test_loss', test)):
+            expected = dataset_loss(loader)
+            if weighting == 'batch':
+                assert tl.train_history[key][0] == expected.item(), key
+            else:
+                assert tl.train_history[key][0] == pytest.approx(expected, rel=1e-6), key
+    assert len(train.dataset) % train.batch_size != 0, 'a smaller last batch tells the two weightings apart'
 
 
 def test_end_auto_eval_every_k_epochs():
@@ -115,7 +119,8 @@ def test_num_iterations_spans_epochs_and_applies_last_partial_window():
     tl = TrainLoop(tl_model, train, val, None, tl_opt, criterion)
     tl.fit(num_iterations=10, grad_accumulation=2)
     assert tl.total_iteration_idx == 9 and tl.epoch == 1
-    assert tl.get_num_training_steps() == 6
+    assert tl.get_num_optimizer_updates() == 6
+    assert tl.get_num_training_steps() == 5      # AIToolbox's count leaves out the epochs' partial windows
     assert state_equal(ref_model.state_dict(), tl_model.state_dict())
 
 

@@ -74,6 +74,17 @@ class GeneralLRSchedulerCallback(AbstractScheduler, AbstractCallback):
         """Attach to the loop and build the scheduler on the selected optimizer (again only when the optimizer
         changed), applying state loaded before registration."""
         self.train_loop_obj = train_loop_obj
+        self._build_for_loop_optimizer()
+        self.on_train_loop_registration()
+        return self
+
+    def on_train_begin(self) -> None:
+        """Build the scheduler now if the loop had no optimizer at registration (or has another one now)."""
+        self._build_for_loop_optimizer()
+
+    def _build_for_loop_optimizer(self) -> None:
+        if self.train_loop_obj.optimizer is None:
+            return      # a loop built with optimizer=None (AIToolbox code does): fit checks it before the first step
         optimizer, loop_idx = self._resolve_optimizer()
         if self.scheduler is None or self._built_for is not optimizer:
             self.optimizer, self._loop_optimizer_idx, self._built_for = optimizer, loop_idx, optimizer
@@ -81,8 +92,6 @@ class GeneralLRSchedulerCallback(AbstractScheduler, AbstractCallback):
             if self._pending_state is not None:
                 self._load_scheduler_state(self._pending_state)
                 self._pending_state = None
-        self.on_train_loop_registration()
-        return self
 
     def build_scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
         """Create the torch scheduler for ``optimizer``; subclasses with computed arguments override it."""
@@ -207,11 +216,13 @@ class ReduceLROnPlateauScheduler(GeneralLRSchedulerCallback):
         self.callback_name = 'Reduce learn rate if the model hits the plateau'
         self.main_multi_loss = main_multi_loss
 
-    def on_train_loop_registration(self) -> None:
-        """Check that the TrainLoop has a validation loader."""
+    def on_train_begin(self) -> None:
+        """Check that the TrainLoop has a validation loader (here, before the first step, and not at registration:
+        AIToolbox code registers schedulers on loops whose loaders are set later)."""
         if self.train_loop_obj.validation_loader is None:
             raise ValueError('ReduceLROnPlateauScheduler follows the validation loss, but the TrainLoop has no '
                              'validation_loader; pass one, or use ReduceLROnPlateauMetricScheduler(metric_name)')
+        super().on_train_begin()
 
     def on_epoch_end(self) -> None:
         """Step the schedule with the validation loss."""
@@ -452,7 +463,7 @@ class _DecayToMinScheduler(_WarmupDecayScheduler):
             return self.num_training_steps
         loop = self.train_loop_obj
         if self.interval == 'step':
-            return loop.get_num_training_steps()
+            return loop.get_num_optimizer_updates()
         if loop.num_epochs is None:
             raise ValueError(f'{type(self).__name__}: the number of epochs is unknown (a train loader without len()); '
                              f'pass num_training_steps')
@@ -522,7 +533,7 @@ class FunctionScheduler(_WarmupDecayScheduler):
 class OneCycleScheduler(GeneralLRSchedulerCallback):
     """torch's ``OneCycleLR`` (the 1cycle policy), stepped after every applied optimizer update.
 
-    The cycle's length is ``total_steps``, by default the whole run: ``loop.get_num_training_steps()`` when the
+    The cycle's length is ``total_steps``, by default the whole run: ``loop.get_num_optimizer_updates()`` when the
     callback is registered (updates, with gradient accumulation and the last partial window of each epoch counted
     as torch would count them by hand). Once the cycle is complete, further updates (a later fit) keep the last
     rate instead of making torch raise. The other arguments are ``OneCycleLR``'s, with its defaults; note that
@@ -554,7 +565,7 @@ class OneCycleScheduler(GeneralLRSchedulerCallback):
     def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch_lr_scheduler.OneCycleLR:
         """``OneCycleLR`` over ``total_steps`` (or the whole run's optimizer updates)."""
         total_steps = self.total_steps if self.total_steps is not None \
-            else self.train_loop_obj.get_num_training_steps()
+            else self.train_loop_obj.get_num_optimizer_updates()
         return torch_lr_scheduler.OneCycleLR(optimizer, total_steps=total_steps, **self.scheduler_args)
 
     def on_batch_end(self) -> None:

@@ -318,6 +318,18 @@ def test_bad_arguments_fail_clearly():
         loop.fit(num_epochs=1, callbacks=[ReduceLROnPlateauScheduler()])
 
 
+def test_plateau_scheduler_is_registered_without_a_validation_loader_and_fit_refuses_before_the_first_step():
+    # AIToolbox code registers schedulers on a loop whose loaders are None; the check belongs to fit.
+    loop = TrainLoop(MLP(), None, None, None, None, None)
+    loop.callbacks_handler.register_callbacks([ReduceLROnPlateauScheduler()])
+    trained = make_loop()
+    trained.validation_loader = None
+    before = {k: v.clone() for k, v in trained.model.state_dict().items()}
+    with pytest.raises(ValueError, match='validation_loader'):
+        trained.fit(num_epochs=1, callbacks=[ReduceLROnPlateauScheduler()])
+    assert all(torch.equal(before[k], v) for k, v in trained.model.state_dict().items())
+
+
 # ---- one-cycle ----------------------------------------------------------------------------------------------
 
 def _one_cycle_reference(total_steps, **kwargs):
@@ -345,7 +357,7 @@ def test_one_cycle_over_the_fit_equals_torch_one_cycle_by_hand(grad_accumulation
     loop, rec = make_loop(n=40), LRMomentumRecorder()      # 5 batches per epoch
     callback = OneCycleScheduler(max_lr=0.5, **kwargs)
     loop.fit(num_epochs=4, callbacks=[callback, rec], grad_accumulation=grad_accumulation)
-    total = loop.get_num_training_steps()
+    total = loop.get_num_optimizer_updates()
     assert total == 4 * -(-5 // grad_accumulation) == callback.scheduler.total_steps
     assert rec.lrs[0] == _one_cycle_reference(total, max_lr=0.5, **kwargs)
     assert isinstance(callback, AbstractScheduler) and loop.get_schedulers() == [callback]
