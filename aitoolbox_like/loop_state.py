@@ -421,6 +421,31 @@ class ResumePlan:
         validate_checkpoint(loop, self.checkpoint, self.source_name, check_optimizer_groups=False)
         adopt_experiment(loop, self.checkpoint, experiment)
 
+    def load_weights_now(self, loop: 'TrainLoop') -> bool:
+        """Put the checkpoint's weights, optimizer state and grad-scaler state into the loop now, before ``apply``
+        (which puts them in again with the rest): what AIToolbox's ModelLoadContinueTraining loads at
+        registration, so that the loop predicts with the loaded model without a fit, and schedulers registered
+        after it are built on the saved optimizer state. Returns False (nothing changed) when that cannot be done
+        before every callback is registered: a sharded checkpoint or model, or an optimizer whose parameter groups
+        a callback has yet to rebuild."""
+        checkpoint = self.checkpoint
+        assert checkpoint is not None, 'load() runs first'
+        if checkpoint.get(sharded_checkpoint.FOLDER_KEY) or distributed.is_fsdp_model(loop.model):
+            return False
+        try:
+            validate_checkpoint(loop, checkpoint, self.source_name)
+        except CheckpointError:
+            return False        # apply() loads it, or names what does not fit, once every callback is registered
+        _load_model(loop, checkpoint['model_state_dict'], self.source_name)
+        optimizer_state = checkpoint.get('optimizer_state_dict')
+        if optimizer_state is not None and callable(getattr(loop.optimizer, 'load_state_dict', None)):
+            loop.optimizer.load_state_dict(optimizer_state)
+        amp_state = checkpoint.get('amp')
+        if amp_state and loop.amp_scaler is not None and loop.amp_scaler.is_enabled():
+            loop.amp_scaler.load_state_dict(amp_state)
+        loop.purge_prediction_cache()
+        return True
+
     def apply(self, loop: 'TrainLoop') -> None:
         """Put the checkpoint's state into the loop (once)."""
         if not self.applied:

@@ -16,6 +16,9 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
     """Load a checkpoint saved by ModelCheckpoint / ModelIterationCheckpoint / ModelTrainEndSave and continue
     training from it; the run keeps writing to the checkpoint's experiment folder.
 
+    As in AIToolbox, the weights, the optimizer state and the grad scaler are loaded when the callback is
+    registered (so a loop can predict with them without training); the rest when ``fit`` starts.
+
     The full state is restored (weights, optimizer, schedulers, grad scaler, counters, history, callbacks'
     state, RNG, position in the epoch), so the result equals the uninterrupted run. ``fit(resume_from=...)``
     does the same without a callback.
@@ -95,6 +98,9 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
         # register; the loop applies the state itself once every callback is registered.
         plan = loop_state.ResumePlan(source, checkpoint)
         plan.load(loop, experiment)
+        # As AIToolbox: the weights and optimizer are loaded at registration (a loop that only predicts uses them;
+        # schedulers registered next build on the saved optimizer state); the rest waits for fit.
+        plan.load_weights_now(loop)
         loop.resume_plan = plan
         self.loaded_from = source
 
