@@ -19,6 +19,10 @@ class AmpPolicy:
     def __init__(self, use_amp: bool | str | dict[str, Any] | None, device: torch.device | str) -> None:
         device = torch.device(device)
         scaler_kwargs: dict[str, Any] = {}
+        # An explicit 'fp16' (our name) asks for float16 itself; True and a dict are AIToolbox's "AMP if possible".
+        explicit_fp16 = use_amp == 'fp16'
+        #: Why training cannot run with the requested precision (fit raises it before the first step), or None.
+        self.unavailable: str | None = None
         if isinstance(use_amp, dict):
             scaler_kwargs, use_amp = dict(use_amp), 'fp16'
         if use_amp is True:
@@ -29,11 +33,17 @@ class AmpPolicy:
             raise ValueError(f"use_amp must be False, True/'fp16', 'bf16' or a dict of GradScaler arguments, "
                              f"got {use_amp!r}")
         if use_amp == 'fp16' and device.type != 'cuda':
-            # AIToolbox's behaviour, kept so one script runs on a laptop and on a GPU box alike: the GradScaler
-            # and float16 autocast are CUDA features, so without CUDA the loop trains in full precision.
-            warnings.warn(f"use_amp=True (float16 with a GradScaler) needs a CUDA device, but the loop runs on "
-                          f"{device}: training in full precision. Use use_amp='bf16' for mixed precision on CPU.",
-                          UserWarning, stacklevel=3)
+            if explicit_fp16:
+                self.unavailable = (f"use_amp='fp16' (float16 with a GradScaler) needs a CUDA device, but the loop "
+                                    f"runs on {device}. Use use_amp='bf16' for mixed precision on CPU, or "
+                                    f"use_amp=True to train in float16 where CUDA is available and in full "
+                                    f"precision elsewhere.")
+            else:
+                # AIToolbox's behaviour, kept so one script runs on a laptop and on a GPU box alike: the GradScaler
+                # and float16 autocast are CUDA features, so without CUDA the loop trains in full precision.
+                warnings.warn(f"use_amp=True (float16 with a GradScaler) needs a CUDA device, but the loop runs on "
+                              f"{device}: training in full precision. Use use_amp='bf16' for mixed precision on "
+                              f"CPU.", UserWarning, stacklevel=3)
             use_amp, scaler_kwargs = None, {}
         self.mode = use_amp
         self.device_type = device.type

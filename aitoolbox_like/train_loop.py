@@ -440,10 +440,16 @@ class TrainLoop:
         (the optimizer) must exist by then."""
         for name in ('train_loader', 'validation_loader', 'test_loader'):
             loader = getattr(self, name)
+            if isinstance(loader, torch.Tensor):
+                # A tensor iterates row by row, so training would feed single samples to the model and fail there.
+                raise TypeError(f'{name} is a torch.Tensor of shape {tuple(loader.shape)}, not a loader of batches: '
+                                f'wrap the inputs and targets, e.g. DataLoader(TensorDataset(x, y), batch_size=32)')
             if loader is not None and (not hasattr(loader, '__iter__') or isinstance(loader, (str, bytes))):
                 raise TypeError(f'{name} must be an iterable of batches (e.g. a torch DataLoader) or None, got '
                                 f'{type(loader).__qualname__}: TrainLoop(model, train_loader, validation_loader, '
                                 f'test_loader, optimizer, criterion)')
+        if self._amp.unavailable is not None:
+            raise ValueError(self._amp.unavailable)
         if need_train_loader and self.train_loader is None:
             raise ValueError("fit() needs a train_loader, but the TrainLoop was given train_loader=None: pass a "
                              "DataLoader as the TrainLoop's second argument (with gpu_mode='ddp' it may instead be "
@@ -605,6 +611,9 @@ class TrainLoop:
             try:
                 self.loss_batch_accum.append(loss.detach())
             except AttributeError:
+                if loss is None:
+                    raise TypeError(f'{self._get_loss_name()} returned None; it must return the loss tensor, e.g. '
+                                    f'"return criterion(self(x), y)" (is its return statement missing?)') from None
                 if isinstance(loss, numbers.Number):
                     raise TypeError(f'{self._get_loss_name()} returned the Python number {loss!r}; return the loss '
                                     f'tensor itself (not loss.item()), so that backward() can reach the '

@@ -324,3 +324,44 @@ def test_empty_loader_with_num_iterations_is_an_error_not_a_hang():
     tl = TrainLoop(model, empty, None, None, sgd(model), nn.CrossEntropyLoss())
     with pytest.raises(ValueError, match='yielded no batches'):
         tl.fit(num_iterations=5)
+
+
+# ---- wrong usages a new user makes: a clear error before (or at) the first step, naming the fix
+
+def test_a_tensor_passed_as_train_loader_is_named_before_the_first_step():
+    model = MLP()
+    x = torch.randn(16, 4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loop = TrainLoop(model, x, None, None, sgd(model), nn.CrossEntropyLoss())
+    with pytest.raises(TypeError, match=r'train_loader is a torch.Tensor of shape \(16, 4\).*'
+                                        r'DataLoader\(TensorDataset\(x, y\)'):
+        loop.fit(num_epochs=1)
+    assert state_equal(before, model.state_dict())
+
+
+def test_get_loss_returning_none_names_the_method_and_the_fix():
+    class ForgotReturn(MLP):
+        def get_loss(self, batch_data, criterion, device):
+            x, y = batch_data
+            criterion(self(x), y)           # the return statement is missing
+
+    model = ForgotReturn()
+    train, val, test = loaders()
+    with pytest.raises(TypeError, match=r'ForgotReturn.get_loss returned None.*return statement'):
+        TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss()).fit(num_epochs=1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='float16 AMP is available on this machine')
+def test_explicit_fp16_without_cuda_is_refused_by_fit_while_aitoolbox_s_true_falls_back(recwarn):
+    model = MLP()
+    train, val, test = loaders()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loop = TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss(), use_amp='fp16')   # constructs
+    with pytest.raises(ValueError, match=r"use_amp='fp16'.*needs a CUDA device.*use_amp='bf16'"):
+        loop.fit(num_epochs=1)
+    assert state_equal(before, model.state_dict())
+    # AIToolbox's use_amp=True: warns once and trains in full precision.
+    with pytest.warns(UserWarning, match='training in full precision'):
+        fallback = TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss(), use_amp=True)
+    fallback.fit(num_epochs=1)
+    assert not state_equal(before, model.state_dict())
