@@ -35,7 +35,7 @@ class MultiLoss(MutableMapping[str, torch.Tensor]):
                                  f'{len(self.loss_dict)} losses: map every loss name to an optimizer index')
             self.optimizer_loss_map = {int(idx): str(name) for name, idx in loss_optimizer_map.items()}
 
-    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> MultiLoss:
+    def apply(self, fn: Callable[[torch.Tensor], Any]) -> MultiLoss:
         """A MultiLoss of ``fn`` applied to every loss (e.g. ``torch.Tensor.cpu``)."""
         return MultiLoss({k: fn(v) for k, v in self.loss_dict.items()}, self.loss_optimizer_map,
                          self.retain_graph_until_last)

@@ -880,7 +880,8 @@ class TrainLoop:
         self._prepare_model_for_evaluation()
         was_training = self.model.training
         self.model.eval()
-        weighted_sum, num_samples = None, 0
+        weighted_sum: Any = None
+        num_samples = 0
         batch_losses: List[Any] = []
         hooks = self.callbacks_handler.hook_lists
         info = dict(dataset_info or {}, kind='loss')
@@ -903,9 +904,9 @@ class TrainLoop:
                         continue
                     n = batch_size_of(batch_data)
                     if isinstance(detached, dict):
-                        contribution = {k: torch.as_tensor(v).double() * n for k, v in detached.items()}
-                        weighted_sum = contribution if weighted_sum is None else \
-                            {k: weighted_sum[k] + contribution[k] for k in weighted_sum}
+                        parts = {k: torch.as_tensor(v).double() * n for k, v in detached.items()}
+                        weighted_sum = parts if weighted_sum is None else \
+                            {k: weighted_sum[k] + parts[k] for k in weighted_sum}
                     else:
                         contribution = torch.as_tensor(detached).double() * n
                         weighted_sum = contribution if weighted_sum is None else weighted_sum + contribution
@@ -919,7 +920,7 @@ class TrainLoop:
         if by_sample:
             if weighted_sum is None:
                 raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
-            means = {k: v / num_samples for k, v in weighted_sum.items()} if isinstance(weighted_sum, dict) \
+            means: Any = {k: v / num_samples for k, v in weighted_sum.items()} if isinstance(weighted_sum, dict) \
                 else weighted_sum / num_samples
         else:
             if not batch_losses:
