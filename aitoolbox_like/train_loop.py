@@ -911,29 +911,33 @@ class TrainLoop:
                         contribution = torch.as_tensor(detached).double() * n
                         weighted_sum = contribution if weighted_sum is None else weighted_sum + contribution
                     num_samples += n
+            if by_sample:
+                if weighted_sum is None:
+                    raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
+                means: Any = {k: v / num_samples for k, v in weighted_sum.items()} \
+                    if isinstance(weighted_sum, dict) else weighted_sum / num_samples
+            else:
+                if not batch_losses:
+                    raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
+                # The float64 mean of the batch means, computed as AIToolbox (and a hand-written loop) computes it.
+                num_samples = len(batch_losses)
+                means = {k: _mean_float64([b[k] for b in batch_losses]) for k in batch_losses[0]} \
+                    if isinstance(batch_losses[0], dict) else _mean_float64(batch_losses)
+            if isinstance(means, dict):
+                result: Any = MultiLoss({k: self._mean_over_ranks(v, num_samples) for k, v in means.items()})
+            else:
+                result = self._mean_over_ranks(means, num_samples)
+            # The pass's result, for on_eval_end (SuperGradients hands it to its loader-end phase).
+            info['loss'] = result
         finally:
             self.model.train(was_training)
             # Also when the pass stops early (StopTraining from an eval hook): callbacks that swapped weights in
             # on_eval_begin (EMA) swap them back here.
             for fn in hooks['on_eval_end']:
                 fn(info)
-        if by_sample:
-            if weighted_sum is None:
-                raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
-            means: Any = {k: v / num_samples for k, v in weighted_sum.items()} if isinstance(weighted_sum, dict) \
-                else weighted_sum / num_samples
-        else:
-            if not batch_losses:
-                raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
-            # The float64 mean of the batch means, computed as AIToolbox (and a hand-written loop) computes it.
-            num_samples = len(batch_losses)
-            means = {k: _mean_float64([b[k] for b in batch_losses]) for k in batch_losses[0]} \
-                if isinstance(batch_losses[0], dict) else _mean_float64(batch_losses)
-        if isinstance(means, dict):
-            loss = MultiLoss({k: self._mean_over_ranks(v, num_samples) for k, v in means.items()})
-            return loss.apply(torch.Tensor.cpu) if move_to_cpu else loss
-        loss = self._mean_over_ranks(means, num_samples)
-        return loss.cpu() if move_to_cpu else loss
+        if move_to_cpu:
+            return result.apply(torch.Tensor.cpu) if isinstance(result, MultiLoss) else result.cpu()
+        return result
 
     def _prepare_model_for_evaluation(self):
         # A loop built only to predict or evaluate never ran fit, which is where the model moves to the device.

@@ -189,7 +189,9 @@ class AbstractCallback:
         ``(y_pred, y_true, metadata)`` (kind 'predictions'). Streaming metrics update here."""
 
     def on_eval_end(self, dataset_info: Dict[str, Any]) -> None:
-        """After an evaluation pass, before its result is reduced across processes and returned."""
+        """After an evaluation pass. For a loss pass (``dataset_info['kind'] == 'loss'``) that completed,
+        ``dataset_info['loss']`` is its result as ``evaluate_model_loss`` returns it (before the history records
+        it); also called, without it, when the pass stops early."""
 
     def on_epoch_end(self) -> None:
         """After every epoch's end-of-epoch evaluation: this epoch's 'loss' / 'val_loss' / 'accumulated_loss'
@@ -249,8 +251,11 @@ class AbstractScheduler:
 class AbstractExperimentCallback(AbstractCallback):
     """A callback that writes into an experiment folder (project / experiment / local folder / cloud).
 
-    Missing details are taken from a tracking TrainLoop (TrainLoopCheckpoint and friends); with a plain
-    TrainLoop and no arguments the callback writes under ``./experiments/<project>/<experiment>_<timestamp>``.
+    Missing details are taken from a tracking TrainLoop (TrainLoopCheckpoint and friends). With a plain TrainLoop
+    and no arguments, a callback that infers its details while it is registered (in ``on_train_loop_registration``,
+    as every experiment callback of this library does) writes under
+    ``./experiments/<project>/<experiment>_<timestamp>``; called at any other time,
+    :meth:`try_infer_experiment_details` raises AttributeError for the missing details, as AIToolbox's does.
 
     Args:
         callback_name (str): a readable name.
@@ -279,23 +284,58 @@ class AbstractExperimentCallback(AbstractCallback):
         self.cloud_save_mode = cloud_save_mode
         self.bucket_name = bucket_name
         self.cloud_dir_prefix = cloud_dir_prefix
+        # True while the loop registers this callback: details a plain TrainLoop lacks then get our defaults.
+        self._registering = False
+
+    def register_train_loop_object(self, train_loop_obj: 'TrainLoop') -> 'AbstractCallback':
+        """Attach the callback to a loop and call on_train_loop_registration, where missing experiment details
+        get the defaults (see the class docstring)."""
+        self._registering = True
+        try:
+            return super().register_train_loop_object(train_loop_obj)
+        finally:
+            self._registering = False
 
     def try_infer_experiment_details(self, infer_cloud_details=False):
-        """Fill in the experiment details that were not given, from the TrainLoop when it tracks an
-        experiment, else from defaults (a local folder under the working directory)."""
+        """Fill in the experiment details that were not given, from the TrainLoop when it tracks an experiment.
+
+        A plain TrainLoop has none: while the callback is being registered the defaults are used (a local folder
+        under the working directory, no upload); at any other time this raises AttributeError, as AIToolbox's
+        method does."""
+        self._infer_experiment_details(infer_cloud_details, use_defaults=getattr(self, '_registering', False))
+
+    def infer_experiment_details(self, infer_cloud_details=False):
+        """As :meth:`try_infer_experiment_details`, using the defaults for what a plain TrainLoop does not give at
+        any time (for callbacks that name their experiment later than their registration, e.g. at on_train_begin)."""
+        self._infer_experiment_details(infer_cloud_details, use_defaults=True)
+
+    def _infer_experiment_details(self, infer_cloud_details, use_defaults):
         loop = self.train_loop_obj
         if loop is None:
             raise RuntimeError(f'{self.callback_name}: try_infer_experiment_details() needs the callback to be '
                                f'registered on a TrainLoop first (call it from on_train_loop_registration).')
-        for attr, default in (('project_name', self.DEFAULT_PROJECT_NAME),
-                              ('experiment_name', self.DEFAULT_EXPERIMENT_NAME),
-                              ('local_model_result_folder_path', os.path.abspath(self.DEFAULT_LOCAL_FOLDER))):
-            if getattr(self, attr) is None:
-                setattr(self, attr, getattr(loop, attr, None) or default)
+        defaults = {'project_name': self.DEFAULT_PROJECT_NAME, 'experiment_name': self.DEFAULT_EXPERIMENT_NAME,
+                    'local_model_result_folder_path': os.path.abspath(self.DEFAULT_LOCAL_FOLDER)}
+        for attr, default in defaults.items():
+            if getattr(self, attr) is not None:
+                continue
+            value = getattr(loop, attr, None)
+            if value is None and not use_defaults:
+                raise AttributeError(f'{self.callback_name}: the TrainLoop ({type(loop).__name__}) does not track an '
+                                     f'experiment, so {attr} cannot be taken from it; give project_name, '
+                                     f'experiment_name and local_model_result_folder_path to the callback, or use a '
+                                     f'TrainLoopCheckpoint / TrainLoopEndSave')
+            setattr(self, attr, value if value is not None else default)
         if infer_cloud_details:
-            for attr in ('cloud_save_mode', 'bucket_name', 'cloud_dir_prefix'):
-                if getattr(self, attr) is None:
-                    setattr(self, attr, getattr(loop, attr, None))
+            missing = [attr for attr in ('cloud_save_mode', 'bucket_name', 'cloud_dir_prefix')
+                       if getattr(self, attr) is None]
+            # AIToolbox infers the cloud details only when none was given, and then needs all of them.
+            if len(missing) == 3 and not use_defaults and not all(hasattr(loop, attr) for attr in missing):
+                raise AttributeError(f'{self.callback_name}: the TrainLoop ({type(loop).__name__}) does not track an '
+                                     f'experiment, so the cloud details cannot be taken from it; give '
+                                     f'cloud_save_mode, bucket_name and cloud_dir_prefix to the callback')
+            for attr in missing:
+                setattr(self, attr, getattr(loop, attr, None))
         self.local_model_result_folder_path = os.path.expanduser(self.local_model_result_folder_path)
 
     def upload_experiment_files(self, paths):

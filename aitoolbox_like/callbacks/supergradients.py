@@ -26,6 +26,7 @@ import enum
 import functools
 import math
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Tuple, TypeVar, cast
 
 import torch
@@ -115,6 +116,8 @@ _EVAL_METHODS = {
                    'on_validation_loader_end'),
     'test': ('on_test_loader_start', 'on_test_batch_start', 'on_test_batch_end', 'on_test_loader_end'),
 }
+# dataset_info['type'] of an evaluation pass -> the history prefix of its values ('val_loss', 'val_Accuracy')
+_EVAL_PREFIXES = {'validation': 'val_', 'test': 'test_'}
 
 
 class _FromLoop:
@@ -139,10 +142,31 @@ def _ckpt_dir(loop: 'TrainLoop') -> Optional[str]:
     return None if experiment is None else os.path.join(experiment.dir_path, 'checkpoint_model')
 
 
-def _epoch_metrics(loop: 'TrainLoop') -> Dict[str, Any]:
+def _epoch_metrics(loop: 'TrainLoop', prefix: str = '') -> Dict[str, Any]:
+    """The history values recorded in the current epoch whose names start with ``prefix``."""
     history = loop.train_history
+    # 'train_end_val_Accuracy' is an end-of-training value, not a training-set one
+    skip = 'train_end_' if prefix == 'train_' else None
     return {name: value for name in history.keys()
-            if (value := history.value_in_epoch(name, loop.epoch)) is not None}
+            if name.startswith(prefix) and not (skip and name.startswith(skip))
+            and (value := history.value_in_epoch(name, loop.epoch)) is not None}
+
+
+def _loss_entries(name: str, loss: Any) -> Dict[str, float]:
+    """``loss`` under the history names the loop gives it (TrainLoop._insert_loss): one float, or for a
+    MultiLoss (any mapping) one per part (``<name>_<part>``) plus their sum under ``name``."""
+    if isinstance(loss, Mapping):
+        parts = {f'{name}_{part}': float(value.item()) for part, value in loss.items()}
+        return {**parts, name: float(sum(parts.values()))}
+    return {name: float(loss.item()) if isinstance(loss, torch.Tensor) else float(loss)}
+
+
+def _batch_mean(losses: List[Any]) -> Any:
+    """The float64 mean of batch losses in this process (tensors or numbers; MultiLosses part by part): the
+    loop's mean of batch losses without its all-reduce."""
+    if isinstance(losses[0], Mapping):
+        return {part: _batch_mean([loss[part] for loss in losses]) for part in losses[0]}
+    return torch.stack([torch.as_tensor(loss, dtype=torch.float64).reshape(()) for loss in losses]).mean()
 
 
 class PhaseContext:
@@ -151,11 +175,17 @@ class PhaseContext:
     Fields read from the loop when accessed (assigning one, or ``update_context(**values)``, replaces it in
     this context): ``epoch``, ``optimizer``, ``criterion``, ``device``, ``net``, ``train_loader``,
     ``valid_loader``, ``valid_loaders_dict``, ``test_loader``, ``ckpt_dir`` / ``checkpoints_dir_path``,
-    ``experiment_name``, ``metrics_dict``, ``training_params``, ``ddp_silent_mode``, ``architecture``.
+    ``experiment_name``, ``training_params``, ``ddp_silent_mode``, ``architecture``.
 
     Fields of the current batch, set by the adapter before each method: ``batch_idx``, ``inputs``, ``target``,
     ``additional_batch_items``, ``preds``, ``loss``, ``loss_log_items``, ``loss_logging_items_names`` and
     ``batch`` (the whole batch as the loader gave it).
+
+    ``metrics_dict``, set where SG sets it and None elsewhere, under the loop's history names: at
+    ``on_train_loader_end`` this epoch's training values (``accumulated_loss``, ``train_*``), at
+    ``on_validation_loader_end`` / ``on_validation_end_best_epoch`` its validation values (``val_loss``,
+    ``val_*``), at ``on_test_loader_end`` the test values (``test_loss``, ``test_*``), at ``on_training_end``
+    everything the history holds for the last epoch. docs/hooks-from-other-libraries.md has the table by phase.
 
     Set ``stop_training = True`` to end training after the current epoch (``loop.early_stop``).
 
@@ -180,7 +210,6 @@ class PhaseContext:
     checkpoints_dir_path = _FromLoop(_ckpt_dir, 'the same as ckpt_dir (SG\'s newer name)')
     experiment_name = _FromLoop(lambda loop: None if loop.experiment is None else loop.experiment.experiment_name,
                                 "the experiment's name when the loop has an experiment, else None")
-    metrics_dict = _FromLoop(_epoch_metrics, "the history values recorded in the current epoch ({'val_loss': ...})")
     training_params = _FromLoop(
         lambda loop: {'max_epochs': loop.num_epochs, 'max_train_batches': loop.num_iterations,
                       'batch_accumulate': loop.grad_accumulation, 'mixed_precision': bool(loop.use_amp)},
@@ -192,6 +221,7 @@ class PhaseContext:
         self.loop = loop
         self.metric_to_watch = metric_to_watch
         self.batch_idx: Optional[int] = None
+        self.metrics_dict: Optional[Dict[str, Any]] = None
         self.batch: Any = None
         self.inputs: Any = None
         self.target: Any = None
@@ -227,8 +257,10 @@ class PhaseContext:
 
     def set_batch(self, batch: Any, batch_idx: Optional[int]) -> None:
         """The adapter's: the batch the next method sees. ``inputs`` / ``target`` / ``additional_batch_items`` are
-        its parts when it is a tuple or list ``(inputs, target, *rest)``, else the batch and None."""
+        its parts when it is a tuple or list ``(inputs, target, *rest)``, else the batch and None. Clears what
+        belongs to one phase (``preds``, ``loss``, ``loss_log_items``, ``metrics_dict``)."""
         self.batch, self.batch_idx = batch, batch_idx
+        self.metrics_dict = None
         if isinstance(batch, (tuple, list)) and len(batch) >= 2:
             self.inputs, self.target = batch[0], batch[1]
             self.additional_batch_items = tuple(batch[2:]) or None
@@ -324,7 +356,8 @@ class Callback(AbstractCallback):
         """After the batch and its update (on_batch_end)."""
 
     def on_train_loader_end(self, context: PhaseContext) -> None:
-        """After the epoch's last training batch, before its validation (on_train_epoch_end)."""
+        """After the epoch's last training batch, before its validation (on_train_epoch_end). ``metrics_dict``:
+        this epoch's training values (``accumulated_loss``, the mean of its batch losses)."""
 
     def on_validation_loader_start(self, context: PhaseContext) -> None:
         """Before a pass over the validation set (on_eval_begin, type 'validation')."""
@@ -336,10 +369,12 @@ class Callback(AbstractCallback):
         """After each validation batch: preds (predictions passes) or loss (loss passes)."""
 
     def on_validation_loader_end(self, context: PhaseContext) -> None:
-        """After a pass over the validation set."""
+        """After a pass over the validation set (on_eval_end). ``metrics_dict``: this epoch's validation values,
+        with the pass's own mean loss as ``val_loss`` when it is a loss pass."""
 
     def on_validation_end_best_epoch(self, context: PhaseContext) -> None:
-        """At the end of an epoch whose ``metric_to_watch`` is the best so far (on_epoch_end)."""
+        """At the end of an epoch whose ``metric_to_watch`` is the best so far (on_epoch_end). ``metrics_dict``:
+        the epoch's validation values (and the watched one)."""
 
     def on_test_loader_start(self, context: PhaseContext) -> None:
         """Before a pass over the test set (on_eval_begin, type 'test'), e.g. the end-of-training test loss."""
@@ -351,10 +386,12 @@ class Callback(AbstractCallback):
         """After each test batch: preds or loss."""
 
     def on_test_loader_end(self, context: PhaseContext) -> None:
-        """After a pass over the test set."""
+        """After a pass over the test set (on_eval_end). ``metrics_dict``: ``test_loss`` of a loss pass (the loop
+        records the end-of-training one as ``train_end_test_loss``) and this epoch's ``test_*`` values."""
 
     def on_training_end(self, context: PhaseContext) -> None:
-        """Once when training ends (on_train_end), or when fit fails (on_exception), as in SG."""
+        """Once when training ends (on_train_end), or when fit fails (on_exception), as in SG. ``metrics_dict``:
+        every value the history holds for the last epoch."""
 
     # ---- which SG methods are used, and the loop hooks they need ---------------------------------------------
 
@@ -457,8 +494,26 @@ class Callback(AbstractCallback):
             self.on_train_batch_end(context)
 
     def on_train_epoch_end(self) -> None:
-        self.context.set_batch(None, None)
-        self.on_train_loader_end(self.context)
+        context = self.context
+        context.set_batch(None, None)
+        context.metrics_dict = self._train_epoch_values()
+        self.on_train_loader_end(context)
+
+    def _only_this_process(self) -> bool:
+        # In a DDP fit the loop records means over all processes; a callback restricted to one rank cannot join
+        # that all-reduce (the other ranks never call it), so it gets its own process's mean.
+        return self.train_loop_obj.world_size > 1 and self.device_idx_execution is not None
+
+    def _train_epoch_values(self) -> Dict[str, Any]:
+        """SG's training metrics of the epoch: the running mean of the batch losses, which the loop records as
+        'accumulated_loss' only after on_train_epoch_end, so it is computed here the way the loop computes it."""
+        loop = self.train_loop_obj
+        values = _epoch_metrics(loop, 'train_')
+        losses = [loss for loss in loop.loss_batch_accum if loss is not None]
+        if losses:
+            mean = _batch_mean(losses) if self._only_this_process() else loop.parse_loss(losses)
+            values.update(_loss_entries('accumulated_loss', mean))
+        return values
 
     def on_eval_begin(self, dataset_info: Dict[str, Any]) -> None:
         methods = _EVAL_METHODS.get(dataset_info.get('type') or '')
@@ -489,11 +544,25 @@ class Callback(AbstractCallback):
             context.set_loss(outputs)
         getattr(self, methods[2])(context)
 
+    def _eval_values(self, prefix: str, dataset_info: Dict[str, Any]) -> Dict[str, Any]:
+        """SG's metrics of an evaluation pass: a loss pass's mean loss, which the loop hands to on_eval_end
+        (``dataset_info['loss']``: its eval_loss_weighting, the mean over the processes of a DDP fit) and writes
+        into the history ('val_loss') only after it, plus the epoch's values recorded so far. Metrics that
+        callbacks compute from a predictions pass (ModelPerformanceEvaluation) are recorded later still, in their
+        on_epoch_end: they are here only when recorded before this pass (on_validation_end_best_epoch has them)."""
+        values = _epoch_metrics(self.train_loop_obj, prefix)
+        if dataset_info.get('kind') == 'loss' and dataset_info.get('loss') is not None:
+            values.update(_loss_entries(f'{prefix}loss', dataset_info['loss']))
+        return values
+
     def on_eval_end(self, dataset_info: Dict[str, Any]) -> None:
-        methods = _EVAL_METHODS.get(dataset_info.get('type') or '')
+        split = dataset_info.get('type') or ''
+        methods = _EVAL_METHODS.get(split)
         if methods is not None and self._uses(methods[3]):
-            self.context.set_batch(None, None)
-            getattr(self, methods[3])(self.context)
+            context = self.context
+            context.set_batch(None, None)
+            context.metrics_dict = self._eval_values(_EVAL_PREFIXES[split], dataset_info)
+            getattr(self, methods[3])(context)
 
     def on_epoch_end(self) -> None:
         loop = self.train_loop_obj
@@ -504,8 +573,12 @@ class Callback(AbstractCallback):
         better = best is None or (value > best if self.greater_metric_to_watch_is_better else value < best)
         if better:
             self._sg_best = value
-            self.context.set_batch(None, None)
-            self.on_validation_end_best_epoch(self.context)
+            context = self.context
+            context.set_batch(None, None)
+            # SG hands the validation metrics of the epoch; the watched value is added as it may be another
+            # split's ('loss'), which SG's validation-only metric_to_watch never is
+            context.metrics_dict = {**_epoch_metrics(loop, 'val_'), self.metric_to_watch: value}
+            self.on_validation_end_best_epoch(context)
 
     def on_train_end(self) -> None:
         self._end_training()
@@ -517,8 +590,12 @@ class Callback(AbstractCallback):
         self._remove_preds_hook()
         if self._uses('on_training_end') and not self._sg_training_ended:
             self._sg_training_ended = True
-            self.context.set_batch(None, None)
-            self.on_training_end(self.context)
+            context = self.context
+            context.set_batch(None, None)
+            # SG's context still holds the dict of its last epoch phase; the loop's counterpart is all that the
+            # last epoch recorded, the end-of-training values ('train_end_test_loss') included
+            context.metrics_dict = _epoch_metrics(self.train_loop_obj)
+            self.on_training_end(context)
 
     # ---- checkpoints: the best value of metric_to_watch survives a resume -----------------------------------
 

@@ -3,15 +3,18 @@ callbacks with the real batch tensors and model outputs in their context, multi_
 SaveFirstBatchCallback."""
 import glob
 import importlib.util
+import json
 import os
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from PIL import Image
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
-from aitoolbox_like import TrainLoop, TTModel
+from aitoolbox_like import MultiLoss, TrainLoop, TTModel
 from aitoolbox_like.callbacks.abstract import AbstractCallback
 from aitoolbox_like.callbacks import supergradients as sg
 from aitoolbox_like.callbacks.supergradients import (SG_METHOD_HOOKS, Callback, Phase, PhaseCallback, PhaseContext,
@@ -171,9 +174,9 @@ class Snapshot(PhaseCallback):
 
     def __call__(self, context):
         self.calls.append({name: getattr(context, name) for name in (
-            'epoch', 'batch_idx', 'inputs', 'target', 'preds', 'loss', 'loss_log_items', 'loss_logging_items_names',
-            'net', 'optimizer', 'criterion', 'device', 'train_loader', 'valid_loader', 'test_loader', 'ckpt_dir',
-            'metrics_dict', 'ddp_silent_mode')} | {'loop_loss': context.loop.loss,
+            'epoch', 'batch_idx', 'inputs', 'target', 'additional_batch_items', 'preds', 'loss', 'loss_log_items',
+            'loss_logging_items_names', 'net', 'optimizer', 'criterion', 'device', 'train_loader', 'valid_loader',
+            'test_loader', 'ckpt_dir', 'metrics_dict', 'ddp_silent_mode')} | {'loop_loss': context.loop.loss,
                                                    'requires_grad': getattr(context.loss, 'requires_grad', None)})
 
 
@@ -222,6 +225,244 @@ def test_phase_callbacks_run_at_their_phases_with_the_real_tensors():
     assert pre['ckpt_dir'] is None and pre['ddp_silent_mode'] is False       # no experiment: no checkpoint folder
     best = calls[Phase.VALIDATION_END_BEST_EPOCH][-1]
     assert best['metrics_dict']['val_loss'] == loop.train_history['val_loss'][best['epoch']]
+
+
+# ---- the PhaseContext fields SG fills at each phase (docs/hooks-from-other-libraries.md, "PhaseContext fields by
+# phase"), over one fit of 2 epochs: 3 training, 2 validation and 1 test batch ----------------------------------------
+
+EPOCHS, TRAIN_BATCHES, VAL_BATCHES, TEST_BATCHES = 2, 3, 2, 1
+
+
+@pytest.fixture(scope='module')
+def phase_fit():
+    loop = make_loop(train=TRAIN_BATCHES, val=VAL_BATCHES, test=TEST_BATCHES)
+    snapshots = {phase: Snapshot(phase) for phase in Phase}
+    loop.fit(num_epochs=EPOCHS, callbacks=list(snapshots.values()))
+    return loop, {phase: snapshot.calls for phase, snapshot in snapshots.items()}
+
+
+def recorded(loop, name, epoch):
+    """The history value of ``name`` recorded in ``epoch``."""
+    history = loop.train_history
+    return dict(zip(history.get_epochs(name), history[name]))[epoch]
+
+
+def expected_calls(loop, phase):
+    """(epoch, batch_idx, batch, metrics_dict) of each call of ``phase`` in ``phase_fit``, as SG fills them: the
+    batch is the one the phase is about (None at the epoch-level phases, where SG's context only has the last
+    training batch's leftovers); metrics_dict is None where SG sets none."""
+    epochs, last = range(EPOCHS), EPOCHS - 1
+    train, val, test = loop.train_loader, loop.validation_loader, loop.test_loader
+    val_losses = [recorded(loop, 'val_loss', epoch) for epoch in epochs]
+    best_epochs = [e for e in epochs if all(val_losses[e] < val_losses[before] for before in range(e))]
+    return {
+        Phase.PRE_TRAINING: [(0, None, None, None)],
+        Phase.TRAIN_EPOCH_START: [(e, None, None, None) for e in epochs],
+        Phase.TRAIN_BATCH_END: [(e, i, train[i], None) for e in epochs for i in range(TRAIN_BATCHES)],
+        Phase.TRAIN_BATCH_STEP: [(e, i, train[i], None) for e in epochs for i in range(TRAIN_BATCHES)],
+        # SG: the train loss items and metrics of the epoch; ours: the mean batch loss, 'accumulated_loss'
+        Phase.TRAIN_EPOCH_END: [(e, None, None, {'accumulated_loss': recorded(loop, 'accumulated_loss', e)})
+                                for e in epochs],
+        Phase.VALIDATION_BATCH_END: [(e, i, val[i], None) for e in epochs for i in range(VAL_BATCHES)],
+        # SG: the validation metrics of the pass; the loop records them after the pass, the adapter has them already
+        Phase.VALIDATION_EPOCH_END: [(e, None, None, {'val_loss': val_losses[e]}) for e in epochs],
+        Phase.VALIDATION_END_BEST_EPOCH: [(e, None, None, {'val_loss': val_losses[e]}) for e in best_epochs],
+        Phase.TEST_BATCH_END: [(last, i, test[i], None) for i in range(TEST_BATCHES)],
+        # the end-of-training test loss pass: the loop records it as 'train_end_test_loss'
+        Phase.TEST_END: [(last, None, None, {'test_loss': loop.train_history['train_end_test_loss'][-1]})],
+        Phase.POST_TRAINING: [(last, None, None, {name: recorded(loop, name, last) for name in (
+            'loss', 'accumulated_loss', 'val_loss', 'train_end_test_loss')})],
+    }[phase]
+
+
+def assert_batch_fields(phase, call, batch, criterion):
+    """inputs / target / preds / loss of one call: those of ``batch`` where SG fills them, else None."""
+    if batch is None:
+        assert all(call[name] is None for name in ('inputs', 'target', 'additional_batch_items', 'preds', 'loss',
+                                                   'loss_log_items'))
+        return
+    x, y = batch
+    assert call['inputs'] is x and call['target'] is y and call['additional_batch_items'] is None
+    loss = call['loss']
+    assert call['loss_logging_items_names'] == ['loss']
+    assert torch.equal(call['loss_log_items'], loss.detach().reshape(1))
+    if phase in (Phase.TRAIN_BATCH_END, Phase.TRAIN_BATCH_STEP):
+        # the model's output of this batch (kept by the adapter's forward hook) and the loss being trained
+        assert call['preds'].shape == (4, 10) and loss is call['loop_loss'] and loss.requires_grad
+        assert torch.allclose(criterion(call['preds'], y), loss)
+    else:
+        # the end-of-epoch evaluation is a loss pass: the batch's loss, no model outputs (SG gives both)
+        assert call['preds'] is None and loss.dim() == 0 and not loss.requires_grad
+
+
+@pytest.mark.parametrize('phase', list(Phase), ids=lambda phase: phase.name)
+def test_phase_context_fields_at_each_phase(phase_fit, phase):
+    loop, calls = phase_fit
+    expected = expected_calls(loop, phase)
+    got = calls[phase]
+    assert [(c['epoch'], c['batch_idx']) for c in got] == [(epoch, idx) for epoch, idx, _, _ in expected]
+    for call, (_, _, batch, metrics) in zip(got, expected):
+        assert call['metrics_dict'] == metrics
+        assert_batch_fields(phase, call, batch, loop.criterion)
+    # fields read from the loop are there at every phase
+    assert all(c['net'] is loop.model and c['optimizer'] is loop.optimizer and c['device'] == loop.device
+               for c in got)
+
+
+@pytest.mark.parametrize('weighting', ['batch', 'sample'])
+def test_validation_epoch_end_has_the_val_loss_the_loop_records_after_it(weighting):
+    # validation batches of 4 and 1 samples: the loop's two weightings of the batch losses give different means
+    class Record(Callback):
+        def __init__(self):
+            self.batch_losses, self.ends = [], []
+
+        def on_validation_batch_end(self, context):
+            self.batch_losses.append(context.loss.item())
+
+        def on_validation_loader_end(self, context):
+            self.ends.append(context.metrics_dict)
+
+    torch.manual_seed(0)
+    model = Net()
+    validation = batches(1, 2) + batches(1, 5, batch_size=1)
+    loop = TrainLoop(model, batches(2, 1), validation, None, torch.optim.SGD(model.parameters(), lr=0.1),
+                     nn.CrossEntropyLoss(), eval_loss_weighting=weighting)
+    record = Record()
+    loop.fit(num_epochs=2, callbacks=[record])
+    assert record.ends == [{'val_loss': value} for value in loop.train_history['val_loss']]
+    weights = [1, 1] if weighting == 'batch' else [4, 1]
+    for epoch, end in enumerate(record.ends):
+        losses = record.batch_losses[2 * epoch:2 * epoch + 2]
+        mean = sum(loss * w for loss, w in zip(losses, weights)) / sum(weights)
+        assert end['val_loss'] == pytest.approx(mean, rel=1e-6)
+
+
+def test_metrics_dict_has_what_callbacks_recorded_before_the_phase():
+    class PredictAndRecord(AbstractCallback):
+        """A ModelPerformanceEvaluation stand-in: a validation predictions pass, then 'val_acc' recorded."""
+
+        def __init__(self):
+            super().__init__('predict', execution_order=-1)
+
+        def on_batch_end(self):
+            if self.train_loop_obj.iteration == 0:
+                self.train_loop_obj.insert_metric_result_into_history('train_running', 1.0)
+
+        def on_epoch_end(self):
+            loop = self.train_loop_obj
+            loop.predict_on_validation_set()
+            loop.insert_metric_result_into_history('val_acc', 0.5 + loop.epoch)
+
+    class Record(Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_loader_end(self, context):
+            self.seen.append(('train_end', context.metrics_dict))
+
+        def on_validation_loader_end(self, context):
+            self.seen.append(('val_end', context.metrics_dict))
+
+        def on_validation_end_best_epoch(self, context):
+            self.seen.append(('best', context.metrics_dict))
+
+    record = Record()
+    loop = make_loop(train=2, val=1, test=None)
+    loop.fit(num_epochs=1, callbacks=[PredictAndRecord(), record])
+    val_loss, accumulated = loop.train_history['val_loss'][0], loop.train_history['accumulated_loss'][0]
+    assert record.seen == [
+        ('train_end', {'train_running': 1.0, 'accumulated_loss': accumulated}),
+        ('val_end', {'val_loss': val_loss}),        # the loss pass
+        ('val_end', {'val_loss': val_loss}),        # the predictions pass: 'val_acc' is recorded after it
+        ('best', {'val_loss': val_loss, 'val_acc': 0.5}),
+    ]
+
+
+class TwoLosses(Net):
+    def get_loss(self, batch_data, criterion, device):
+        x, y = batch_data
+        out = self(x.to(device))
+        return MultiLoss({'ce': criterion(out, y.to(device)), 'l2': out.pow(2).mean()})
+
+
+def test_a_multi_loss_gives_one_entry_per_part_as_the_history():
+    class Record(Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_loader_end(self, context):
+            self.seen.append(context.metrics_dict)
+
+        def on_validation_loader_end(self, context):
+            self.seen.append(context.metrics_dict)
+
+    torch.manual_seed(0)
+    model = TwoLosses()
+    loop = TrainLoop(model, batches(2, 1), batches(2, 2), None, torch.optim.SGD(model.parameters(), lr=0.1),
+                     nn.CrossEntropyLoss())
+    record = Record()
+    loop.fit(num_epochs=1, callbacks=[record])
+    history = loop.train_history
+    assert record.seen == [{name: history[name][0] for name in ('accumulated_loss_ce', 'accumulated_loss_l2',
+                                                                 'accumulated_loss')},
+                           {name: history[name][0] for name in ('val_loss_ce', 'val_loss_l2', 'val_loss')}]
+
+
+class EpochMetrics(Callback):
+    """Writes the metrics_dict of each epoch-level phase to <out_dir>/<name>_rank<k>.json (a DDP test)."""
+
+    def __init__(self, name, out_dir, device_idx_execution=None):
+        self.name, self.out_dir, self.device_idx_execution = name, out_dir, device_idx_execution
+        self.seen = []
+
+    def on_train_loader_end(self, context):
+        self.seen.append(['train_end', context.metrics_dict])
+
+    def on_validation_loader_end(self, context):
+        self.seen.append(['val_end', context.metrics_dict])
+
+    def on_test_loader_end(self, context):
+        self.seen.append(['test_end', context.metrics_dict])
+
+    def on_training_end(self, context):
+        path = os.path.join(self.out_dir, f'{self.name}_rank{dist.get_rank()}.json')
+        with open(path, 'w') as f:
+            json.dump(self.seen, f)
+
+
+@pytest.mark.timeout(120)
+def test_ddp_metrics_dict_is_the_mean_over_processes(tmp_path, monkeypatch):
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+
+    def loader(n, batch_size):
+        return DataLoader(TensorDataset(torch.rand(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)),
+                          batch_size=batch_size)
+
+    model = Net()
+    loop = TrainLoop(model, loader(16, 4), loader(7, 2), loader(5, 2), torch.optim.SGD(model.parameters(), lr=0.1),
+                     nn.CrossEntropyLoss(), gpu_mode='ddp')
+    out = str(tmp_path)
+    loop.fit(num_epochs=2, num_gpus=2, on_gpu=False, callbacks=[
+        EpochMetrics('everywhere', out), EpochMetrics('rank0only', out, device_idx_execution=0)])
+    history = loop.train_history
+
+    def seen(name, rank):
+        with open(os.path.join(out, f'{name}_rank{rank}.json')) as f:
+            return [tuple(item) for item in json.load(f)]
+
+    expected = []
+    for epoch in range(2):
+        expected += [('train_end', {'accumulated_loss': history['accumulated_loss'][epoch]}),
+                     ('val_end', {'val_loss': history['val_loss'][epoch]})]
+    expected.append(('test_end', {'test_loss': history['train_end_test_loss'][-1]}))
+    # both processes hand the values the loop records: means over the whole data sets
+    assert seen('everywhere', 0) == seen('everywhere', 1) == expected
+    # a callback on one rank cannot join the reduction: its own process's means, and no hang
+    assert [(phase, sorted(metrics)) for phase, metrics in seen('rank0only', 0)] == \
+        [(phase, sorted(metrics)) for phase, metrics in expected]
+    assert not os.path.exists(os.path.join(out, 'rank0only_rank1.json'))
 
 
 def test_validation_predictions_give_preds_and_the_best_epoch_follows_metric_to_watch():
