@@ -331,6 +331,11 @@ class _FirstBatches:
 class DataSubsetTestRun(AbstractCallback):
     """Train and evaluate on the first few batches only: a quick end-to-end check of a training script.
 
+    At ``on_train_begin`` each loader is replaced by a ``list`` of its first batches, read once and reused in
+    every epoch (AIToolbox's record). From registration until then the loop already holds a view of those
+    batches, so ``len()`` of the loaders (e.g. ``get_num_optimizer_updates()`` in a scheduler's registration) is
+    that of the subset.
+
     Args:
         num_train_batches (int): training batches per epoch.
         num_val_batches (int): validation batches (0 keeps the whole validation set).
@@ -347,34 +352,38 @@ class DataSubsetTestRun(AbstractCallback):
         self.num_test_batches = num_test_batches
 
     def on_train_loop_registration(self) -> None:
-        """Check that the loaders to subset exist, and subset them."""
+        """Check that the loaders to subset exist, and put views of their first batches in the loop."""
         loop = self.train_loop_obj
         for num, attr in ((self.num_val_batches, 'validation_loader'), (self.num_test_batches, 'test_loader')):
             if num > 0 and getattr(loop, attr) is None:
                 raise ValueError(f'DataSubsetTestRun: {attr.replace("_", " ")} subset of {num} batches asked for, '
                                  f'but the TrainLoop has no {attr}')
-        self._subset_loaders()
+        for attr, num in self._subsets():
+            setattr(loop, attr, _FirstBatches(_unwrapped(getattr(loop, attr)), num))
 
     def on_train_begin(self) -> None:
-        """Subset the loaders again (they may have been replaced since registration)."""
-        # Loaders may have been replaced since registration (e.g. built inside each DDP process).
-        self._subset_loaders()
-
-    def _subset_loaders(self) -> None:
+        """Replace the loaders by lists of their first batches."""
+        # Also after registration: loaders may have been replaced since (e.g. built inside each DDP process).
         loop = self.train_loop_obj
-        for num, attr in ((self.num_train_batches, 'train_loader'), (self.num_val_batches, 'validation_loader'),
-                          (self.num_test_batches, 'test_loader')):
-            loader = getattr(loop, attr)
-            if num > 0 and loader is not None:
-                setattr(loop, attr, self.subset_data_loader(loader, num))
+        for attr, num in self._subsets():
+            setattr(loop, attr, self.subset_data_loader(getattr(loop, attr), num))
+
+    def _subsets(self) -> List[Tuple[str, int]]:
+        loop = self.train_loop_obj
+        return [(attr, num) for attr, num in (('train_loader', self.num_train_batches),
+                                              ('validation_loader', self.num_val_batches),
+                                              ('test_loader', self.num_test_batches))
+                if num > 0 and getattr(loop, attr) is not None]
 
     @staticmethod
-    def subset_data_loader(data_loader: Any, num_batches: int) -> _FirstBatches:
-        """The first ``num_batches`` batches of ``data_loader`` (of the original loader, when it is already a
-        subset)."""
-        if isinstance(data_loader, _FirstBatches):
-            data_loader = data_loader.loader
-        return _FirstBatches(data_loader, num_batches)
+    def subset_data_loader(data_loader: Iterable[Any], num_batches: int) -> List[Any]:
+        """The first ``num_batches`` batches of ``data_loader``, as a list."""
+        return list(itertools.islice(iter(_unwrapped(data_loader)), num_batches))
+
+
+def _unwrapped(loader: Any) -> Any:
+    # A view is never nested: a subset of a subset reads the original loader.
+    return loader.loader if isinstance(loader, _FirstBatches) else loader
 
 
 _FUNCTION_HOOK_FLAGS = (

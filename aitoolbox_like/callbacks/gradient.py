@@ -154,6 +154,13 @@ class GradientStatsPrint(GradientCallbackBase):
         self._captured: Optional[List[Optional[torch.Tensor]]] = None
         self.last_stats: Optional[List[Optional[Dict[str, float]]]] = None
 
+    def on_train_loop_registration(self) -> None:
+        """Set the loop's ``grad_cb_used`` only with on_every_grad_update, as AIToolbox did."""
+        # Code written for AIToolbox reads the flag as "a callback works on every gradient update"; the
+        # epoch-end report alone did not set it there. Our loop dispatches by overridden hooks, not by the flag.
+        if self.on_every_grad_update:
+            self.train_loop_obj.grad_cb_used = True
+
     def on_epoch_begin(self) -> None:
         """Forget the previous epoch's gradients."""
         self._captured = None

@@ -17,6 +17,7 @@ from typing import Optional
 from ..experiment.reporting import TrainingHistoryPlotter, append_epoch_text_block
 from ..experiment.reporting import history_series    # public here too: the tensorboard / wandb callbacks use it
 from ..message_passing import MessageHandling
+from ..result_package.basic import TorchMetricsPackage
 from ._common import check_int, import_matplotlib
 from ._common import is_number as _is_number
 from ._common import lower_is_better    # public in this module (AIToolbox-style import path)
@@ -71,9 +72,6 @@ class ModelPerformanceEvaluation(AbstractCallback):
 
     def on_train_loop_registration(self):
         loop = self.train_loop_obj
-        if self.on_val_data and loop.validation_loader is None:
-            raise ValueError('ModelPerformanceEvaluation(on_val_data=True) needs a validation_loader in the TrainLoop; '
-                             'pass one, or use on_val_data=False, on_train_data=True')
         details = [getattr(loop, a, None) for a in ('project_name', 'experiment_name',
                                                      'local_model_result_folder_path')]
         if self.if_available_output_to_project_dir and all(d is not None for d in details):
@@ -82,6 +80,17 @@ class ModelPerformanceEvaluation(AbstractCallback):
                 if hasattr(package, 'set_experiment_dir_path_for_additional_results'):
                     package.set_experiment_dir_path_for_additional_results(
                         project_name, experiment_name, loop.experiment_timestamp, folder)
+        for package in self._packages():
+            if isinstance(package, TorchMetricsPackage) and callable(getattr(package.metric, 'to', None)):
+                # In place, as torchmetrics' Metric.to is; AIToolbox metrics may return None.
+                package.metric.to(loop.device)
+
+    def on_train_begin(self):
+        # Checked when training starts, not at registration: a loop may be given its loaders after the callbacks
+        # (AIToolbox registered without checking), and still no epoch is lost.
+        if self.on_val_data and self.train_loop_obj.validation_loader is None:
+            raise ValueError('ModelPerformanceEvaluation(on_val_data=True) needs a validation_loader in the TrainLoop; '
+                             'pass one, or use on_val_data=False, on_train_data=True')
 
     def _packages(self):
         return [p for p in (self.result_package if self.on_val_data else None, self.train_result_package)
@@ -214,14 +223,17 @@ class TrainHistoryFormatter(AbstractCallback):
         ``output_metric_setter(input_metric_getter(history))`` returns ``(new_name, value)``, inserted into
         the history after each epoch (epoch_end) or once at the end of training (train_end), but only when
         the input list has grown since the last time (so metrics computed every k epochs are formatted
-        when they are computed; AIToolbox expected ``epoch + 1`` values and failed otherwise).
+        when they are computed; AIToolbox expected exactly ``epoch + 1`` values and failed otherwise). More
+        than ``epoch + 1`` values after an epoch (the metric recorded twice in an epoch) is still an error, as
+        in AIToolbox.
 
         Args:
             input_metric_getter (callable): history -> list of values of the input metric.
             output_metric_setter (callable): that list -> ``(output_name, output_value)``.
             epoch_end (bool): run after each epoch.
             train_end (bool): run at the end of training (exactly one of epoch_end / train_end is True).
-            strict_metric_extract (bool): a missing or empty input metric raises ValueError (False: warns).
+            strict_metric_extract (bool): a missing or empty input metric, or one with more values than
+                epochs, raises ValueError (False: warns and formats nothing).
         """
         if epoch_end == train_end:
             raise ValueError(f'TrainHistoryFormatter: set exactly one of epoch_end and train_end to True '
@@ -249,9 +261,11 @@ class TrainHistoryFormatter(AbstractCallback):
         self._seen_length = len(values)
 
     def check_if_history_updated(self, train_end_phase):
-        """True when the input metric has a value not formatted yet; a missing input metric raises
-        (strict) or warns, since it usually means the callback computing it runs after this one."""
+        """True when the input metric has a value not formatted yet. A missing input metric (usually: the
+        callback computing it runs after this one) or, after an epoch, one with more values than epochs so far
+        (recorded twice in an epoch, which AIToolbox refused too) raises ValueError (strict) or warns."""
         history = self.train_loop_obj.train_history
+        epoch = self.train_loop_obj.epoch
         missing: Optional[KeyError]
         try:
             values = self.input_metric_getter(history)
@@ -260,15 +274,19 @@ class TrainHistoryFormatter(AbstractCallback):
         else:
             missing = None
         if not values:
-            phase = 'end of training' if train_end_phase else f'end of epoch {self.train_loop_obj.epoch}'
+            phase = 'end of training' if train_end_phase else f'end of epoch {epoch}'
             message = (f'{self.callback_name}: the input metric is missing or empty at the {phase}'
                        f'{f" ({missing})" if missing else ""}; history has {list(history.keys())}. A callback '
                        f'computing it must run before this one (list it first or give it a lower execution_order).')
-            if self.strict_metric_extract:
-                raise ValueError(message)
-            logger.warning(message)
-            return False
-        return len(values) > self._seen_length
+        elif not train_end_phase and len(values) > epoch + 1:
+            message = (f'{self.callback_name}: the input metric has {len(values)} values at the end of epoch {epoch}, '
+                       f'more than one per epoch: it was recorded more than once in an epoch (e.g. evaluated twice)')
+        else:
+            return len(values) > self._seen_length
+        if self.strict_metric_extract:
+            raise ValueError(message)
+        logger.warning(message)
+        return False
 
 
 class MetricHistoryRename(TrainHistoryFormatter):
@@ -420,13 +438,14 @@ def make_metric_figure(metric_name, epochs, values):
 class ModelTrainHistoryFileWriter(ModelTrainHistoryBaseCB):
     def __init__(self, epoch_end=True, train_end=False, file_format='txt',
                  project_name=None, experiment_name=None, local_model_result_folder_path=None,
-                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None):
+                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, skip_stale_values=False):
         """Append the metrics of each epoch to ``<experiment>/results/<prefix>results.<file_format>``.
 
         'txt' is a human-readable block per epoch; 'tsv' / 'csv' a table with an ``Epoch`` column and one
         column per metric (dict-valued metrics per key), a new header after a ``NEW_METRICS_DETECTED`` row
-        when the metrics change. Only values recorded in the written epoch appear (cells of metrics computed
-        in other epochs are empty; AIToolbox repeated their stale last value).
+        when the metrics change. As in AIToolbox, each write lists the latest value of every metric in the
+        history, so a metric computed only every k epochs repeats its last value in the epochs between;
+        ``skip_stale_values=True`` leaves those out.
 
         Args:
             epoch_end (bool): write after each epoch.
@@ -434,6 +453,8 @@ class ModelTrainHistoryFileWriter(ModelTrainHistoryBaseCB):
             file_format (str): 'txt', 'tsv' or 'csv'.
             project_name, experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
                 cloud_dir_prefix: the experiment folder (see AbstractExperimentCallback).
+            skip_stale_values (bool): write only the values recorded in the written epoch (a metric not
+                computed then: no 'txt' line, an empty 'tsv' / 'csv' cell).
         """
         super().__init__('Model Train performance history file writer', execution_order=97, epoch_end=epoch_end,
                          train_end=train_end, file_format=file_format, project_name=project_name,
@@ -442,6 +463,7 @@ class ModelTrainHistoryFileWriter(ModelTrainHistoryBaseCB):
         if file_format not in ('txt', 'tsv', 'csv'):
             raise ValueError(f"ModelTrainHistoryFileWriter: file_format {file_format!r} is not supported; use "
                              f"'txt', 'tsv' or 'csv'")
+        self.skip_stale_values = skip_stale_values
         self._columns = {}       # file path -> metric columns of its current header
 
     def on_epoch_end(self):
@@ -457,6 +479,10 @@ class ModelTrainHistoryFileWriter(ModelTrainHistoryBaseCB):
         epoch = self.train_loop_obj.epoch
         current = {}
         for name, (epochs, values) in history_series(self.train_loop_obj.train_history).items():
+            if not self.skip_stale_values:
+                if values:
+                    current[name] = values[-1]
+                continue
             for value_epoch, value in zip(reversed(epochs), reversed(values)):
                 if value_epoch == epoch:
                     current[name] = value      # the latest value recorded in this epoch
@@ -482,8 +508,9 @@ class ModelTrainHistoryFileWriter(ModelTrainHistoryBaseCB):
             if columns is None:
                 columns = names
                 writer.writerow(['Epoch'] + columns)
-            elif set(names) - set(columns):
-                columns = columns + [n for n in names if n not in columns]
+            elif set(names) != set(columns) and (not self.skip_stale_values or set(names) - set(columns)):
+                # A skipped metric keeps its column (an empty cell); otherwise the header is the metrics written.
+                columns = columns + [n for n in names if n not in columns] if self.skip_stale_values else names
                 writer.writerow(['NEW_METRICS_DETECTED'])
                 writer.writerow(['Epoch'] + columns)
             writer.writerow([epoch] + [current.get(name, '') for name in columns])

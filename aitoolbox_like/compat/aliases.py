@@ -16,6 +16,8 @@ _SCHED = 'aitoolbox_like.callbacks.train_schedule'
 _SAVERS = 'aitoolbox_like.experiment.savers'
 _LOADER = 'aitoolbox_like.experiment.model_loader'
 _REPORTING = 'aitoolbox_like.experiment.reporting'
+_UTILS = 'aitoolbox_like.compat.utils'
+_CLOUD = 'aitoolbox_like.compat.cloud'
 
 
 class Unsupported:
@@ -26,6 +28,8 @@ class Unsupported:
 
 
 _KERAS = Unsupported('Keras models are not supported by aitoolbox_like (it trains PyTorch models only)')
+_GCS = Unsupported('Google Cloud Storage is not supported by aitoolbox_like; use the S3 classes of '
+                   'aitoolbox.cloud.AWS (any S3-compatible endpoint, e.g. AWS_ENDPOINT_URL_S3) or local saving')
 
 Target = Union[str, Unsupported]
 Alias = Union[str, Dict[str, Target]]
@@ -33,6 +37,10 @@ Alias = Union[str, Dict[str, Target]]
 
 def _names(module: str, *names: str) -> Dict[str, Target]:
     return {name: module for name in names}
+
+
+def _unsupported(reason: Unsupported, *names: str) -> Dict[str, Target]:
+    return {name: reason for name in names}
 
 
 _TORCHTRAIN_EXPORTS: Dict[str, Target] = {
@@ -141,6 +149,31 @@ MODULES: Dict[str, Alias] = {
     'experiment.result_reporting.hyperparam_reporter': _names(_REPORTING, 'HyperParamSourceReporter'),
     'experiment.result_reporting.report_generator': _names(_REPORTING, 'TrainingHistoryPlotter',
                                                            'TrainingHistoryWriter', 'GradientPlotter'),
+
+    # ---- utils
+    'utils': {},
+    'utils.util': _names(_UTILS, 'function_exists', 'copy_function', 'is_empty_function', 'flatten_list_of_lists'),
+    'utils.dict_util': _names(_UTILS, 'combine_prediction_metadata_batches', 'flatten_dict', 'combine_dict_elements',
+                              'flatten_combine_dict'),
+    'utils.file_system': _names(_UTILS, 'create_folder_hierarchy', 'zip_folder', 'unzip_file'),
+
+    # ---- cloud
+    'cloud': _names(_CLOUD, 's3_available_options', 'gcs_available_options'),
+    'cloud.AWS': {},
+    'cloud.AWS.data_access': _names(_CLOUD, 'BaseDataSaver', 'BaseDataLoader', 'AbstractDatasetFetcher'),
+    'cloud.AWS.model_save': {**_names(_CLOUD, 'AbstractModelSaver', 'BaseModelSaver', 'PyTorchS3ModelSaver'),
+                             'KerasS3ModelSaver': _KERAS},
+    'cloud.AWS.model_load': _names(_CLOUD, 'BaseModelLoader', 'PyTorchS3ModelLoader'),
+    'cloud.AWS.results_save': _names(_CLOUD, 'AbstractResultsSaver', 'BaseResultsSaver', 'S3ResultsSaver'),
+    'cloud.AWS.simple_email_service': _names(_CLOUD, 'SESSender'),
+    'cloud.GoogleCloud': {},
+    'cloud.GoogleCloud.data_access': _unsupported(_GCS, 'BaseGoogleStorageDataSaver', 'BaseGoogleStorageDataLoader'),
+    'cloud.GoogleCloud.model_load': _unsupported(_GCS, 'BaseModelGoogleStorageLoader',
+                                                 'PyTorchGoogleStorageModelLoader'),
+    'cloud.GoogleCloud.model_save': _unsupported(_GCS, 'BaseModelGoogleStorageSaver', 'PyTorchGoogleStorageModelSaver',
+                                                 'KerasGoogleStorageModelSaver'),
+    'cloud.GoogleCloud.results_save': _unsupported(_GCS, 'BaseResultsGoogleStorageSaver',
+                                                   'GoogleStorageResultsSaver'),
 }
 
 # Our own modules that AIToolbox's package __init__ files add names to, for code where ``aitoolbox`` was

@@ -253,7 +253,7 @@ class AbstractResultPackage(ABC):
         elif self.np_array == 'auto':
             y_true = _auto_to_numpy(y_true)
             y_predicted = _auto_to_numpy(y_predicted)
-        check_targets_and_predictions(y_true, y_predicted)
+        self._check_targets_and_predictions(y_true, y_predicted)
 
         self.y_true = y_true
         self.y_predicted = y_predicted
@@ -261,6 +261,12 @@ class AbstractResultPackage(ABC):
         self.additional_results = kwargs
         self._results_dict = None
         self._results_pending = True
+
+    def _check_targets_and_predictions(self, y_true: Any, y_predicted: Any) -> None:
+        """Raise ValueError for targets / predictions that no metric can evaluate (missing, scalar, empty or of
+        different lengths); called by :meth:`prepare_result_package`. A package whose metric takes anything may
+        override it."""
+        check_targets_and_predictions(y_true, y_predicted)
 
     @staticmethod
     def auto_y_input_array_convert(y_array: Any) -> Any:

@@ -235,6 +235,10 @@ def _as_tensor(values: Any, name: str) -> Any:
                          f'or a list of numbers.') from exc
 
 
+def _has_update(metric: Any) -> bool:
+    return callable(getattr(metric, 'update', None))
+
+
 class TorchMetricsPackage(AbstractResultPackage):
     """Computes torchmetrics metrics (a metric, a collection, or a dict / list of metrics)."""
 
@@ -248,32 +252,45 @@ class TorchMetricsPackage(AbstractResultPackage):
         single metric, or the collection's key for a MetricCollection / dict / list. Scalar results are Python
         floats (ints for integer metrics), non-scalar results (e.g. a confusion matrix) nested lists.
 
+        A metric that is not a ``torchmetrics.Metric`` works when it has ``compute()``, ``reset()`` and
+        ``update(predicted, target)``; one without ``update()`` but callable is used as AIToolbox's package used
+        every metric: ``metric(y_predicted, y_true)`` gives the results (the data as given, no resets).
+
         Args:
             torch_metrics (torchmetrics.Metric or torchmetrics.MetricCollection or dict or list): a metric,
                 a collection, a dict ``{name: metric}`` or a list of metrics (the last two are wrapped in a
-                MetricCollection)
+                MetricCollection), or an object with the methods above
             strict_content_check (bool): raise instead of warn on content problems
             **kwargs: additional package metadata
 
         Raises:
-            ImportError: when torchmetrics is not installed
-            TypeError: when torch_metrics is not a torchmetrics metric / collection / dict / list of them
+            ImportError: a dict / list of metrics is given and torchmetrics is not installed
+            TypeError: when torch_metrics is none of the above
         """
         AbstractResultPackage.__init__(self, pkg_name='Torch Metrics', strict_content_check=strict_content_check,
                                        np_array=False, **kwargs)
-        torchmetrics = _import_torchmetrics()
         if isinstance(torch_metrics, (dict, list, tuple)):
             if len(torch_metrics) == 0:
                 raise ValueError('torch_metrics is empty: give at least one torchmetrics metric.')
-            torch_metrics = torchmetrics.MetricCollection(torch_metrics)
-        # Duck typing: the package only calls update / compute / reset, so any object with torchmetrics'
-        # methods works (a user's own metric class need not subclass torchmetrics.Metric).
-        missing = [m for m in ('update', 'compute', 'reset') if not callable(getattr(torch_metrics, m, None))]
+            torch_metrics = _import_torchmetrics().MetricCollection(torch_metrics)
+        # Duck typing: a user's metric class need not subclass torchmetrics.Metric. Besides compute() and reset(),
+        # it is fed either by update() (torchmetrics' protocol) or by being called, which is all AIToolbox's
+        # package used (metric(y_predicted, y_true)), so metrics written for AIToolbox keep working.
+        missing = [f'{m}()' for m in ('compute', 'reset') if not callable(getattr(torch_metrics, m, None))]
+        if not _has_update(torch_metrics) and not callable(torch_metrics):
+            missing.insert(0, 'update() or __call__()')
         if missing:
             raise TypeError(f'torch_metrics must be a torchmetrics.Metric / MetricCollection, a dict / list of them, '
-                            f'or an object with update(), compute() and reset(); got {type(torch_metrics).__name__} '
-                            f'without {", ".join(missing)}().')
+                            f'or an object with compute(), reset() and either update(predicted, target) or '
+                            f'__call__(predicted, target); got {type(torch_metrics).__name__} without '
+                            f'{", ".join(missing)}.')
         self.metric: Any = torch_metrics
+
+    def _check_targets_and_predictions(self, y_true: Any, y_predicted: Any) -> None:
+        """As every package, except for a metric without update(): it is given the data as it is, unchecked, as
+        AIToolbox gave it (the metric decides what it accepts)."""
+        if _has_update(self.metric):
+            super()._check_targets_and_predictions(y_true, y_predicted)
 
     def _metric_device(self) -> Any:
         metric = self.metric
@@ -282,7 +299,13 @@ class TorchMetricsPackage(AbstractResultPackage):
         return getattr(metric, 'device', None)
 
     def prepare_results_dict(self) -> Dict[str, Any]:
-        """Reset, update once with all the data, compute, reset; results named ``<name>_PTLMetrics``."""
+        """Reset, update once with all the data, compute, reset; results named ``<name>_PTLMetrics``.
+
+        A metric without update() is called instead, ``metric(y_predicted, y_true)``, with the data as given and
+        without resets, as AIToolbox's package did.
+        """
+        if not _has_update(self.metric):
+            return self._named_results(self.metric(self.y_predicted, self.y_true))
         y_true = _as_tensor(self.y_true, 'y_true')
         y_predicted = _as_tensor(self.y_predicted, 'y_predicted')
         device = self._metric_device()
@@ -295,7 +318,9 @@ class TorchMetricsPackage(AbstractResultPackage):
             metric_result = self.metric.compute()
         finally:
             self.metric.reset()
+        return self._named_results(metric_result)
 
+    def _named_results(self, metric_result: Any) -> Dict[str, Any]:
         if not isinstance(metric_result, dict):
             metric_result = {type(self.metric).__name__: metric_result}
         # the suffix tells the torchmetrics (PyTorch Lightning metrics) results from the aitoolbox_like ones

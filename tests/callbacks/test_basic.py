@@ -199,25 +199,42 @@ class BatchCounter(AbstractCallback):
     def __init__(self):
         super().__init__('batch counter')
         self.per_epoch = []
+        self.loaders = []
 
     def on_epoch_end(self):
         self.per_epoch.append(len(self.train_loop_obj.loss_batch_accum))
+        self.loaders.append(self.train_loop_obj.train_loader)
 
 
-def test_data_subset_test_run_limits_batches_and_keeps_len():
+class LoaderLengthAtRegistration(AbstractCallback):
+    def __init__(self):
+        super().__init__('records len(train_loader) at registration', execution_order=0)
+
+    def on_train_loop_registration(self):
+        self.length = len(self.train_loop_obj.train_loader)
+
+
+def test_data_subset_test_run_trains_on_lists_of_the_first_batches():
     counter = BatchCounter()
+    at_registration = LoaderLengthAtRegistration()
     loop = make_loop()
-    loop.fit(num_epochs=2, callbacks=[DataSubsetTestRun(num_train_batches=2, num_val_batches=1), counter])
+    first_val_x, first_val_y = next(iter(loop.validation_loader))
+    loop.fit(num_epochs=2, callbacks=[DataSubsetTestRun(num_train_batches=2, num_val_batches=1), counter,
+                                      at_registration])
     assert counter.per_epoch == [2, 2]
-    assert len(loop.train_loader) == 2 and len(loop.validation_loader) == 1 and len(loop.test_loader) == 3
-    assert loop.train_loader.batch_size == 8
-    first_val_x, first_val_y = next(iter(loop.validation_loader.loader))
+    # AIToolbox's record: plain lists of the batches, read once (the same batches every epoch)
+    assert type(loop.train_loader) is list and type(loop.validation_loader) is list
+    assert [len(x) for x, _ in loop.train_loader] == [8, 8]
+    assert counter.loaders[0] is counter.loaders[1] is loop.train_loader
+    assert len(loop.validation_loader) == 1 and len(loop.test_loader) == 3     # 0 keeps the test loader whole
+    # registered after it (execution order -100), a callback already sees the subset's length
+    assert at_registration.length == 2
     with torch.no_grad():
         expected = nn.functional.cross_entropy(loop.model(first_val_x), first_val_y)
     assert loop.train_history['val_loss'][-1] == pytest.approx(expected.item())
 
-    loop.fit(num_epochs=3, callbacks=[DataSubsetTestRun(num_train_batches=3)])    # re-wraps, never nests
-    assert counter.per_epoch == [2, 2, 3] and len(loop.train_loader) == 3
+    loop.fit(num_epochs=3, callbacks=[DataSubsetTestRun(num_train_batches=1)])   # a subset of the list
+    assert counter.per_epoch == [2, 2, 1] and len(loop.train_loader) == 1
 
     loop = make_loop()
     loop.test_loader = None
@@ -268,7 +285,8 @@ def test_timer_writes_epoch_time_and_throughput():
 
     loop = make_loop(n=53)
     loop.fit(num_epochs=1, callbacks=[Timer(), DataSubsetTestRun(num_train_batches=2)])
-    assert loop.train_history['samples_per_sec'][0] / loop.train_history['batches_per_sec'][0] == pytest.approx(8)
+    # the subset is a list of batches: no batch_size to count samples by
+    assert len(loop.train_history['batches_per_sec']) == 1 and 'samples_per_sec' not in loop.train_history
 
 
 def test_progress_bar_shows_epoch_metrics(capsys):

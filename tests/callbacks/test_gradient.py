@@ -154,6 +154,16 @@ def test_gradient_stats_every_k_epochs_and_every_update(capsys):
     assert capsys.readouterr().out.count('batch') == EPOCHS * 4
 
 
+def test_gradient_stats_print_sets_grad_cb_used_only_for_every_update_reports():
+    # AIToolbox code reads the flag as "a callback works on every gradient update"
+    for on_every_grad_update in (False, True):
+        model = MLP()
+        loop = TrainLoop(model, None, None, None, torch.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss())
+        loop.callbacks_handler.register_callbacks(
+            [GradientStatsPrint(lambda m: [m.net[0]], on_every_grad_update=on_every_grad_update)])
+        assert loop.grad_cb_used is on_every_grad_update
+
+
 def test_grad_distribution_plot_writes_readable_images():
     import matplotlib.image
 

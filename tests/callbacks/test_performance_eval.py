@@ -1,3 +1,4 @@
+import contextlib
 import csv
 import glob
 import os
@@ -147,6 +148,74 @@ def test_formatter_listed_before_the_metric_it_reads_fails_clearly():
         MetricHistoryRename('val_loss', 'x', epoch_end=True, train_end=True)
 
 
+def test_formatter_refuses_a_metric_recorded_twice_in_an_epoch(caplog):
+    # AIToolbox's check kept for what it caught: more values than epochs so far (here two in epoch 0)
+    for strict in (True, False):
+        loop = make_loop()
+        evaluation = ModelPerformanceEvaluation(ClassificationResultPackage(), {})
+        rename = MetricHistoryRename('val_Accuracy', 'acc', strict_metric_extract=strict)
+        loop.callbacks_handler.register_callbacks([evaluation, rename])
+        evaluation.evaluate_model_performance()
+        rename.on_epoch_end()
+        evaluation.evaluate_model_performance()
+        if strict:
+            with pytest.raises(ValueError, match='more than one per epoch'):
+                rename.on_epoch_end()
+        else:
+            rename.on_epoch_end()
+            assert 'more than one per epoch' in caplog.text
+            assert len(loop.train_history['acc']) == 1
+        loop.epoch += 1
+        evaluation.evaluate_model_performance()     # 3 values after epoch 1: still one too many
+        with pytest.raises(ValueError) if strict else contextlib.nullcontext():
+            rename.on_epoch_end()
+
+
+class DeviceRecordingMetric:
+    """A metric written for AIToolbox: called with (predicted, target), with compute / reset / to, no update."""
+
+    def __init__(self):
+        self.devices, self.resets = [], 0
+
+    def __call__(self, predicted, target):
+        return float((predicted.argmax(1) == target).float().mean())
+
+    def compute(self):
+        return None
+
+    def reset(self):
+        self.resets += 1
+
+    def to(self, device):
+        self.devices.append(device)
+
+
+def test_torch_metrics_package_of_an_aitoolbox_style_metric_is_moved_reset_and_called():
+    from aitoolbox_like.result_package import TorchMetricsPackage
+
+    loop = make_loop()
+    metric = DeviceRecordingMetric()
+    evaluation = ModelPerformanceEvaluation(TorchMetricsPackage(metric), {}, on_train_data=True)
+    loop.fit(num_epochs=2, callbacks=[evaluation])
+    assert metric.devices == [loop.device]          # moved at registration, as AIToolbox did
+    assert evaluation.train_result_package.metric.devices == [loop.device]
+    assert metric.resets == 2                       # after every epoch
+    assert loop.train_history['val_DeviceRecordingMetric_PTLMetrics'][-1] == pytest.approx(
+        accuracy_by_hand(loop.model, loop.validation_loader))
+
+
+def test_missing_validation_loader_is_refused_when_training_starts_not_at_registration():
+    train, _, _ = loaders()
+    model = MLP()
+    loop = TrainLoop(model, train, None, None, torch.optim.SGD(model.parameters(), lr=0.1),
+                     torch.nn.CrossEntropyLoss(), progress_bar=False)
+    evaluation = ModelPerformanceEvaluation(ClassificationResultPackage(), {})
+    loop.callbacks_handler.register_callbacks([evaluation])         # AIToolbox registered it too
+    with pytest.raises(ValueError, match='validation_loader'):
+        loop.fit(num_epochs=1)
+    assert loop.train_history['loss'] == []                          # refused before the first epoch
+
+
 def _results_dir(root='experiments', project='default_project', experiment='experiment'):
     dirs = glob.glob(os.path.join(root, project, f'{experiment}_*', 'results'))
     assert len(dirs) == 1, dirs
@@ -246,11 +315,13 @@ def test_bad_file_formats():
         ModelTrainHistoryFileWriter(epoch_end=False, train_end=False)
 
 
+@pytest.mark.parametrize('skip_stale_values', [False, True])
 @pytest.mark.parametrize('file_format, delimiter', [('csv', ','), ('tsv', '\t')])
-def test_history_file_writer_table_rows_equal_history(file_format, delimiter):
+def test_history_file_writer_table_rows_equal_history(file_format, delimiter, skip_stale_values):
     loop = make_loop(end_auto_eval=2)
     loop.fit(num_epochs=3, callbacks=[ModelPerformanceEvaluation(ClassificationResultPackage(), {}),
-                                      ModelTrainHistoryFileWriter(file_format=file_format)])
+                                      ModelTrainHistoryFileWriter(file_format=file_format,
+                                                                  skip_stale_values=skip_stale_values)])
     with open(os.path.join(_results_dir(), f'results.{file_format}'), newline='') as f:
         rows = list(csv.reader(f, delimiter=delimiter))
     history = loop.train_history
@@ -262,7 +333,27 @@ def test_history_file_writer_table_rows_equal_history(file_format, delimiter):
         expected = [''] * 3
         for epoch, value in zip(history.get_epochs(name), history[name]):
             expected[epoch] = str(value)
-        assert column == expected     # 'loss' is computed every 2nd epoch: epoch 1 has an empty cell
+        if not skip_stale_values:
+            # AIToolbox's rows: each metric's latest value, so an epoch without a new one repeats the last
+            expected = [cell or expected[i - 1] for i, cell in enumerate(expected)]
+        assert column == expected     # 'val_loss' is computed every 2nd epoch: epoch 1 is empty or repeated
+
+
+def test_history_file_writer_writes_latest_values_of_a_prepared_history():
+    # AIToolbox's rule, whatever the epochs of the values: the last value of every metric that has one
+    loop = make_loop()
+    writer = ModelTrainHistoryFileWriter(file_format='tsv')
+    loop.callbacks_handler.register_callbacks([writer])
+    loop.train_history.wrap_pre_prepared_history({'loss': [1.5, 2.5, 3.5], 'accumulated_loss': [], 'val_loss': [],
+                                                  'acc': [0.25, 0.75]})
+    writer.on_epoch_end()
+    loop.epoch += 1
+    loop.insert_metric_result_into_history('new', 7.0)
+    writer.on_epoch_end()
+    with open(writer.last_written_files[0], newline='') as f:
+        rows = list(csv.reader(f, delimiter='\t'))
+    assert rows == [['Epoch', 'loss', 'acc'], ['0', '3.5', '0.75'],
+                    ['NEW_METRICS_DETECTED'], ['Epoch', 'loss', 'acc', 'new'], ['1', '3.5', '0.75', '7.0']]
 
 
 def test_history_file_writer_txt_and_new_metrics():

@@ -1,5 +1,5 @@
-"""Every module path and name of AIToolbox 1.8.0's torchtrain / experiment packages imports both ways:
-as ``aitoolbox.X`` under the compat runner and as ``aitoolbox_like.X`` after a search-and-replace.
+"""Every module path and name of AIToolbox 1.8.0's torchtrain / experiment / utils / cloud packages imports both
+ways: as ``aitoolbox.X`` under the compat runner and as ``aitoolbox_like.X`` after a search-and-replace.
 
 aitoolbox_1_8_0_api.json lists AIToolbox 1.8.0's public modules and the classes / functions each defines or
 (for package __init__ files) exports; it was generated from AIToolbox's source with the ast module.
@@ -158,6 +158,9 @@ def test_unsupported_names_import_and_fail_clearly_when_used():
         FullKerasExperimentLocalSaver('project', 'experiment')
     with pytest.raises(NotImplementedError, match="gpu_mode='ddp'"):
         DDPHandler(None)
+    from aitoolbox_like.cloud.GoogleCloud.results_save import GoogleStorageResultsSaver
+    with pytest.raises(NotImplementedError, match='Google Cloud Storage is not supported'):
+        GoogleStorageResultsSaver(bucket_name='b')
 
 
 def test_alias_table_covers_exactly_aitoolbox_s_modules():

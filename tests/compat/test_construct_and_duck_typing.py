@@ -68,8 +68,13 @@ def test_a_loop_with_only_a_test_loader_predicts_and_evaluates():
     assert torch.equal(y_true, torch.cat([y for _, y in test]))
     assert metadata is None
     with torch.no_grad():
-        expected = nn.CrossEntropyLoss(reduction='sum')(model(x_all), y_true) / len(y_true)
-    assert loop.evaluate_loss_on_test_set(float_dict_format=True) == pytest.approx(expected.item(), rel=1e-6)
+        batch_means = [nn.CrossEntropyLoss()(model(x), y).item() for x, y in test]
+        sample_mean = nn.CrossEntropyLoss(reduction='sum')(model(x_all), y_true) / len(y_true)
+    # AIToolbox's mean of the batch means by default; the mean over samples on request
+    assert loop.evaluate_loss_on_test_set(float_dict_format=True) == pytest.approx(sum(batch_means) / len(batch_means),
+                                                                                   rel=1e-6)
+    loop = TrainLoop(model, None, None, test, None, nn.CrossEntropyLoss(), eval_loss_weighting='sample')
+    assert loop.evaluate_loss_on_test_set(float_dict_format=True) == pytest.approx(sample_mean.item(), rel=1e-6)
     with pytest.raises(ValueError, match='no validation loader'):
         loop.predict_on_validation_set()
 
@@ -116,7 +121,8 @@ def test_fit_refuses_missing_or_wrong_pieces_before_the_first_step(pieces, error
 
 
 class LossBox:
-    """A loss object that only supports backward() and item() (no detach(), no arithmetic)."""
+    """A loss object that only supports backward(), item() and the division by grad_accumulation that AIToolbox
+    applies to every loss (no detach(), no other arithmetic)."""
 
     def __init__(self, tensor):
         self._tensor = tensor
@@ -126,6 +132,9 @@ class LossBox:
 
     def item(self):
         return self._tensor.item()
+
+    def __truediv__(self, divisor):
+        return LossBox(self._tensor / divisor)
 
 
 class BoxedLossModel(TTModel):
@@ -193,8 +202,37 @@ def test_duck_typed_metric_in_torch_metrics_package():
     package = TorchMetricsPackage(MeanAbsoluteError())
     package.prepare_result_package(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([1.0, 3.0, 1.0]))
     assert package.get_results() == {'MeanAbsoluteError_PTLMetrics': pytest.approx(4 / 3)}
-    with pytest.raises(TypeError, match=r'update\(\), compute\(\) and reset\(\).*without compute\(\)'):
+    with pytest.raises(TypeError, match=r'compute\(\), reset\(\) and either update.*without compute\(\)\.'):
         TorchMetricsPackage(type('Half', (), {'update': lambda s: 0, 'reset': lambda s: 0})())
+    with pytest.raises(TypeError, match=r'without update\(\) or __call__\(\)\.'):
+        TorchMetricsPackage(type('Stateless', (), {'compute': lambda s: 0, 'reset': lambda s: 0})())
+
+
+def test_metric_written_for_aitoolbox_is_called_as_aitoolbox_called_it():
+    class CallableMetric:       # AIToolbox's package called every metric: metric(y_predicted, y_true)
+        def __init__(self):
+            self.calls, self.resets = [], 0
+
+        def __call__(self, predicted, target):
+            self.calls.append((predicted, target))
+            return {'hits': sum(p == t for p, t in zip(predicted, target))}
+
+        def compute(self):
+            return 'accumulated'
+
+        def reset(self):
+            self.resets += 1
+
+    metric = CallableMetric()
+    package = TorchMetricsPackage(metric)
+    package.prepare_result_package([1, 2, 3], [1, 0, 3])
+    assert package.get_results() == {'hits_PTLMetrics': 2}
+    assert metric.calls == [([1, 0, 3], [1, 2, 3])] and metric.resets == 0      # the data as given, no resets
+    assert package.metric_compute() == 'accumulated'
+    package.metric_reset()
+    assert metric.resets == 1
+    package.prepare_result_package([], [])          # unchecked: the metric decides what it accepts
+    assert package.get_results() == {'hits_PTLMetrics': 0}
 
 
 def test_hf_evaluate_package_calls_compute_with_references_and_model_metadata():

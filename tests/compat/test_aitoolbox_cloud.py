@@ -1,0 +1,131 @@
+"""AIToolbox's aitoolbox.cloud.AWS classes (aitoolbox_like.compat.cloud) against a real S3 server, reached by their
+AIToolbox module paths."""
+import logging
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from aitoolbox_like.cloud.AWS.data_access import BaseDataLoader, BaseDataSaver
+from aitoolbox_like.cloud.AWS.model_load import PyTorchS3ModelLoader
+from aitoolbox_like.cloud.AWS.model_save import KerasS3ModelSaver, PyTorchS3ModelSaver
+from aitoolbox_like.cloud.AWS.results_save import S3ResultsSaver
+from aitoolbox_like.cloud.AWS.simple_email_service import SESSender
+from aitoolbox_like.cloud.GoogleCloud.model_load import PyTorchGoogleStorageModelLoader
+from aitoolbox_like.experiment.model_loader import AbstractLocalModelLoader, PyTorchLocalModelLoader
+from aitoolbox_like.history import TrainingHistory
+from aitoolbox_like.result_package import ClassificationResultPackage
+from s3_server import make_bucket, s3_server  # noqa: F401  (pytest fixture)
+
+TS = '2024-05-01_10-00-00'
+
+
+@pytest.fixture
+def bucket(s3_server, monkeypatch):  # noqa: F811
+    monkeypatch.setenv('AWS_ENDPOINT_URL_S3', s3_server.endpoint_url)
+    return make_bucket(s3_server)
+
+
+def keys(s3_server, bucket):  # noqa: F811
+    response = s3_server.client().list_objects_v2(Bucket=bucket)
+    return sorted(item['Key'] for item in response.get('Contents', []))
+
+
+def model_dict(model):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return {'model_state_dict': model.state_dict(), 'optimizer_state_dict': optimizer.state_dict(), 'epoch': 3,
+            'hyperparams': {'lr': 0.1}}
+
+
+def test_constructing_needs_no_connection_nor_bucket():
+    loader = PyTorchS3ModelLoader('', '', '')
+    assert type(loader.local_model_loader) is PyTorchLocalModelLoader
+    assert isinstance(loader.local_model_loader, AbstractLocalModelLoader)
+    with pytest.raises(NotImplementedError, match='Keras'):
+        KerasS3ModelSaver()
+    with pytest.raises(NotImplementedError, match='Google Cloud Storage is not supported'):
+        PyTorchGoogleStorageModelLoader()
+
+
+def test_model_saved_to_s3_and_loaded_back(s3_server, bucket, tmp_path):  # noqa: F811
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    saver = PyTorchS3ModelSaver(bucket_name=bucket, cloud_dir_prefix='runs',
+                                local_model_result_folder_path=str(tmp_path / 'saved'), checkpoint_model=True)
+    s3_path, timestamp, local_path = saver.save_model(model_dict(model), 'proj', 'exp', TS, epoch=3)
+    key = f'runs/proj/exp_{TS}/checkpoint_model/model_exp_{TS}_E3.pth'
+    assert (s3_path, timestamp) == (f'{bucket}/{key}', TS)
+    assert local_path == str(tmp_path / 'saved' / 'proj' / f'exp_{TS}' / 'checkpoint_model' / f'model_exp_{TS}_E3.pth')
+    assert keys(s3_server, bucket) == [key]
+
+    final = PyTorchS3ModelSaver(bucket_name=bucket, local_model_result_folder_path=str(tmp_path / 'saved'))
+    s3_path, new_timestamp, _ = final.save_model(model_dict(model), 'proj', 'exp')
+    assert s3_path == f'{bucket}/proj/exp_{new_timestamp}/model/model_exp_{new_timestamp}.pth'
+
+    # another machine: nothing local, the model comes from the bucket
+    loader = PyTorchS3ModelLoader(str(tmp_path / 'elsewhere'), bucket_name=bucket, cloud_dir_prefix='runs')
+    loaded = loader.load_model('proj', 'exp', TS, epoch_num=3)
+    assert loaded['epoch'] == 3
+    assert os.path.isfile(tmp_path / 'elsewhere' / 'proj' / f'exp_{TS}' / 'checkpoint_model' / f'model_exp_{TS}_E3.pth')
+    restored = loader.init_model(nn.Linear(3, 2))
+    assert all(torch.equal(a, b) for a, b in zip(restored.state_dict().values(), model.state_dict().values()))
+
+
+def test_results_saved_to_s3(s3_server, bucket, tmp_path):  # noqa: F811
+    package = ClassificationResultPackage()
+    package.prepare_result_package(torch.tensor([0, 1, 1, 0]), torch.tensor([0, 1, 0, 0]), hyperparameters={})
+    history = TrainingHistory()
+    history.insert_single_result_into_history('loss', 0.5, 0)
+    saver = S3ResultsSaver(bucket_name=bucket, local_model_result_folder_path=str(tmp_path))
+    s3_path, timestamp = saver.save_experiment_results(package, history, 'proj', 'exp', TS)
+    main_key = f'proj/exp_{TS}/results/results_hyperParams_hist_exp_{TS}.p'
+    assert (s3_path, timestamp) == (f'{bucket}/{main_key}', TS)
+    assert main_key in keys(s3_server, bucket)
+    local = tmp_path / 'proj' / f'exp_{TS}' / 'results' / f'results_hyperParams_hist_exp_{TS}.p'
+    remote = s3_server.client().get_object(Bucket=bucket, Key=main_key)['Body'].read()
+    assert remote == local.read_bytes()
+
+
+def test_data_saver_and_loader(s3_server, bucket, tmp_path, caplog):  # noqa: F811
+    folder = tmp_path / 'data'
+    (folder / 'sub').mkdir(parents=True)
+    (folder / 'a.txt').write_text('a')
+    (folder / 'sub' / 'b.txt').write_text('b')
+    saver = BaseDataSaver(bucket_name=bucket)
+    saver.save_file(str(folder / 'a.txt'), 'single/a.txt')
+    saver.save_folder(str(folder), 'data')          # the folder's contents, under the key given
+    saver.save_folder(str(folder), '')
+    assert keys(s3_server, bucket) == ['a.txt', 'data/a.txt', 'data/sub/b.txt', 'single/a.txt', 'sub/b.txt']
+
+    loader = BaseDataLoader(bucket_name=bucket, local_base_data_folder_path=str(tmp_path / 'local'))
+    loader.load_file('data/sub/b.txt', str(tmp_path / 'local' / 'b.txt'))
+    assert (tmp_path / 'local' / 'b.txt').read_text() == 'b'
+    (tmp_path / 'local' / 'b.txt').write_text('kept')
+    loader.load_file('data/sub/b.txt', str(tmp_path / 'local' / 'b.txt'))       # a local copy is not replaced
+    assert (tmp_path / 'local' / 'b.txt').read_text() == 'kept'
+    with caplog.at_level(logging.WARNING):
+        loader.load_file('missing.txt', str(tmp_path / 'local' / 'missing.txt'))   # logged, as AIToolbox printed
+    assert 'does not exist' in caplog.text and not (tmp_path / 'local' / 'missing.txt').exists()
+
+    assert loader.exists_local_data_folder('ds') is False and (tmp_path / 'local' / 'ds').is_dir()
+    (tmp_path / 'local' / 'ds' / 'f').write_text('x')
+    assert loader.exists_local_data_folder('ds') is True
+    assert loader.exists_local_data_folder('ds', protect_local_folder=False) is False
+    assert os.listdir(tmp_path / 'local' / 'ds') == []
+
+
+def test_ses_sender_logs_a_rejected_email_as_aitoolbox_did(caplog):
+    pytest.importorskip('boto3')
+    from botocore.exceptions import ClientError
+
+    class RejectingClient:
+        def send_raw_email(self, **kwargs):
+            raise ClientError({'Error': {'Code': 'MessageRejected', 'Message': 'Email address is not verified.'}},
+                              'SendRawEmail')
+
+    sender = SESSender('Trainer', 'trainer@example.com', 'me@example.com')
+    sender._client = RejectingClient()
+    with caplog.at_level(logging.ERROR):
+        assert sender.send_email('subject', 'body') is None
+    assert 'Email address is not verified.' in caplog.text
