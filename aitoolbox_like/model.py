@@ -21,6 +21,9 @@ def _to_device(data: Any, device: torch.device | str) -> Any:
         return type(data)(_to_device(el, device) for el in data)
     if isinstance(data, dict):
         return {k: _to_device(v, device) for k, v in data.items()}
+    move = getattr(data, 'to', None)
+    if callable(move) and not isinstance(data, type):
+        return move(device)     # AIToolbox calls .to(device) on whatever a batch holds (a user's batch class)
     return data
 
 
@@ -56,10 +59,10 @@ class TTBasicModel(TTModel):
         return criterion(predicted, _to_device(target, device))
 
     def get_predictions(self, batch_data: Any, device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
-        """``(self(*inputs) detached, target, None)`` where the batch is ``(*inputs, target)``."""
+        """``(self(*inputs), target, {})`` where the batch is ``(*inputs, target)`` (a tensor output detached)."""
         *inputs, target = batch_data
         predicted = self(*_inputs_to_device(inputs, device))
-        return predicted.detach(), target, None
+        return (predicted.detach() if isinstance(predicted, torch.Tensor) else predicted), target, {}
 
 
 class TTBasicMultiGPUModel(TTBasicModel):

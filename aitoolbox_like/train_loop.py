@@ -859,7 +859,9 @@ class TrainLoop:
         return self._cached_loss('test', self.test_loader, force_prediction, float_dict_format)
 
     def _cached_loss(self, dataset_type, data_loader, force_prediction, float_dict_format):
-        loss = self._cached(('loss', dataset_type), force_prediction, lambda: self.evaluate_model_loss(
+        # The weighting is part of the key: changing loop.eval_loss_weighting between two requests recomputes.
+        key = ('loss', dataset_type, self.eval_loss_weighting)
+        loss = self._cached(key, force_prediction, lambda: self.evaluate_model_loss(
             self._require_loader(data_loader, dataset_type), move_to_cpu=True, dataset_info={'type': dataset_type}))
         return self.convert_loss_to_float_dict_format(loss) if float_dict_format else loss
 

@@ -160,3 +160,16 @@ def test_fp16_without_cuda_warns_and_trains_in_full_precision():
     tl.fit(num_epochs=2)
     assert not tl.amp_scaler.is_enabled() and not tl.use_amp
     assert state_equal(ref_model.state_dict(), model.state_dict())
+
+
+def test_changing_eval_loss_weighting_between_two_evaluations_recomputes():
+    model, opt = make(0, 0.0, torch.optim.SGD)
+    train, val, test = loaders(shuffle=False)
+    tl = TrainLoop(model, train, val, test, opt, nn.CrossEntropyLoss())
+    by_batch = tl.evaluate_loss_on_validation_set()
+    tl.eval_loss_weighting = 'sample'
+    by_sample = tl.evaluate_loss_on_validation_set()
+    with torch.no_grad():
+        expected = sum(nn.functional.cross_entropy(model(x), y, reduction='sum') for x, y in val) / len(val.dataset)
+    assert by_sample.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert by_batch.item() != pytest.approx(by_sample.item(), rel=1e-6)

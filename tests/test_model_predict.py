@@ -54,7 +54,7 @@ def test_predictions_are_the_eval_mode_model_output_in_data_order(model, data):
     y_pred, y_true, metadata = PyTorchModelPredictor(model, loader).model_predict()
     torch.testing.assert_close(y_pred, eval_output(model, dataset))
     assert torch.equal(y_true, dataset.tensors[1])
-    assert metadata is None
+    assert metadata == {}          # TTBasicModel's metadata, as in AIToolbox
     assert model.training          # the user's mode is restored
 
 
@@ -69,13 +69,19 @@ def test_every_call_predicts_with_the_current_weights(model, data):
     torch.testing.assert_close(second, eval_output(model, dataset))
 
 
-def test_loss_is_the_mean_over_samples(model, data):
+def batch_mean(loss_of_batch, loader):
+    """AIToolbox's evaluated loss: the float64 mean of the per-batch mean losses."""
+    with torch.no_grad():
+        return torch.mean(torch.DoubleTensor([loss_of_batch(x, y) for x, y in loader]))
+
+
+def test_loss_is_aitoolbox_s_mean_of_batch_means(model, data):
     dataset, loader = data
     loss = PyTorchModelPredictor(model, loader).model_get_loss(nn.CrossEntropyLoss())
-    x, y = dataset.tensors
-    expected = nn.functional.cross_entropy(eval_output(model, dataset), y, reduction='sum') / N
+    model.eval()
+    expected = batch_mean(lambda x, y: nn.functional.cross_entropy(model(x), y), loader)
     assert loss.dim() == 0
-    torch.testing.assert_close(loss, expected.double())
+    torch.testing.assert_close(loss, expected)
 
 
 class TwoLossModel(TTModel):
@@ -102,12 +108,8 @@ def test_multi_loss_and_metadata_come_back_per_loss_and_merged(data):
     model = TwoLossModel()
     predictor = PyTorchModelPredictor(model, loader)
     loss = predictor.model_get_loss(nn.CrossEntropyLoss())
-    x, y = dataset.tensors
-    with torch.no_grad():
-        out = model(x)
-    torch.testing.assert_close(loss['ce'], nn.functional.cross_entropy(out, y).double())
-    # Per-batch means weighted by batch size: the mean over samples of per-sample means.
-    torch.testing.assert_close(loss['l2'], out.pow(2).mean(dim=1).mean().double())
+    torch.testing.assert_close(loss['ce'], batch_mean(lambda x, y: nn.functional.cross_entropy(model(x), y), loader))
+    torch.testing.assert_close(loss['l2'], batch_mean(lambda x, y: model(x).pow(2).mean(), loader))
     _, _, metadata = predictor.model_predict()
     assert metadata == {'batch_sizes': [8] * 8 + [8] * 8 + [1]}
 
@@ -129,9 +131,9 @@ def test_model_wrap_is_supported(data):
     predictor = PyTorchModelPredictor(ModelWrap(net, Feed()), loader)
     y_pred, _, _ = predictor.model_predict()
     torch.testing.assert_close(y_pred, eval_output(net, dataset))
-    x, y = dataset.tensors
+    net.eval()
     torch.testing.assert_close(predictor.model_get_loss(nn.CrossEntropyLoss()),
-                               nn.functional.cross_entropy(eval_output(net, dataset), y).double())
+                               batch_mean(lambda x, y: nn.functional.cross_entropy(net(x), y), loader))
 
 
 def manual_accuracy(model, dataset):
