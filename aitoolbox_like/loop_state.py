@@ -190,7 +190,10 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True):
                              epoch_start_rng=loop.epoch_start_rng,
                              loss_batch_accum=_plain_losses(loop.loss_batch_accum))
         if data_position['epoch_start_rng'] is None:
-            raise CheckpointError('cannot take a mid-epoch checkpoint: the RNG state of the epoch start is unknown')
+            # Hooks driven by hand outside fit (AIToolbox code does): there is no epoch start to record. The
+            # checkpoint is still written; resuming it continues after the same number of batches, with a warning.
+            logger.warning('Mid-epoch checkpoint taken outside fit: the RNG state of the epoch start is unknown, so '
+                           'a run resumed from it skips %d batches of a new data order', loop.iteration + 1)
         if fsdp and loop.world_size > 1:
             data_position['loss_batch_accum'] = _losses_over_ranks(data_position['loss_batch_accum'])
         if not loop.should_execute_optimizer_update():
@@ -467,8 +470,14 @@ class ResumePlan:
         resume = self.position
         assert resume is not None, 'reopen_epoch() is called only when resumes_inside(epoch)'
         self.position = None
-        restore_rng_state(loop, resume['epoch_start_rng'])
-        loop.epoch_start_rng = resume['epoch_start_rng']
+        if resume['epoch_start_rng'] is not None:
+            restore_rng_state(loop, resume['epoch_start_rng'])
+            loop.epoch_start_rng = resume['epoch_start_rng']
+        else:
+            logger.warning('The checkpoint was taken outside fit, without the RNG state of its epoch start: the '
+                           'resumed epoch skips %d batches of a new data order, so with a shuffling loader some '
+                           'samples of this epoch are trained twice and some not at all', resume['batches_done'])
+            loop.epoch_start_rng = capture_rng_state(loop)
         iterator = iter(loop.train_loader)
         for done in range(resume['batches_done']):
             try:

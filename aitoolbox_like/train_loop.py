@@ -259,6 +259,12 @@ class TrainLoop:
             self.epochs_completed = value
 
     @property
+    def epochs_running(self) -> bool:
+        """True while ``fit`` trains its epochs; False before (registration, on_train_begin), after (the
+        end-of-training evaluation, on_train_end) and when AIToolbox code drives the hooks by hand."""
+        return self._epochs_running
+
+    @property
     def num_optimizers(self) -> int:
         """How many optimizers the loop steps (AIToolbox's attribute)."""
         return len(self.optimizers)
