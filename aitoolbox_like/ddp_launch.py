@@ -155,6 +155,10 @@ def _fit_spawned(loop, num_nodes, node_rank, num_gpus, backend, init_method, set
             raise ValueError("fit(gpu_mode='ddp') on CPU needs the number of processes per machine: pass num_gpus=N "
                              "(e.g. num_gpus=2)")
         num_gpus = torch.cuda.device_count()
+    if num_gpus == 0 and not settings['on_gpu'] and not isinstance(num_gpus, bool):
+        # AIToolbox's examples pass num_gpus=torch.cuda.device_count(), which is 0 here (AIToolbox then trained nothing).
+        raise ValueError("fit(gpu_mode='ddp', num_gpus=0): no GPU is visible (torch.cuda.device_count() is 0), so "
+                         "the processes train on CPU and need their number: pass num_gpus=N (e.g. num_gpus=2)")
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
         raise ValueError(f'num_gpus must be a positive int (processes per machine), got {num_gpus!r}')
     if settings['on_gpu'] and num_gpus > torch.cuda.device_count():

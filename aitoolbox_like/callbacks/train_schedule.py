@@ -8,9 +8,11 @@ micro-batches and not when the fp16 GradScaler skipped the update because of inf
 A fit with any scheduler also gets one :class:`LRMonitor` (added by callbacks/defaults.py), which writes the
 learning rate of every parameter group into the train history once per epoch.
 """
+import inspect
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple, Union
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.optim import lr_scheduler as torch_lr_scheduler
@@ -95,7 +97,22 @@ class GeneralLRSchedulerCallback(AbstractScheduler, AbstractCallback):
 
     def build_scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
         """Create the torch scheduler for ``optimizer``; subclasses with computed arguments override it."""
-        return self.scheduler_class(optimizer, **self.scheduler_args)
+        return self.scheduler_class(optimizer, **self._supported_args())
+
+    def _supported_args(self) -> Dict[str, Any]:
+        # AIToolbox-era code passes verbose=True, which torch's schedulers no longer take: it only printed each
+        # change, so it is dropped with a warning instead of failing the fit.
+        args = dict(self.scheduler_args)
+        if 'verbose' in args and isinstance(self.scheduler_class, type):
+            try:
+                accepted = inspect.signature(self.scheduler_class).parameters
+            except (TypeError, ValueError):
+                return args
+            if 'verbose' not in accepted and not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+                warnings.warn(f'{type(self).__name__}: verbose={args.pop("verbose")!r} ignored: '
+                              f'{self.scheduler_class.__name__} in this torch version has no verbose argument '
+                              f'(LRMonitor records the learning rate in the history)', UserWarning, stacklevel=3)
+        return args
 
     def _resolve_optimizer(self) -> Tuple[Any, int]:
         loop = self.train_loop_obj

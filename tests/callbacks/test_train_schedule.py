@@ -400,3 +400,11 @@ def test_one_cycle_resume_is_exact(tmp_path):
     assert rec.lrs[0] == reference_rec.lrs[0][9:]
     assert all(torch.equal(a, b) for a, b in zip(resumed.model.state_dict().values(),
                                                    reference.model.state_dict().values()))
+
+
+def test_verbose_of_aitoolbox_era_code_is_dropped_with_a_warning():
+    # torch's schedulers no longer take verbose=; AIToolbox examples pass it (ReduceLROnPlateauScheduler(verbose=True)).
+    loop = make_loop()
+    with pytest.warns(UserWarning, match='verbose=True ignored'):
+        loop.fit(num_epochs=2, callbacks=[ReduceLROnPlateauScheduler(patience=0, verbose=True)])
+    assert len(loop.train_history['val_loss']) == 2
