@@ -38,7 +38,7 @@ import torch
 from . import distributed, sharded_checkpoint
 from .checkpoint import FORMAT_VERSION, CheckpointError, check_weights_only_safe, load_checkpoint, load_model_weights
 from .experiment import BEST_POINTER, CHECKPOINT_DIR, LATEST_POINTER, LEGACY_LATEST_POINTER  # noqa: F401
-from .experiment import get_experiment, is_s3_mode
+from .experiment import find_cloud_checkpoint, find_latest_cloud_checkpoint, get_experiment, is_s3_mode
 from .experiment import read_pointer  # noqa: F401  (kept importable from this module)
 from .multi_loss_optim import MultiLoss
 from .storage.base import join_key, validate_key
@@ -702,15 +702,16 @@ def _load_from_s3(uri, map_location, allow_unsafe_pickle, endpoint_url=None, exp
         return _download_sharded(storage, _sharded_folder_key(key), experiment, map_location)
     if key.endswith(('.pth', '.pt')) or not is_pointer and storage.exists(key):
         return _download_and_load(storage, key, map_location, allow_unsafe_pickle)
+    if is_pointer and storage.exists(key):
+        # A pointer object of an experiment saved by an earlier version, named explicitly.
+        return _download_target(storage, _pointer_target(storage, key), experiment, map_location, allow_unsafe_pickle)
     experiment_key = key[:-len(CHECKPOINT_DIR) - 1] if key.endswith(f'/{CHECKPOINT_DIR}') else key
-    candidates = [key] if is_pointer else [f'{experiment_key}/{LATEST_POINTER}',
-                                           f'{experiment_key}/{CHECKPOINT_DIR}/{LEGACY_LATEST_POINTER}']
-    for pointer in candidates:
-        if storage.exists(pointer):
-            return _download_target(storage, _pointer_target(storage, pointer), experiment, map_location,
-                                    allow_unsafe_pickle)
+    # The bucket holds only AIToolbox's files: the newest checkpoint is found by its name.
+    found = find_cloud_checkpoint(storage, experiment_key)
+    if found is not None:
+        return _download_target(storage, found, experiment, map_location, allow_unsafe_pickle)
     raise FileNotFoundError(f'resume_from={uri!r}: no checkpoint there (neither a file nor an experiment folder '
-                            f'with a {LATEST_POINTER} pointer)')
+                            f'with checkpoints in {CHECKPOINT_DIR}/)')
 
 
 def _find_latest_in_cloud(loop, experiment, callbacks):
@@ -723,14 +724,7 @@ def _find_latest_in_cloud(loop, experiment, callbacks):
         return None
     from .storage.s3 import S3Storage
     storage = S3Storage(details[0], details[1], endpoint_url=details[2])
-    # {experiment folder key: its pointer}; the root pointer wins over a legacy one of the same folder.
-    pointers = {}
-    for key in storage.list(f'{experiment.project_name}/{experiment.experiment_name}_'):
-        parts = key.split('/')
-        if len(parts) == 3 and parts[2] == LATEST_POINTER:
-            pointers['/'.join(parts[:2])] = key
-        elif len(parts) == 4 and parts[2:] == [CHECKPOINT_DIR, LEGACY_LATEST_POINTER]:
-            pointers.setdefault('/'.join(parts[:2]), key)
-    if not pointers:
+    found = find_latest_cloud_checkpoint(storage, experiment.project_name, experiment.experiment_name)
+    if found is None:
         return None
-    return _download_target(storage, _pointer_target(storage, pointers[max(pointers)]), experiment, 'cpu', False)
+    return _download_target(storage, found, experiment, 'cpu', False)

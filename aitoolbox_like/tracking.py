@@ -8,7 +8,10 @@ All three take ``preemption_safe=True`` (last): a SIGTERM / SIGINT then checkpoi
 (PreemptionCheckpoint, added by callbacks/defaults.py when a checkpoint callback is registered); False turns it off.
 
 All three write to ``<local_model_result_folder_path>/<project_name>/<experiment_name>_<timestamp>/`` and, with
-``cloud_save_mode='s3'``, upload the same files to ``s3://<bucket_name>/<cloud_dir_prefix>/``.
+``cloud_save_mode='s3'``, upload the same files to ``s3://<bucket_name>/<cloud_dir_prefix>/`` (the bucket is checked
+at the start of fit, never when the loop is created). Our bookkeeping (pointers, run claim, upload journal) lives
+in ``<local_model_result_folder_path>/.aitoolbox_like/<project_name>/``, outside the project folder
+(aitoolbox_like.experiment).
 """
 import inspect
 import os
@@ -51,7 +54,8 @@ class _TrackingMixin(TrainLoop):
         if 'experiment_file_path' not in hyperparams and caller_file:
             hyperparams['experiment_file_path'] = caller_file
         if 'source_dirs_paths' not in hyperparams:
-            hyperparams['source_dirs_paths'] = list(source_dirs)
+            # As given (AIToolbox's default is the tuple ()): the saved hyperparameters show what the caller passed.
+            hyperparams['source_dirs_paths'] = source_dirs
         self.hyperparams = hyperparams
         self.cloud_save_mode = cloud_save_mode
         self.bucket_name = bucket_name

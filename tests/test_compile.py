@@ -139,7 +139,7 @@ def test_compiled_run_resumed_mid_epoch_equals_the_uninterrupted_compiled_run(tm
 
     first = make_loop(compile=FAST)
     first.fit(num_epochs=2, callbacks=checkpoint_callbacks(tmp_path, 'run') + [Interrupt(batch=10)])
-    with open(os.path.join(first.experiment.dir_path, 'latest_checkpoint.txt')) as f:
+    with open(os.path.join(first.experiment.work_dir, 'latest_checkpoint.txt')) as f:
         latest = f.read()
     assert latest.endswith('_E1_ITER8.pth')
     saved = torch.load(os.path.join(first.experiment.dir_path, latest), weights_only=True)

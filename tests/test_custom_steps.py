@@ -35,7 +35,7 @@ def assert_same_optimizer_state(a, b):
 
 
 def latest_checkpoint(loop):
-    with open(os.path.join(loop.experiment.dir_path, 'latest_checkpoint.txt')) as f:
+    with open(os.path.join(loop.experiment.work_dir, 'latest_checkpoint.txt')) as f:
         return f.read()
 
 

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'ddp
 from aitoolbox_like import sharded_checkpoint  # noqa: E402
 from aitoolbox_like.callbacks.preemption import PreemptionCheckpoint  # noqa: E402
 from aitoolbox_like.checkpoint import load_checkpoint  # noqa: E402
-from aitoolbox_like.experiment import LATEST_POINTER, read_pointer  # noqa: E402
+from aitoolbox_like.experiment import LATEST_POINTER, find_cloud_checkpoint, read_pointer  # noqa: E402
 from aitoolbox_like.storage import BackgroundUploader, LocalStorage, UploadJournal, sync_journal  # noqa: E402
 from aitoolbox_like.storage.s3 import S3Storage  # noqa: E402
 from helpers import assert_close_states, experiment_dir, one_thread_per_worker  # noqa: E402,F401  (fixture)
@@ -160,9 +160,9 @@ def test_sharded_checkpoints_in_s3_removal_of_suboptimal_folders_and_resume_from
             f'{root}/checkpoint_model/model_exp_{ts}_E{epoch}.dcp/{name}'
             for name in ('.metadata', '__0_0.distcp', '__1_0.distcp', 'train_state.pt')]
     cloud = S3Storage(bucket, 'runs')
-    assert cloud.read_text(f'proj/exp_{ts}/latest_checkpoint.txt') == \
-        f'checkpoint_model/model_exp_{ts}_E1.dcp/.metadata'
-    # The marker is queued last, and the cloud pointer is set once it is uploaded.
+    assert find_cloud_checkpoint(cloud, f'proj/exp_{ts}') == \
+        f'proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E1.dcp/.metadata'
+    # The marker is queued last: in the bucket a sharded checkpoint counts once its marker is there.
     folder = os.path.join(experiment_dir(tmp_path / 'a'), 'checkpoint_model', f'model_exp_{ts}_E1.dcp')
     assert [os.path.basename(p) for p in sharded_checkpoint.upload_order(folder)][-1] == '.metadata'
 

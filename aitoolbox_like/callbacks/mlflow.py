@@ -27,7 +27,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequenc
 
 import torch
 
-from ..experiment import BEST_POINTER, CHECKPOINT_DIR, LATEST_POINTER, MODEL_DIR
+from ..experiment import BEST_POINTER, CHECKPOINT_DIR, HYPERPARAMS_JSON, LATEST_POINTER, MODEL_DIR
 from ._common import BatchLossReader, check_int, is_number
 from .abstract import AbstractExperimentCallback
 from .performance_eval import history_series
@@ -265,10 +265,10 @@ class MLflowTracking(AbstractExperimentCallback):
               device in one transfer every ``batch_sync_frequency`` steps and at the end of each epoch, never
               once per step.
             * artifacts (``log_artifacts``): the files of the loop's experiment folder (``loop.experiment``,
-              made by the saving callbacks or a tracking TrainLoop): results and plots, hyperparameter files, the
-              script copy and ``source_code.zip``, TensorBoard files; new and changed ones after every epoch and
-              at the end of fit, under the same relative paths. ``checkpoint_model/``, ``model/`` and the
-              checkpoint pointers only with ``log_checkpoints``.
+              made by the saving callbacks or a tracking TrainLoop): results and plots, hyperparameter files
+              (``hyperparams.json`` from the experiment's bookkeeping folder), the script copy and
+              ``source_code.zip``, TensorBoard files; new and changed ones after every epoch and at the end of fit,
+              under the same relative paths. ``checkpoint_model/`` and ``model/`` only with ``log_checkpoints``.
             * tags: ``project``, ``experiment``, ``experiment_folder`` (when there is one),
               ``mlflow.source.git.commit`` (``git rev-parse HEAD`` in the script's folder, when it is a git
               checkout) and ``tags``.
@@ -391,7 +391,8 @@ class MLflowTracking(AbstractExperimentCallback):
         if experiment is not None and getattr(loop, 'project_name', None) is None:
             self.project_name = self.project_name or experiment.project_name
             self.experiment_name = self.experiment_name or experiment.experiment_name
-        self.try_infer_experiment_details()
+        # Not while registered (the saving callbacks' experiment may not exist yet), so the defaults are asked for.
+        self.infer_experiment_details()
         if self._client is None:
             self._client = importlib.import_module('mlflow.tracking').MlflowClient(tracking_uri=self.tracking_uri)
         if self._sender is None:
@@ -670,6 +671,7 @@ class MLflowTracking(AbstractExperimentCallback):
             return []
         root = experiment.dir_path
         skip_dirs = set(_SKIP_DIRS) | (set() if self.log_checkpoints else {CHECKPOINT_DIR, MODEL_DIR})
+        # The pointers and journal are at the root of folders written by earlier versions.
         skip_files = set() if self.log_checkpoints else {LATEST_POINTER, BEST_POINTER}
         store = self._local_store_path()
         files = []
@@ -684,6 +686,10 @@ class MLflowTracking(AbstractExperimentCallback):
                 if store is not None and os.path.abspath(path).startswith(store):
                     continue
                 files.append((path, os.path.relpath(path, root)))
+        # The hyperparameters as JSON live in the bookkeeping folder, outside the experiment folder.
+        hyperparams_json = os.path.join(experiment.work_dir, HYPERPARAMS_JSON)
+        if os.path.isfile(hyperparams_json) and not any(rel == HYPERPARAMS_JSON for _, rel in files):
+            files.append((hyperparams_json, HYPERPARAMS_JSON))
         return files
 
     def _local_store_path(self) -> Optional[str]:

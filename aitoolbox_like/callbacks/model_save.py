@@ -1,9 +1,11 @@
 """Saving callbacks: checkpoints during training, the final model and results at its end.
 
-Files go to ``<local folder>/<project>/<experiment>_<timestamp>/`` (AIToolbox's layout) and, with
+Files go to ``<local folder>/<project>/<experiment>_<timestamp>/`` (AIToolbox's layout, nothing else) and, with
 ``cloud_save_mode='s3'``, to the same keys under ``s3://<bucket>/<cloud_dir_prefix>/`` through a background
-uploader (training does not wait for the network). Checkpoints hold the full training state
-(aitoolbox_like.loop_state) so ``fit(resume_from=...)`` continues exactly where a run stopped.
+uploader (training does not wait for the network), which checks the bucket at the start of fit. Our pointers,
+claim, journal and temporary files live in the experiment's bookkeeping folder (aitoolbox_like.experiment).
+Checkpoints hold the full training state (aitoolbox_like.loop_state) so ``fit(resume_from=...)`` continues exactly
+where a run stopped.
 
 With ``async_save=True`` (the default) a save only copies the state to host memory on the training thread; the
 file, its pointers and its upload are written by a background thread (checkpoint.AsyncCheckpointWriter), at most
@@ -85,8 +87,15 @@ class ExperimentSaverBase(AbstractCallback):
                 self.save_hyperparams()
 
     def save_hyperparams(self):
-        """hyperparams_list.txt, hyperparams.json, the experiment script and source_code.zip (once)."""
+        """hyperparams_list.txt, the experiment script and source_code.zip (once), and hyperparams.json in the
+        bookkeeping folder."""
         return self.experiment.save_hyperparams(self.hyperparams, self.uploader)
+
+    def on_train_begin(self):
+        # The bucket is checked and the experiment's prefix claimed here, before the first step: never when the
+        # callback is created or registered (also outside fit), where no upload is due yet.
+        if self.uploader is not None:
+            self.uploader.start()
 
     @property
     def experiment_dir_path(self):
@@ -134,15 +143,16 @@ class ExperimentSaverBase(AbstractCallback):
         folder = self.experiment.subdir(subdir)
         path = os.path.join(folder, file_name)
         experiment_dir = self.experiment.dir_path
+        temp_dir = self.experiment.temp_dir()
         uploader = self.uploader
 
         def write(state):
-            atomic_torch_save(state, path, temp_dir=experiment_dir)
+            atomic_torch_save(state, path, temp_dir=temp_dir)
             if pointer:
                 # After the file is complete: a reader following the pointer always finds a whole checkpoint.
                 write_pointer(experiment_dir, pointer, path)
             if uploader is not None:
-                uploader.upload_experiment_file(path, latest_pointer_name=pointer)
+                uploader.upload_experiment_file(path)
             if after_write is not None:
                 after_write(path)
 
@@ -190,9 +200,9 @@ class ExperimentSaverBase(AbstractCallback):
                 write_pointer(experiment_dir, pointer, marker)     # every rank's shards are written by now
             if uploader is not None:
                 files = sharded_checkpoint.upload_order(save.folder)
-                for path in files[:-1]:
+                # The marker last: in the bucket a sharded checkpoint counts once its marker is there.
+                for path in files:
                     uploader.upload_experiment_file(path)
-                uploader.upload_experiment_file(files[-1], latest_pointer_name=pointer)
             if after_write is not None:
                 after_write(save.folder)
 
@@ -215,8 +225,12 @@ class ModelCheckpoint(ExperimentSaverBase):
     """Save the full training state after every epoch into ``<experiment>/checkpoint_model/``.
 
     Files are ``model_<experiment>_<timestamp>_E<epoch>.pth``; the text files ``latest_checkpoint.txt`` and
-    ``best_checkpoint.txt`` at the root of the experiment folder name the newest complete one (resume with
-    ``fit(resume_from=...)``) and the one with the best ``monitor`` value.
+    ``best_checkpoint.txt`` in the experiment's bookkeeping folder
+    (``<local_model_result_folder_path>/.aitoolbox_like/<project>/<experiment folder>/``, outside the project
+    folder) name the newest complete one (resume with ``fit(resume_from=...)``) and the one with the best
+    ``monitor`` value. A checkpoint is saved every epoch whatever the monitor (as in AIToolbox); a
+    monitor the loop never computes (``loss`` / ``val_loss`` with ``end_auto_eval=False``) only leaves the ranking
+    out, said once at the start of fit.
 
     Args:
         project_name (str): folder name (a plain name, no path separators).
@@ -233,7 +247,8 @@ class ModelCheckpoint(ExperimentSaverBase):
             file in it is confirmed).
         num_best_checkpoints_kept (int): how many best checkpoints survive rm_subopt_local_models.
         monitor (str or None): history metric that ranks checkpoints; None: 'val_loss' with a validation
-            loader, else 'loss'.
+            loader, else 'loss'. 'val_loss' named on a loop without a validation loader is refused at the start of
+            fit.
         mode ('auto', 'min', 'max'): whether lower or higher is better; 'auto': lower for losses and errors.
         endpoint_url (str or None): S3-compatible endpoint; None: boto3's (AWS_ENDPOINT_URL_S3 is honoured).
         async_save (bool): write checkpoints in a background thread (training waits only for a copy of the state in
@@ -290,16 +305,32 @@ class ModelCheckpoint(ExperimentSaverBase):
         return lower_is_better(self._monitor_name())
 
     def on_train_begin(self):
-        # What can be known to be wrong before the first step: the loop's own losses that will never be computed.
+        # What can be known before the first step: a monitor the loop never computes. Checkpoints are saved every
+        # epoch whatever the monitor (as AIToolbox does); only the ranking needs it.
         loop = self.train_loop_obj
         monitor = self._monitor_name()
-        if monitor == 'val_loss' and loop.validation_loader is None:
+        if monitor == 'val_loss' and loop.validation_loader is None and self.monitor is not None:
+            # Asked for by name, and never in the history (AIToolbox fails at the first epoch's end too).
             raise ValueError(f"{type(self).__name__}: monitor='val_loss' but the TrainLoop has no validation_loader; "
                              f"pass one, or monitor='loss'")
         if monitor in ('loss', 'val_loss') and not loop.end_auto_eval:
-            raise ValueError(f"{type(self).__name__}: monitor={monitor!r} is computed by the end-of-epoch evaluation, "
-                             f"which end_auto_eval=False turns off; set end_auto_eval=True (or an epoch interval), or "
-                             f"monitor a metric a callback computes")
+            self._report_monitor_unavailable(
+                f'{monitor!r} is computed by the end-of-epoch evaluation, which end_auto_eval=False turns off')
+        super().on_train_begin()        # the bucket, once the configuration is known to be right
+
+    def _report_monitor_unavailable(self, why):
+        # Said once; _ranking_known does not repeat it for each epoch.
+        if self._monitor_missing_reported:
+            return
+        self._monitor_missing_reported = True
+        skipped = ['no best_checkpoint.txt is written']
+        if self.rm_subopt_local_models:
+            skipped.append('rm_subopt_local_models deletes no checkpoint')
+        asked = self.rm_subopt_local_models or self.monitor is not None
+        logger.log(logging.WARNING if asked else logging.INFO,
+                   '%s saves a checkpoint every epoch, but cannot rank them: the monitor %s; %s. Set '
+                   'end_auto_eval=True (or an epoch interval), or monitor= a metric a callback computes.',
+                   type(self).__name__, why, ' and '.join(skipped))
 
     def _current_score(self):
         loop = self.train_loop_obj
@@ -377,10 +408,7 @@ class ModelCheckpoint(ExperimentSaverBase):
             target = os.path.join(folder, best[0])
             if os.path.isdir(target):       # a sharded checkpoint: pointers name its marker file
                 target = os.path.join(target, sharded_checkpoint.MARKER)
-            pointer = write_pointer(self.experiment.dir_path, BEST_POINTER, target)
-            if self.uploader is not None:
-                # Queued after the checkpoint it names, so the cloud pointer never runs ahead of the file.
-                self.uploader.upload_experiment_file(pointer)
+            write_pointer(self.experiment.dir_path, BEST_POINTER, target)
 
     def _remove_suboptimal(self, folder, newest, best):
         # Runs once `newest` is complete; any earlier write is complete too (one in flight at most), and a file
@@ -462,16 +490,26 @@ class ModelTrainEndSave(ExperimentSaverBase):
 
     def on_train_loop_registration(self):
         super().on_train_loop_registration()
+        self._set_package_paths()
+
+    def _set_package_paths(self):
+        for package in (self.val_result_package, self.test_result_package):
+            if package is not None and hasattr(package, 'set_experiment_dir_path_for_additional_results'):
+                package.set_experiment_dir_path_for_additional_results(
+                    self.project_name, self.experiment_name, self.train_loop_obj.experiment_timestamp,
+                    self.local_model_result_folder_path)
+
+    def on_train_begin(self):
+        # Checked when a fit starts, not at registration: a callback may still set the loaders (in each DDP
+        # process), and AIToolbox registers this callback on loops without them.
         loop = self.train_loop_obj
         if self.val_result_package is not None and loop.validation_loader is None:
             raise ValueError('ModelTrainEndSave: val_result_package needs a validation_loader in the TrainLoop')
         if self.test_result_package is not None and loop.test_loader is None:
             raise ValueError('ModelTrainEndSave: test_result_package needs a test_loader in the TrainLoop')
-        for package in (self.val_result_package, self.test_result_package):
-            if package is not None and hasattr(package, 'set_experiment_dir_path_for_additional_results'):
-                package.set_experiment_dir_path_for_additional_results(
-                    self.project_name, self.experiment_name, loop.experiment_timestamp,
-                    self.local_model_result_folder_path)
+        super().on_train_begin()
+        # Claiming the S3 prefix at the start of fit may have moved the experiment to a free name (<ts>_1).
+        self._set_package_paths()
 
     def on_train_end(self):
         loop = self.train_loop_obj
@@ -508,7 +546,7 @@ class ModelTrainEndSave(ExperimentSaverBase):
         saved = write_experiment_results(
             self.experiment.subdir(RESULTS_DIR), self.experiment_name, loop.experiment_timestamp,
             self.result_package, training_history=loop.train_history, save_true_pred_labels=True,
-            temp_dir=self.experiment.dir_path)
+            temp_dir=self.experiment.temp_dir())
         # The final model was written in the background while the results were written: complete before fit ends.
         self.wait_for_pending_save()
         files = [model_path] + [path for _, path in saved if os.path.isfile(path)]

@@ -1,29 +1,41 @@
 """The experiment folder of a run: its id, the hyperparameter / source files, and the cloud uploader.
 
-Local layout (the same keys in the cloud, under ``<cloud_dir_prefix>/``), as in AIToolbox::
+Local layout (the same keys in the cloud, under ``<cloud_dir_prefix>/``), exactly AIToolbox's::
 
     <local folder>/<project>/<experiment>_<timestamp>/
-        checkpoint_model/   model/   results/          only the files AIToolbox writes there
-        hyperparams_list.txt   <script>.py   source_code.zip
-        hyperparams.json   latest_checkpoint.txt   best_checkpoint.txt   .aitoolbox_like_run     ours
-        pending_uploads.json                           ours, only while uploads are unconfirmed
+        checkpoint_model/   model/   results/   hyperparams_list.txt   <script>.py   source_code.zip
 
-Our own bookkeeping stays at the root, so a script that lists ``checkpoint_model/``, ``model/`` or
-``results/`` and loads every file finds only saved models and results; temporary files of atomic writes
-are created at the root too, so a crash mid-write leaves nothing partial inside those folders.
+AIToolbox code lists the experiment folder, the project folder (to find its experiments) and the bucket, and
+expects only its own files there, so our bookkeeping lives in a hidden folder at the root of the local folder, on
+the same filesystem (every write there is an atomic rename)::
+
+    <local folder>/.aitoolbox_like/<project>/<experiment>_<timestamp>/
+        run                    the id of the run that owns the experiment folder (its claim)
+        latest_checkpoint.txt  best_checkpoint.txt     pointers: a checkpoint's path inside the experiment folder
+        hyperparams.json       the hyperparameters as JSON
+        pending_uploads.json   with S3: the uploads not confirmed yet (absent when everything is uploaded)
+        .<name>.<hex>.partial  temporary files of atomic writes (same filesystem, so the rename is atomic)
+
+Nothing of ours stays in the bucket: checkpoints are found there by their names (``_E<epoch>[_ITER<idx>]``, see
+:func:`find_cloud_checkpoint`), and the claim of the experiment's prefix (``.aitoolbox_like/<project>/
+<experiment>_<timestamp>/run`` under the cloud prefix, outside the project's prefix) is deleted at the end of fit
+once every upload is confirmed.
+Folders written by earlier versions (pointers, marker and journal at the experiment root) are still read.
 
 One :class:`Experiment` per TrainLoop (``loop.experiment``) so every callback writes to the same folder.
 """
 import json
 import logging
+import math
 import os
+import re
 import shlex
 import shutil
 import sys
 import time
 import uuid
 import zipfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..storage.base import (StorageError, StorageUnreachableError, UploadsIncompleteError, join_key, validate_key,
                             validate_key_part)
@@ -36,7 +48,13 @@ logger = logging.getLogger(__name__)
 S3_SAVE_MODES = ('s3', 'aws_s3', 'aws')
 GCS_SAVE_MODES = ('gcs', 'google_storage', 'google storage')
 LOCAL_SAVE_MODES = ('local', None, False, '')
-MARKER_FILE = '.aitoolbox_like_run'
+# The hidden folder at the root of the local folder (and under the cloud prefix) that holds our bookkeeping, as
+# <project>/<experiment folder name>/.
+BOOKKEEPING_DIR = '.aitoolbox_like'
+# In the bookkeeping folder: the id of the run that claimed the experiment folder / prefix.
+MARKER_FILE = 'run'
+# Where versions before the bookkeeping folder kept the claim: at the root of the experiment folder / prefix.
+LEGACY_MARKER_FILE = '.aitoolbox_like_run'
 # The journal of uploads not confirmed yet (storage.journal); the sync command uploads what it lists.
 PENDING_UPLOADS = JOURNAL_NAME
 ACCESS_CHECK_PREFIX = '.aitoolbox_like_access_check'
@@ -46,16 +64,19 @@ SOURCE_ZIP = 'source_code.zip'
 CHECKPOINT_DIR = 'checkpoint_model'
 MODEL_DIR = 'model'
 RESULTS_DIR = 'results'
-# Root files naming a checkpoint by its path inside the experiment folder ('checkpoint_model/<file>').
+# Bookkeeping files naming a checkpoint by its path inside the experiment folder ('checkpoint_model/<file>').
 LATEST_POINTER = 'latest_checkpoint.txt'
 BEST_POINTER = 'best_checkpoint.txt'
-# Where versions before the root pointers kept them (content: the bare file name, or a full cloud key).
+# Where the first versions kept the latest pointer (content: the bare file name, or a full cloud key).
 LEGACY_LATEST_POINTER = 'latest'
-# What the experiment writes itself: loop.experiment_files may not take these names.
+# What the experiment writes itself, now or in the layout of earlier versions (still read): loop.experiment_files
+# may not take these names.
 _RESERVED_NAMES = {HYPERPARAMS_TXT, HYPERPARAMS_JSON, SOURCE_ZIP, CHECKPOINT_DIR, MODEL_DIR, RESULTS_DIR,
-                   LATEST_POINTER, BEST_POINTER, MARKER_FILE, PENDING_UPLOADS}
+                   LATEST_POINTER, BEST_POINTER, LEGACY_MARKER_FILE, PENDING_UPLOADS, BOOKKEEPING_DIR}
 _SKIP_DIRS = {'__pycache__', '.git', '.hg', '.svn', '.ipynb_checkpoints', '.venv', 'venv', '.mypy_cache',
               '.pytest_cache'}
+# A checkpoint's name: model_<experiment>_<timestamp>_E<epoch>[_ITER<global batch idx>] + .pth / .pt / .dcp
+_CHECKPOINT_NAME_RE = re.compile(r'_E(\d+)(?:_ITER(\d+))?\.(?:pth|pt|dcp)$')
 
 
 def normalize_cloud_save_mode(cloud_save_mode):
@@ -94,6 +115,30 @@ def model_file_name(experiment_name, experiment_timestamp, epoch=None, iteration
     return name + '.pth'
 
 
+def bookkeeping_dir(experiment_dir):
+    """Our bookkeeping folder of the experiment folder ``experiment_dir`` (``<root>/<project>/<name>``):
+    ``<root>/.aitoolbox_like/<project>/<name>`` (nothing is created)."""
+    experiment_dir = os.path.abspath(os.fspath(experiment_dir))
+    project_dir, name = os.path.split(experiment_dir)
+    root, project = os.path.split(project_dir)
+    return os.path.join(root, BOOKKEEPING_DIR, project, name)
+
+
+def bookkeeping_key(experiment_key):
+    """The bookkeeping prefix of an experiment folder given as a key ('<project>/<experiment>_<ts>'):
+    '.aitoolbox_like/<project>/<experiment>_<ts>'."""
+    return join_key(BOOKKEEPING_DIR, experiment_key.strip('/'))
+
+
+def checkpoint_order(name):
+    """Where a checkpoint named ``name`` comes in its run, from its name: ``(epoch, iteration)``, the end of an
+    epoch after its mid-epoch checkpoints; None for names that are not a checkpoint's."""
+    match = _CHECKPOINT_NAME_RE.search(name)
+    if match is None:
+        return None
+    return int(match.group(1)), math.inf if match.group(2) is None else int(match.group(2))
+
+
 def pointer_text(experiment_dir, target_path):
     """How a pointer names ``target_path``: its '/'-separated path inside the experiment folder."""
     rel = os.path.relpath(os.path.abspath(target_path), os.path.abspath(experiment_dir)).replace(os.sep, '/')
@@ -102,48 +147,101 @@ def pointer_text(experiment_dir, target_path):
 
 
 def write_pointer(experiment_dir, pointer_name, target_path):
-    """Atomically (re)write the root file ``pointer_name`` to name ``target_path``; returns the pointer's path.
+    """Atomically (re)write the pointer ``pointer_name`` of the experiment folder (in its bookkeeping folder) to name
+    ``target_path``; returns the pointer's path.
 
     Call it only once the target file is complete: a reader following a pointer must find a whole file.
     """
-    path = os.path.join(experiment_dir, pointer_name)
-    write_text_atomically(path, pointer_text(experiment_dir, target_path))
+    folder = bookkeeping_dir(experiment_dir)
+    path = os.path.join(folder, pointer_name)
+    write_text_atomically(path, pointer_text(experiment_dir, target_path), temp_dir=folder)
     return path
+
+
+def _read_pointer_file(experiment_dir, path):
+    try:
+        with open(path, encoding='utf-8') as f:
+            text = f.read().strip()
+        validate_key(text, 'pointer target')
+    except (OSError, ValueError):
+        return None
+    target = os.path.join(experiment_dir, *text.split('/'))
+    return target if os.path.isfile(target) else None
 
 
 def read_pointer(experiment_dir, pointer_name=LATEST_POINTER):
     """The existing file the pointer ``pointer_name`` of an experiment folder names, or None.
 
-    Folders saved before the pointers moved to the root (``checkpoint_model/latest``) are read too.
+    The pointers of folders saved by earlier versions (at the experiment root, or ``checkpoint_model/latest``) are
+    read when the bookkeeping folder has none.
     """
-    target = None
-    try:
-        with open(os.path.join(experiment_dir, pointer_name), encoding='utf-8') as f:
-            text = f.read().strip()
-        validate_key(text, 'pointer target')
-        target = os.path.join(experiment_dir, *text.split('/'))
-    except (OSError, ValueError):
-        if pointer_name == LATEST_POINTER:
-            try:
-                with open(os.path.join(experiment_dir, CHECKPOINT_DIR, LEGACY_LATEST_POINTER), encoding='utf-8') as f:
-                    name = f.read().strip().rsplit('/', 1)[-1]
-            except OSError:
-                name = ''
-            if name and name not in ('.', '..'):
-                target = os.path.join(experiment_dir, CHECKPOINT_DIR, name)
-    return target if target is not None and os.path.isfile(target) else None
+    experiment_dir = os.path.abspath(os.fspath(experiment_dir))
+    for path in (os.path.join(bookkeeping_dir(experiment_dir), pointer_name),
+                 os.path.join(experiment_dir, pointer_name)):
+        target = _read_pointer_file(experiment_dir, path)
+        if target is not None:
+            return target
+    if pointer_name == LATEST_POINTER:
+        try:
+            with open(os.path.join(experiment_dir, CHECKPOINT_DIR, LEGACY_LATEST_POINTER), encoding='utf-8') as f:
+                name = f.read().strip().rsplit('/', 1)[-1]
+        except OSError:
+            name = ''
+        if name and name not in ('.', '..'):
+            target = os.path.join(experiment_dir, CHECKPOINT_DIR, name)
+            if os.path.isfile(target):
+                return target
+    return None
 
 
-def write_hyperparams_text(path, hyperparams, sort_names=False):
-    """``hyperparams_list.txt``: one ``name:<TAB>value`` line per hyperparameter (AIToolbox's format)."""
+def find_cloud_checkpoint(storage, experiment_key):
+    """The key of the newest complete checkpoint of the experiment folder ``experiment_key`` in ``storage`` (an S3
+    prefix), or None.
+
+    The bucket holds only AIToolbox's files, so the newest checkpoint is found by its name (epoch, then iteration,
+    see :func:`checkpoint_order`): an object exists only once completely uploaded, and a sharded checkpoint counts
+    once its marker (uploaded last) is there; its key is then the marker's, as ``resume_from`` accepts it.
+    """
+    from ..sharded_checkpoint import MARKER, SUFFIX
+    folder = join_key(experiment_key.rstrip('/'), CHECKPOINT_DIR) + '/'
+    best: Optional[Tuple[Tuple[int, float], str]] = None
+    for key in storage.list(folder):
+        parts = key[len(folder):].split('/')
+        if len(parts) == 1:
+            order = checkpoint_order(parts[0]) if not parts[0].endswith(SUFFIX) else None
+        elif len(parts) == 2 and parts[0].endswith(SUFFIX) and parts[1] == MARKER:
+            order = checkpoint_order(parts[0])
+        else:
+            continue
+        if order is not None and (best is None or order > best[0]):
+            best = (order, key)
+    return best[1] if best is not None else None
+
+
+def find_latest_cloud_checkpoint(storage, project_name, experiment_name):
+    """The key of the newest complete checkpoint of the newest experiment folder (by timestamp) of
+    ``<project_name>/<experiment_name>_*`` in ``storage`` that has one, or None."""
+    prefix = f'{project_name}/{experiment_name}_'
+    folders = sorted({'/'.join(key.split('/')[:2]) for key in storage.list(prefix)
+                      if key.split('/')[2:3] == [CHECKPOINT_DIR]}, reverse=True)
+    for folder in folders:
+        found = find_cloud_checkpoint(storage, folder)
+        if found is not None:
+            return found
+    return None
+
+
+def write_hyperparams_text(path, hyperparams, sort_names=False, temp_dir=None):
+    """``hyperparams_list.txt``: one ``name:<TAB>value`` line per hyperparameter (AIToolbox's format).
+    ``temp_dir``: where the temporary file of the atomic write goes (None: next to ``path``)."""
     names = sorted(hyperparams) if sort_names else list(hyperparams)
-    write_text_atomically(path, ''.join(f'{name}:\t{hyperparams[name]}\n' for name in names))
+    write_text_atomically(path, ''.join(f'{name}:\t{hyperparams[name]}\n' for name in names), temp_dir=temp_dir)
     return path
 
 
-def copy_experiment_script(folder, hyperparams):
+def copy_experiment_script(folder, hyperparams, temp_dir=None):
     """Copy ``hyperparams['experiment_file_path']`` (the training script) into ``folder``; its new path, or None
-    (with a warning saying why) when there is nothing to copy."""
+    (with a warning saying why) when there is nothing to copy. ``temp_dir`` as in :func:`write_hyperparams_text`."""
     script = hyperparams.get('experiment_file_path') if isinstance(hyperparams, dict) else None
     if not script:
         logger.warning("hyperparams has no 'experiment_file_path'; the experiment script was not copied into %s "
@@ -155,7 +253,7 @@ def copy_experiment_script(folder, hyperparams):
         return None
     target = os.path.join(folder, os.path.basename(script))
     with open(script, 'rb') as src:
-        write_atomically(target, lambda dst: shutil.copyfileobj(src, dst))
+        write_atomically(target, lambda dst: shutil.copyfileobj(src, dst), temp_dir=temp_dir)
     return target
 
 
@@ -165,25 +263,43 @@ def sync_command(folder):
            f'{shlex.quote(os.fspath(folder))}'
 
 
+def experiment_journals(folder) -> List[UploadJournal]:
+    """The upload journals of the experiment folder ``folder``: the one in its bookkeeping folder, and the one at
+    its root that versions before the bookkeeping folder wrote (when present)."""
+    folder = _abs_folder(folder)
+    journals = [UploadJournal(os.path.join(bookkeeping_dir(folder), PENDING_UPLOADS), base_dir=folder)]
+    legacy = os.path.join(folder, PENDING_UPLOADS)
+    if os.path.isfile(legacy):
+        journals.append(UploadJournal(legacy))
+    return journals
+
+
 def sync_experiment(folder, endpoint_url: Optional[str] = None) -> SyncReport:
-    """Upload the files the experiment folder's ``pending_uploads.json`` lists (uploads a run queued but could
+    """Upload the files the experiment folder's journal of pending uploads lists (uploads a run queued but could
     not confirm: S3 was down when it ended, or it was killed), to the bucket / prefix / key each entry records.
 
     ``endpoint_url`` replaces the recorded S3 endpoint. Uploads that fail stay listed (run it again later); the
     command line ``python -m aitoolbox_like.experiment.sync FOLDER`` does the same. Do not run it while a run is
     still training into the folder (that run uploads its own files; both would upload them).
     """
-    return sync_journal(_abs_folder(folder), endpoint_url=endpoint_url)
+    report = SyncReport(_abs_folder(folder))
+    for journal in experiment_journals(folder):
+        part = sync_journal(journal, endpoint_url=endpoint_url)
+        report.uploaded += part.uploaded
+        report.failed += part.failed
+        report.missing += part.missing
+    return report
 
 
 class Experiment:
     """Where one run writes: ``<root>/<project>/<experiment>_<loop.experiment_timestamp>``.
 
     ``claim()`` makes the folder this run's own. Two runs started in the same second get the same
-    timestamp; the second one to claim finds the folder marked by the other and moves to ``<ts>_1``
-    (``_2``, ...), updating ``loop.experiment_timestamp`` so every callback follows. With S3 uploads the
-    experiment's prefix in the bucket is claimed the same way (a marker object created only if absent), so
-    runs on different machines never share a prefix, and the local folder takes the name claimed in S3.
+    timestamp; the second one to claim finds the folder claimed by the other (the ``run`` file of its bookkeeping
+    folder) and moves to ``<ts>_1`` (``_2``, ...), updating ``loop.experiment_timestamp`` so every callback follows.
+    With S3 uploads the experiment's prefix in the bucket is claimed the same way when the uploads start (the
+    start of fit): a claim object created only if absent, so runs on different machines never share a prefix, and
+    the local folder takes the name claimed in S3.
     """
 
     def __init__(self, loop, project_name, experiment_name, local_model_result_folder_path):
@@ -204,11 +320,12 @@ class Experiment:
 
     @property
     def journal(self) -> UploadJournal:
-        """The journal of unconfirmed uploads, ``<experiment folder>/pending_uploads.json`` (follows the folder)."""
-        path = os.path.join(self.dir_path, PENDING_UPLOADS)
+        """The journal of unconfirmed uploads, ``pending_uploads.json`` in the bookkeeping folder, naming files
+        relative to the experiment folder (it follows the folder when the claim renames it)."""
         if self._journal is None:
-            self._journal = UploadJournal(path)
-        self._journal.path = path
+            self._journal = UploadJournal(os.path.join(self.work_dir, PENDING_UPLOADS), base_dir=self.dir_path)
+        self._journal.path = os.path.join(self.work_dir, PENDING_UPLOADS)
+        self._journal.base_dir_override = self.dir_path
         return self._journal
 
     @property
@@ -218,6 +335,12 @@ class Experiment:
     @property
     def dir_path(self):
         return os.path.join(self.root, self.project_name, self.folder_name)
+
+    @property
+    def work_dir(self):
+        """Our bookkeeping folder of the experiment (see the module's docstring): the claim, the pointers, the
+        upload journal, hyperparams.json and the temporary files of atomic writes. Nothing is created."""
+        return bookkeeping_dir(self.dir_path)
 
     @property
     def key_prefix(self):
@@ -236,12 +359,33 @@ class Experiment:
         self.claimed = True
         self.continued = True
         os.makedirs(self.dir_path, exist_ok=True)
+        os.makedirs(self.work_dir, exist_ok=True)
         self._write_marker(exclusive=False)
-        self._follow_name()
-        remove_stray_temp_files(self.dir_path)
+        self._adopt_legacy_journal()
+        self._remove_stray_temp_files()
         for uploader in self._cloud_claims:
             uploader.claim_prefix(self.key_prefix, self.run_id, exclusive=False)
             uploader.resume_pending()
+
+    def _adopt_legacy_journal(self):
+        # An experiment of a version before the bookkeeping folder keeps its journal at the root; its entries move
+        # into the bookkeeping journal, so the resumed run and the sync command see one journal.
+        legacy_path = os.path.join(self.dir_path, PENDING_UPLOADS)
+        if not os.path.isfile(legacy_path):
+            return
+        legacy = UploadJournal(legacy_path)
+        for entry in legacy.entries():
+            self.journal.add(entry)
+        try:
+            os.remove(legacy_path)
+        except FileNotFoundError:
+            pass
+
+    def _remove_stray_temp_files(self):
+        # The bookkeeping folder holds the temporary files; the experiment folder is cleaned too, for a folder of
+        # an earlier version (temporary files at its root) or of the savers without a TrainLoop.
+        remove_stray_temp_files(self.work_dir)
+        remove_stray_temp_files(self.dir_path)
 
     def claim(self):
         """Create the experiment folder for this run (once); returns its path. In a distributed run only rank 0
@@ -264,21 +408,19 @@ class Experiment:
         if suffix:
             logger.info('Experiment folder %s_%s was taken by another run; using %s', self.experiment_name, base,
                         self.dir_path)
-        self._follow_name()
-        remove_stray_temp_files(self.dir_path)
-
-    def _follow_name(self):
-        # The journal lives in the experiment folder, whose name the claim may have changed.
-        if self._journal is not None:
-            self._journal.path = os.path.join(self.dir_path, PENDING_UPLOADS)
+        self._remove_stray_temp_files()
 
     def _claim_name(self, cloud_claims):
         """Claim the current name locally and in every bucket of ``cloud_claims``; on any refusal give back what
         was claimed here and return False."""
-        os.makedirs(self.dir_path, exist_ok=True)
+        legacy_owner = self._read_marker(legacy=True)
+        if legacy_owner is not None and legacy_owner != self.run_id:
+            return False        # a folder of an earlier version, claimed by its run
+        os.makedirs(self.work_dir, exist_ok=True)
         fresh = self._write_marker(exclusive=True)
         if not fresh and self._read_marker() != self.run_id:
             return False
+        os.makedirs(self.dir_path, exist_ok=True)
         done: List[Any] = []
         for uploader in cloud_claims:
             if not uploader.claim_prefix(self.key_prefix, self.run_id):
@@ -291,14 +433,20 @@ class Experiment:
         return True
 
     def _release_local(self, folder):
+        work = bookkeeping_dir(folder)
         try:
-            os.remove(os.path.join(folder, MARKER_FILE))
-            os.rmdir(folder)
+            os.remove(os.path.join(work, MARKER_FILE))
         except OSError:
             pass
+        for path in (work, folder, os.path.dirname(work), os.path.dirname(os.path.dirname(work))):
+            try:
+                os.rmdir(path)      # only when empty: what another run or the user put there stays
+            except OSError:
+                pass
 
     def add_cloud_claim(self, uploader):
-        """Claim the experiment's prefix in ``uploader``'s bucket too (done by the uploader when it is created).
+        """Claim the experiment's prefix in ``uploader``'s bucket too (done when the uploader starts, at the start of
+        fit).
 
         Before the folder is claimed, the claim waits for :meth:`claim`. A continued experiment takes its prefix
         over. Else, when another run holds the prefix of this name, the experiment moves to the next free name
@@ -306,6 +454,13 @@ class Experiment:
         folder and the S3 prefix always have the same name.
         """
         self._cloud_claims.append(uploader)
+        try:
+            self._add_cloud_claim(uploader)
+        except BaseException:
+            self._cloud_claims.remove(uploader)
+            raise
+
+    def _add_cloud_claim(self, uploader):
         if not self.claimed or not self.loop.is_main_process():
             return
         if self.continued:
@@ -317,7 +472,7 @@ class Experiment:
             raise StorageError(f'the S3 prefix {uploader.storage.uri(self.key_prefix)} belongs to another run, and '
                                f'this run has already uploaded files under its name; give every uploader of a run '
                                f'the same experiment before training starts')
-        old_dir, old_timestamp = self.dir_path, self.loop.experiment_timestamp
+        old_dir, old_work, old_timestamp = self.dir_path, self.work_dir, self.loop.experiment_timestamp
         others = [u for u in self._cloud_claims if u is not uploader]
         base = self._base_timestamp or old_timestamp
         suffix = 0
@@ -327,20 +482,38 @@ class Experiment:
             if self.loop.experiment_timestamp != old_timestamp and self._claim_name(self._cloud_claims):
                 break
         new_dir = self.dir_path
-        # Move what this run already wrote (its marker aside) into the new folder, then give the old name back.
-        for name in os.listdir(old_dir):
-            if name != MARKER_FILE:
-                os.replace(os.path.join(old_dir, name), os.path.join(new_dir, name))
+        # Move what this run already wrote (its claim aside) under the new name, then give the old name back.
+        for source, target in ((old_dir, new_dir), (old_work, self.work_dir)):
+            for name in os.listdir(source) if os.path.isdir(source) else ():
+                if not (source == old_work and name == MARKER_FILE):
+                    os.replace(os.path.join(source, name), os.path.join(target, name))
         self._release_local(old_dir)
-        self._follow_name()
         old_prefix = f'{self.project_name}/{self.experiment_name}_{old_timestamp}'
         for other in others:
             other.release_prefix(old_prefix, self.run_id)
         logger.info('The S3 prefix %s belongs to another run; this run uses %s (local folder %s)',
                     uploader.storage.uri(old_prefix), uploader.storage.uri(self.key_prefix), new_dir)
 
+    def release_cloud_claims(self, uploaders=None):
+        """Delete this run's claim objects in the buckets (of ``uploaders``; None: all) whose uploads are all
+        confirmed (the end of fit): the bucket then holds only the experiment's files. The prefix stays taken for
+        other runs by those files."""
+        if not self.claimed or not self.loop.is_main_process():
+            return
+        for uploader in self._cloud_claims:
+            if uploaders is not None and uploader not in uploaders:
+                continue
+            if uploader.uploader.unconfirmed():
+                continue        # the claim stays until its uploads are in the bucket (a later run or the sync)
+            try:
+                uploader.release_prefix(self.key_prefix, self.run_id)
+            except Exception as error:
+                logger.warning('Could not delete the claim %s of this run (%s: %s); it is safe to delete',
+                               uploader.storage.uri(uploader.claim_key(self.key_prefix)), type(error).__name__,
+                               error)
+
     def _write_marker(self, exclusive):
-        path = os.path.join(self.dir_path, MARKER_FILE)
+        path = os.path.join(self.work_dir, MARKER_FILE)
         flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
         try:
             fd = os.open(path, flags, 0o666)
@@ -350,9 +523,10 @@ class Experiment:
             f.write(self.run_id)
         return True
 
-    def _read_marker(self):
+    def _read_marker(self, legacy=False):
+        path = os.path.join(self.dir_path, LEGACY_MARKER_FILE) if legacy else os.path.join(self.work_dir, MARKER_FILE)
         try:
-            with open(os.path.join(self.dir_path, MARKER_FILE)) as f:
+            with open(path) as f:
                 return f.read().strip()
         except OSError:
             return None
@@ -367,9 +541,21 @@ class Experiment:
         uploads them later (:func:`sync_command`); the uploads still pending go on in the background while the
         process lives, and the journal keeps them for a later process. With
         ``ExperimentUploader.upload_failure = 'raise'`` an :class:`UploadsIncompleteError` is raised after the
-        message (not while fit is already failing).
+        message (not while fit is already failing). The claim objects of the buckets whose uploads are all
+        confirmed are deleted (:meth:`release_cloud_claims`).
         """
-        uploaders = list(self.uploaders.values())
+        try:
+            return self._wait_for_uploads(after_exception)
+        finally:
+            self.release_cloud_claims()
+
+    def _wait_for_uploads(self, after_exception):
+        for u in self.uploaders.values():
+            if not u.started and u.held_count and not after_exception:
+                logger.warning('%d file(s) of %s are not uploaded to %s: the uploads were never started (they start '
+                               'at the start of fit); upload them with a fit into this experiment', u.held_count,
+                               self.dir_path, u.storage.uri(self.key_prefix))
+        uploaders = [u for u in self.uploaders.values() if u.started]
         if not uploaders:
             return []
         limit = max(u.wait_timeout_s for u in uploaders)
@@ -405,9 +591,8 @@ class Experiment:
                    f'{limit:.0f} s (ExperimentUploader.wait_timeout_s):\n' + '\n'.join(lines))
         command = sync_command(self.dir_path)
         if unfinished:
-            message += (f'\nThe local files are complete and kept, and {PENDING_UPLOADS} in the experiment folder '
-                        f'lists them. Upload them later with:\n    {command}\n(a run resumed into this experiment '
-                        f'uploads them too).')
+            message += (f'\nThe local files are complete and kept, and {self.journal.path} lists them. Upload them '
+                        f'later with:\n    {command}\n(a run resumed into this experiment uploads them too).')
         if lost:
             message += '\nNot uploaded and cannot be any more (the local file is gone):\n' + '\n'.join(
                 f'  {f.local_path} -> {f.key} ({f.error})' for f in lost)
@@ -425,10 +610,24 @@ class Experiment:
         os.makedirs(path, exist_ok=True)
         return path
 
+    def temp_dir(self):
+        """Where the atomic writes into the experiment folder put their temporary files: the bookkeeping folder
+        (created here), so that a write never shows in the experiment folder before it is complete, and a killed
+        one leaves nothing there. When the project folder is on another filesystem (a mount, a symbolic link) the
+        rename could not be atomic from there: the experiment folder itself then."""
+        folder = self.claim()
+        os.makedirs(self.work_dir, exist_ok=True)
+        try:
+            same_filesystem = os.stat(self.work_dir).st_dev == os.stat(folder).st_dev
+        except OSError:
+            same_filesystem = False
+        return self.work_dir if same_filesystem else folder
+
     def save_hyperparams(self, hyperparams, uploader=None):
-        """Write hyperparams_list.txt and hyperparams.json, copy the experiment script and zip the source
-        folders, once per experiment folder (a resumed run keeps the original files). The loop's
-        ``experiment_files`` are written too, whenever their text changed (see :meth:`save_experiment_files`)."""
+        """Write hyperparams_list.txt, copy the experiment script and zip the source folders (AIToolbox's files),
+        and hyperparams.json into the bookkeeping folder, once per experiment folder (a resumed run keeps the
+        original files). The loop's ``experiment_files`` are written too, whenever their text changed (see
+        :meth:`save_experiment_files`). Returns the paths written into the experiment folder."""
         folder = self.claim()
         written = self.save_experiment_files(uploader)
         txt_path = os.path.join(folder, HYPERPARAMS_TXT)
@@ -436,26 +635,25 @@ class Experiment:
             return written
         hyperparams = hyperparams if hyperparams is not None else {}
         upload_from = len(written)
-        json_path = os.path.join(folder, HYPERPARAMS_JSON)
-        write_text_atomically(json_path, hyperparams_to_json(hyperparams))
-        written.append(json_path)
+        temp_dir = self.temp_dir()
+        write_text_atomically(os.path.join(self.work_dir, HYPERPARAMS_JSON), hyperparams_to_json(hyperparams))
 
         script = hyperparams.get('experiment_file_path') if isinstance(hyperparams, dict) else None
         if script:
-            target = copy_experiment_script(folder, hyperparams)
+            target = copy_experiment_script(folder, hyperparams, temp_dir=temp_dir)
             if target is not None:
                 written.append(target)
         source_dirs = hyperparams.get('source_dirs_paths') if isinstance(hyperparams, dict) else None
         if source_dirs:
             zip_path = os.path.join(folder, SOURCE_ZIP)
-            zip_source_dirs(source_dirs, zip_path)
+            zip_source_dirs(source_dirs, zip_path, temp_dir=temp_dir)
             written.append(zip_path)
         # Written last: its presence means the set is complete.
-        write_hyperparams_text(txt_path, hyperparams)
+        write_hyperparams_text(txt_path, hyperparams, temp_dir=temp_dir)
         written.append(txt_path)
         if uploader is not None:
             for path in written[upload_from:]:
-                uploader.upload_experiment_file(path)
+                uploader.upload_at_start(path)
         return written
 
     def save_experiment_files(self, uploader=None):
@@ -481,16 +679,17 @@ class Experiment:
             except OSError:
                 unchanged = False
             if not unchanged:
-                write_text_atomically(path, text)
+                write_text_atomically(path, text, temp_dir=self.temp_dir())
                 written.append(path)
                 if uploader is not None:
-                    uploader.upload_experiment_file(path)
+                    uploader.upload_at_start(path)
             self._files_written[name] = text
         return written
 
 
-def zip_source_dirs(source_dirs, zip_path):
-    """Zip the given folders (each under its own name), skipping caches and VCS folders."""
+def zip_source_dirs(source_dirs, zip_path, temp_dir=None):
+    """Zip the given folders (each under its own name), skipping caches and VCS folders. ``temp_dir``: where the
+    temporary file of the atomic write goes (None: next to ``zip_path``)."""
     if isinstance(source_dirs, (str, os.PathLike)):
         source_dirs = [source_dirs]
 
@@ -508,7 +707,7 @@ def zip_source_dirs(source_dirs, zip_path):
                         path = os.path.join(dirpath, filename)
                         archive.write(path, os.path.relpath(path, parent))
 
-    write_atomically(zip_path, write, make_parents=False)
+    write_atomically(zip_path, write, make_parents=False, temp_dir=temp_dir)
     return zip_path
 
 
@@ -541,16 +740,19 @@ class ExperimentUploader:
     """Uploads files of the local experiment folder to the same relative keys in the cloud experiment folder,
     in a background thread (training does not wait). Set on the loop as ``loop.experiment_uploader``.
 
-    At creation (the start of fit) it checks the bucket (HeadBucket), that it may write and delete under the
-    experiment's prefix, and claims the prefix for this run (see :meth:`Experiment.add_cloud_claim`); an
-    unreachable endpoint is a :class:`StorageUnreachableError`, a missing bucket or refused credentials a
-    :class:`StorageError` / :class:`StorageAuthError`, before any training.
+    Creating it touches no network (callbacks create it when they are registered, also outside fit). The saving
+    callbacks :meth:`start` it at the start of fit, before the first step (other callbacks at their first upload):
+    it then checks the bucket (HeadBucket), that it may write and delete under the experiment's prefix, and claims
+    the prefix for this run (see :meth:`Experiment.add_cloud_claim`); an unreachable endpoint is a
+    :class:`StorageUnreachableError`, a missing bucket or refused credentials a :class:`StorageError` /
+    :class:`StorageAuthError`, before any training. Files given before then are uploaded once it has started.
 
-    Nothing is lost, nothing is silent: every upload is recorded in the experiment's ``pending_uploads.json``
-    until the storage confirmed it; network errors are retried (backoff up to ``max_backoff_s``) for as long as
-    the process lives; a file the run deletes (``rm_subopt_local_models``) is deleted only after its upload is
-    confirmed (:meth:`remove_local_file`); what is still unconfirmed when fit ends is reported once, with the
-    command that uploads it later (see :meth:`Experiment.wait_for_uploads`).
+    Nothing is lost, nothing is silent: every upload is recorded in the experiment's journal
+    (``pending_uploads.json`` in its bookkeeping folder) until the storage confirmed it; network errors are retried
+    (backoff up to ``max_backoff_s``) for as long as the process lives; a file the run deletes
+    (``rm_subopt_local_models``) is deleted only after its upload is confirmed (:meth:`remove_local_file`); what is
+    still unconfirmed when fit ends is reported once, with the command that uploads it later (see
+    :meth:`Experiment.wait_for_uploads`).
 
     Class attributes (set them on the class, before fit):
         storage_options: passed to S3Storage (tests shorten botocore's retries).
@@ -580,16 +782,30 @@ class ExperimentUploader:
         self.storage = storage
         self.bucket_name = bucket_name
         self.cloud_dir_prefix = cloud_dir_prefix or ''
-        self._check_access()
         options = {'max_retries': None, 'max_queue_size': None, **self.uploader_options}
         self.uploader = BackgroundUploader(storage, journal=experiment.journal, **options)
-        try:
-            self._checked(lambda: experiment.add_cloud_claim(self))
-        except BaseException:
-            self.uploader.close(timeout=0)
-            raise
+        self.started = False
+        # Files given before start(), by their path inside the experiment folder: the claim may still rename it.
+        self._held: List[str] = []
+
+    def start(self):
+        """Check the bucket and the permissions, claim the experiment's prefix, and upload the files given so far
+        (once; later calls do nothing). Raises what :meth:`_checked` raises when the storage cannot be used."""
+        if self.started:
+            return
+        self._check_access()
+        self._checked(lambda: self.experiment.add_cloud_claim(self))
+        self.started = True
+        experiment = self.experiment
         if experiment.claimed and experiment.continued:
             self.resume_pending()
+        held, self._held = self._held, []
+        for rel in held:
+            path = os.path.join(experiment.dir_path, *rel.split('/'))
+            if os.path.isfile(path):
+                self.upload_experiment_file(path)
+            else:
+                logger.warning('%s was to be uploaded but no longer exists', path)
 
     def _endpoint(self):
         return getattr(self.storage, 'endpoint_url', None) or self.storage.uri('')
@@ -624,12 +840,17 @@ class ExperimentUploader:
 
     # ---- the experiment's prefix in the bucket --------------------------------------------------------
 
+    def claim_key(self, key_prefix):
+        """The claim object of the experiment folder ``key_prefix`` (a key): in its bookkeeping prefix, outside the
+        experiment's prefix."""
+        return join_key(bookkeeping_key(key_prefix), MARKER_FILE)
+
     def claim_prefix(self, key_prefix, run_id, exclusive=True):
-        """Make ``key_prefix`` (an experiment folder as a key) this run's in the bucket: create its marker object
+        """Make ``key_prefix`` (an experiment folder as a key) this run's in the bucket: create its claim object
         holding ``run_id`` only if absent (``exclusive``; then read back), or overwrite it (a continued run).
-        True if the prefix is ours. A prefix holding objects but no marker (a run of an older version, or of
-        AIToolbox) counts as taken."""
-        marker = join_key(key_prefix, MARKER_FILE)
+        True if the prefix is ours. A prefix holding objects but no claim (a finished run, a run of an older
+        version, or of AIToolbox) counts as taken."""
+        marker = self.claim_key(key_prefix)
         if not exclusive:
             self.storage.write_text(marker, run_id)
             return True
@@ -651,8 +872,8 @@ class ExperimentUploader:
         return self.storage.read_text(marker).strip() == run_id
 
     def release_prefix(self, key_prefix, run_id):
-        """Give ``key_prefix`` back (delete its marker) if this run holds it."""
-        marker = join_key(key_prefix, MARKER_FILE)
+        """Give ``key_prefix`` back (delete its claim object) if this run holds it."""
+        marker = self.claim_key(key_prefix)
         try:
             if self.storage.read_text(marker).strip() == run_id:
                 self.storage.delete(marker)
@@ -685,28 +906,42 @@ class ExperimentUploader:
 
     # ---- uploads ---------------------------------------------------------------------------------------
 
-    def key_for(self, local_path):
-        """The cloud key of a file inside the local experiment folder."""
+    def _relative(self, local_path):
         rel = os.path.relpath(os.path.abspath(local_path), self.experiment.dir_path)
         if rel.startswith('..') or os.path.isabs(rel):
             raise ValueError(f'{local_path} is not inside the experiment folder {self.experiment.dir_path}; only '
                              f'files of the experiment folder can be uploaded with upload_experiment_file()')
-        return join_key(self.experiment.key_prefix, rel.replace(os.sep, '/'))
+        return rel.replace(os.sep, '/')
 
-    def upload_experiment_file(self, local_path, latest_pointer_name=None):
-        """Queue ``local_path`` (inside the local experiment folder) for upload to the same relative key.
+    def key_for(self, local_path):
+        """The cloud key of a file inside the local experiment folder."""
+        return join_key(self.experiment.key_prefix, self._relative(local_path))
 
-        With ``latest_pointer_name``, the pointer object of that name at the root of the cloud experiment folder
-        is set to the file (its path inside the experiment folder, as the local pointer) once the file is
-        completely uploaded, so the cloud pointer never names a missing or partial object.
-        """
-        key = self.key_for(local_path)
-        pointer = text = None
-        if latest_pointer_name:
-            pointer = join_key(self.experiment.key_prefix, latest_pointer_name)
-            text = pointer_text(self.experiment.dir_path, local_path)
-        self.uploader.submit(local_path, key, latest_pointer_key=pointer, latest_pointer_text=text)
+    def upload_experiment_file(self, local_path):
+        """Queue ``local_path`` (inside the local experiment folder) for upload to the same relative key, starting
+        the uploader first if needed (:meth:`start`: an upload is due). Returns the key."""
+        rel = self._relative(local_path)
+        self.start()
+        # The start may have moved the experiment to a free name (its prefix was taken): the file moved with it.
+        path = os.path.join(self.experiment.dir_path, *rel.split('/'))
+        key = join_key(self.experiment.key_prefix, rel)
+        self.uploader.submit(path, key)
         return key
+
+    def upload_at_start(self, local_path):
+        """Upload ``local_path`` (inside the local experiment folder) once the uploader has started, now if it has:
+        for what a callback writes while it is registered, when no network may be used."""
+        if self.started:
+            self.upload_experiment_file(local_path)
+            return
+        rel = self._relative(local_path)
+        if rel not in self._held:
+            self._held.append(rel)
+
+    @property
+    def held_count(self):
+        """Files waiting for :meth:`start` to be uploaded."""
+        return len(self._held)
 
     def remove_local_file(self, local_path):
         """Delete a local file of the experiment once every upload of it is confirmed (now, if none is pending).
@@ -714,6 +949,8 @@ class ExperimentUploader:
         What ``rm_subopt_local_models`` uses: deleting a file whose upload is still queued (S3 down) would lose
         it. Returns True if the file was deleted now.
         """
+        if not self.started:
+            return False        # its upload has not even been queued
         return self.uploader.delete_after_upload(local_path)
 
     @property
@@ -725,7 +962,8 @@ class ExperimentUploader:
         return self.uploader.failures
 
     def wait(self, timeout=None):
-        """Wait for the pending uploads; log and return the ones that failed since the last wait."""
+        """Wait for the pending uploads; log and return the ones that failed since the last wait. When all are
+        confirmed, this run's claim object is deleted from the bucket (see :meth:`Experiment.release_cloud_claims`)."""
         timeout = self.wait_timeout_s if timeout is None else timeout
         pending = self.uploader.pending_count
         if pending:
@@ -738,6 +976,7 @@ class ExperimentUploader:
         for failure in failures:
             logger.error('Upload failed: %s -> %s (%s); the local copy is kept', failure.local_path,
                          self.storage.uri(failure.key), failure.error)
+        self.experiment.release_cloud_claims([self])
         return failures
 
     def close(self, timeout=None):

@@ -1,9 +1,11 @@
 """``python -m aitoolbox_like.experiment.sync FOLDER``: upload what an experiment folder's journal lists.
 
-A run records every upload in ``<experiment folder>/pending_uploads.json`` until the storage confirmed it. When
-S3 was down at the end of fit (longer than ``ExperimentUploader.wait_timeout_s``) or the process was killed, the
-files stay listed there; this command uploads them to the bucket, prefix, endpoint and key each entry records,
-then removes them from the journal (and deletes the local files a run asked to delete after their upload).
+A run records every upload in ``pending_uploads.json`` in the experiment's bookkeeping folder
+(``<results folder>/.aitoolbox_like/<project>/<experiment folder name>/``; at the experiment root in folders of
+earlier versions) until the storage confirmed it. When S3 was down at the end of fit (longer than
+``ExperimentUploader.wait_timeout_s``) or the process was killed, the files stay listed there; this command uploads
+them to the bucket, prefix, endpoint and key each entry records, then removes them from the journal (and deletes
+the local files a run asked to delete after their upload).
 
 Exit status: 0 when nothing is left to upload, 1 when some uploads failed (they stay listed; run it again), 2 on
 a wrong argument.
@@ -16,14 +18,15 @@ import os
 import sys
 from typing import Sequence
 
-from ..storage.journal import JOURNAL_NAME, SyncReport, sync_journal
+from ..storage.journal import JOURNAL_NAME, SyncReport
+from . import sync_experiment
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the sync command with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     parser = argparse.ArgumentParser(
         prog='python -m aitoolbox_like.experiment.sync',
-        description=f'Upload the files an experiment folder lists in its {JOURNAL_NAME} (uploads a run could not '
+        description=f'Upload the files the {JOURNAL_NAME} of an experiment folder lists (uploads a run could not '
                     f'finish), to the S3 bucket/prefix/key recorded for each.')
     parser.add_argument('folders', nargs='+', metavar='FOLDER', help='experiment folder(s)')
     parser.add_argument('--endpoint-url', default=None,
@@ -38,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f'{folder}: not a folder', file=sys.stderr)
             status = max(status, 2)
             continue
-        report = sync_journal(folder, endpoint_url=args.endpoint_url)
+        report = sync_experiment(folder, endpoint_url=args.endpoint_url)
         _print_report(report)
         if not report.complete:
             status = max(status, 1)

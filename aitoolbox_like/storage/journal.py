@@ -1,13 +1,15 @@
 """The journal of uploads not confirmed yet, and the sync that finishes them from another process.
 
-The background uploader writes one entry per queued upload into a JSON file (``pending_uploads.json`` at the
-root of the experiment folder) before the upload starts, and removes it once the storage confirmed the upload.
+The background uploader writes one entry per queued upload into a JSON file (``pending_uploads.json``; an
+experiment keeps it in its bookkeeping folder, outside the experiment folder) before the upload starts, and removes
+it once the storage confirmed the upload.
 What the journal lists when a process ends (killed, S3 down for longer than the end of fit waited) was never
 confirmed: a resumed run into the same folder queues those uploads again, and :func:`sync_journal` (the command
 ``python -m aitoolbox_like.experiment.sync FOLDER``) uploads them.
 
 Each entry names its target completely (bucket, prefix, endpoint, key), so the journal alone is enough to finish
-the uploads; the file it uploads is named relative to the journal's folder, so the folder may be moved. Every
+the uploads; the file it uploads is named relative to the journal's base folder (the experiment folder), so the
+folders may be moved. Every
 change is a read-modify-write of the file under an exclusive lock (``flock``) and an atomic rename, so a running
 uploader and a sync of the same folder never lose each other's changes.
 """
@@ -39,22 +41,30 @@ ENTRY_FIELDS = ('id', 'file', 'key', 'pointer_key', 'pointer_text', 'delete_loca
 
 
 class UploadJournal:
-    """The pending uploads listed in the JSON file ``path``; files are named relative to its folder.
+    """The pending uploads listed in the JSON file ``path``; files are named relative to ``base_dir`` (None: the
+    journal's own folder).
 
-    Thread-safe, and safe against another process changing the same file (an exclusive ``flock`` on the folder
-    around every read-modify-write). The file is removed when no upload is pending.
+    Thread-safe, and safe against another process changing the same file (an exclusive ``flock`` on the journal's
+    folder around every read-modify-write). The file is removed when no upload is pending.
     """
 
-    def __init__(self, path: StrPath) -> None:
+    def __init__(self, path: StrPath, base_dir: StrPath | None = None) -> None:
         self.path = os.path.abspath(os.fspath(path))
+        # The folder the file names are relative to; None: the journal's own folder (follows ``path``).
+        self.base_dir_override = os.path.abspath(os.fspath(base_dir)) if base_dir is not None else None
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
-        return f'UploadJournal({self.path!r})'
+        return f'UploadJournal({self.path!r}, base_dir={self.base_dir!r})'
 
     @property
     def base_dir(self) -> str:
-        """The folder the journal's file names are relative to (the journal's own folder)."""
+        """The folder the journal's file names are relative to."""
+        return self.base_dir_override if self.base_dir_override is not None else os.path.dirname(self.path)
+
+    @property
+    def journal_dir(self) -> str:
+        """The folder of the journal file."""
         return os.path.dirname(self.path)
 
     def relative(self, local_path: StrPath) -> str:
@@ -106,10 +116,10 @@ class UploadJournal:
 
     @contextmanager
     def _file_lock(self) -> Iterator[None]:
-        if fcntl is None or not os.path.isdir(self.base_dir):
+        if fcntl is None or not os.path.isdir(self.journal_dir):
             yield
             return
-        fd = os.open(self.base_dir, os.O_RDONLY)
+        fd = os.open(self.journal_dir, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -131,10 +141,10 @@ class UploadJournal:
 
     def _update(self, change: Callable[[list[dict[str, Any]]], None], create: bool = False) -> None:
         with self._lock:
-            if not os.path.isdir(self.base_dir):
+            if not os.path.isdir(self.journal_dir):
                 if not create:
                     return
-                os.makedirs(self.base_dir, exist_ok=True)
+                os.makedirs(self.journal_dir, exist_ok=True)
             with self._file_lock():
                 entries = self._read()
                 before = json.dumps(entries, sort_keys=True)
@@ -144,9 +154,9 @@ class UploadJournal:
                 if entries:
                     text = json.dumps({'format_version': _FORMAT_VERSION,
                                        'what': 'uploads not confirmed yet; upload them with: python -m '
-                                               'aitoolbox_like.experiment.sync <this folder>',
+                                               'aitoolbox_like.experiment.sync <experiment folder>',
                                        'uploads': entries}, indent=1)
-                    write_text_atomically(self.path, text, temp_dir=self.base_dir)
+                    write_text_atomically(self.path, text, temp_dir=self.journal_dir)
                 else:
                     try:
                         os.remove(self.path)
@@ -188,18 +198,19 @@ def storage_for_location(location: dict[str, Any], endpoint_url: str | None = No
     raise ValueError(f'journal entry names no storage: {location!r}')
 
 
-def sync_journal(folder: StrPath, endpoint_url: str | None = None,
+def sync_journal(journal: UploadJournal | StrPath, endpoint_url: str | None = None,
                  storage_factory: Callable[[dict[str, Any]], Storage] | None = None) -> SyncReport:
-    """Upload what the journal of ``folder`` (its ``pending_uploads.json``) lists, in the order it was queued.
+    """Upload what ``journal`` (an UploadJournal, or a folder holding a ``pending_uploads.json`` that names files
+    relative to itself) lists, in the order it was queued.
 
     A "latest" pointer is written after its object; a file marked for deletion is deleted once all its uploads
     succeeded (a folder marked for deletion, once the uploads of all the files inside it succeeded). Uploads that
     fail stay in the journal (try again later); after a network error the other uploads to the same storage are
     not tried. ``endpoint_url`` replaces the recorded S3 endpoint.
     """
-    folder = os.path.abspath(os.fspath(folder))
-    journal = UploadJournal(os.path.join(folder, JOURNAL_NAME))
-    report = SyncReport(folder)
+    if not isinstance(journal, UploadJournal):
+        journal = UploadJournal(os.path.join(os.path.abspath(os.fspath(journal)), JOURNAL_NAME))
+    report = SyncReport(journal.base_dir)
     storages: dict[tuple[tuple[str, Any], ...], Storage | BaseException] = {}
     from .uploader import is_retryable
     for entry in journal.entries():

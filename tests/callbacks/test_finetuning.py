@@ -263,7 +263,7 @@ def test_resume_after_the_unfreeze_equals_the_uninterrupted_run(tmp_path, stop_b
 
     first = checkpoint_loop(tmp_path / 'run', iteration_save_freq=3)
     first.fit(num_epochs=4, callbacks=callbacks() + [Interrupt(stop_before_batch)])
-    with open(os.path.join(first.experiment.dir_path, 'latest_checkpoint.txt')) as f:
+    with open(os.path.join(first.experiment.work_dir, 'latest_checkpoint.txt')) as f:
         assert f.read().endswith(latest_suffix)
 
     resumed = checkpoint_loop(tmp_path / 'run', seed=3, iteration_save_freq=3)

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from aitoolbox_like.callbacks.model_save import ModelCheckpoint  # noqa: E402
 from aitoolbox_like.callbacks.preemption import PreemptionCheckpoint, find_preemption_callback  # noqa: E402
 from aitoolbox_like.callbacks.train_schedule import StepLRScheduler  # noqa: E402
 from aitoolbox_like.checkpoint import load_checkpoint  # noqa: E402
+from aitoolbox_like.experiment import bookkeeping_dir  # noqa: E402
 from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave  # noqa: E402
 from aitoolbox_like.result_package import ClassificationResultPackage  # noqa: E402
 from saving_helpers import assert_same_weights, make_parts, weights  # noqa: E402
@@ -70,6 +72,11 @@ def _experiment(out_dir):
     return next((out_dir / 'proj').iterdir())
 
 
+def _pointer(experiment):
+    """The experiment's latest_checkpoint.txt, in its bookkeeping folder (outside the experiment folder)."""
+    return Path(bookkeeping_dir(experiment)) / 'latest_checkpoint.txt'
+
+
 def test_sigterm_checkpoints_mid_epoch_exits_cleanly_and_resumes_bit_exactly(tmp_path, reference):
     out = tmp_path / 'out'
     process, stderr = _signal_at_batch(out, tmp_path / 'stopped.pt', 10, signal.SIGTERM)     # 7 batches/epoch
@@ -80,7 +87,7 @@ def test_sigterm_checkpoints_mid_epoch_exits_cleanly_and_resumes_bit_exactly(tmp
     assert stopped['stop_reason'] == 'received SIGTERM'
     assert stopped['total_iteration_idx'] == 10             # the step in progress was finished, no further one
     experiment = _experiment(out)
-    latest = (experiment / 'latest_checkpoint.txt').read_text()
+    latest = _pointer(experiment).read_text()
     assert latest.endswith('_E1_ITER10.pth')
     assert stopped['checkpoint_path'].endswith(latest.split('/')[-1])
     checkpoint = load_checkpoint(experiment / latest)
@@ -96,12 +103,12 @@ def test_sigterm_checkpoints_mid_epoch_exits_cleanly_and_resumes_bit_exactly(tmp
 def test_sigint_works_the_same_and_exit_code_signal_reports_143_for_sigterm(tmp_path, reference):
     process, stderr = _signal_at_batch(tmp_path / 'a', tmp_path / 'a.pt', 3, signal.SIGINT)
     assert process.returncode == 0, stderr[-3000:]
-    assert (_experiment(tmp_path / 'a') / 'latest_checkpoint.txt').read_text().endswith('_E0_ITER3.pth')
+    assert _pointer(_experiment(tmp_path / 'a')).read_text().endswith('_E0_ITER3.pth')
     assert 'KeyboardInterrupt' not in stderr
 
     process, stderr = _signal_at_batch(tmp_path / 'b', tmp_path / 'b.pt', 5, signal.SIGTERM, '--exit-code', 'signal')
     assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
-    assert (_experiment(tmp_path / 'b') / 'latest_checkpoint.txt').read_text().endswith('_E0_ITER5.pth')
+    assert _pointer(_experiment(tmp_path / 'b')).read_text().endswith('_E0_ITER5.pth')
     resumed = _run(tmp_path / 'b', tmp_path / 'b_resumed.pt', '--epochs', 3, '--resume')
     assert_same_weights(resumed['weights'], reference['weights'])
 
@@ -253,8 +260,8 @@ def test_ddp_every_rank_stops_at_the_same_step_rank0_saves_and_the_resume_contin
     first.fit(num_epochs=6, callbacks=[RequestStopOnRank(1, 2), RecordLastBatch(str(tmp_path))], **ddp)
     # Flags are reduced at batches 9, 19, ... (ddp_sync_every=10) and read one agreement later: both stop at 19.
     assert (tmp_path / 'last_batch_rank0').read_text() == (tmp_path / 'last_batch_rank1').read_text() == '19'
-    experiment = next((tmp_path / 'run' / 'proj').iterdir())
-    assert (experiment / 'latest_checkpoint.txt').read_text().endswith('_E4_ITER19.pth')
+    experiment = _experiment(tmp_path / 'run')
+    assert _pointer(experiment).read_text().endswith('_E4_ITER19.pth')
 
     resumed = tracked_loop(tmp_path / 'run')
     resumed.fit(num_epochs=6, resume_from='latest', **ddp)
@@ -283,8 +290,7 @@ def test_timer_max_duration_without_a_registered_preemption_callback(tmp_path):
     loop.fit(num_epochs=2, callbacks=[Timer(max_duration_s=1e-9)])
     assert loop.total_iteration_idx == 0
     assert find_preemption_callback(loop) is None
-    assert (next((tmp_path / 'results' / 'proj').iterdir()) / 'latest_checkpoint.txt').read_text() \
-        .endswith('_E0_ITER0.pth')
+    assert _pointer(_experiment(tmp_path / 'results')).read_text().endswith('_E0_ITER0.pth')
 
 
 def test_timer_without_a_budget_never_stops(tmp_path):
@@ -340,7 +346,7 @@ def test_on_exception_does_not_save_a_half_done_step(tmp_path):
     with pytest.raises(RuntimeError):
         loop.fit(num_epochs=1, callbacks=[preemption, FailInStep()])
     assert preemption.checkpoint_path is None
-    assert not os.path.exists(next((tmp_path / 'results' / 'proj').iterdir()) / 'latest_checkpoint.txt')
+    assert not os.path.exists(_pointer(_experiment(tmp_path / 'results')))
 
 
 def test_arguments_are_checked():

@@ -1,13 +1,18 @@
-"""The saved experiment folder looks like AIToolbox's: checkpoint_model/, model/ and results/ hold only saved
-models and results; our bookkeeping (pointers, run marker, temp files) is at the root."""
+"""The saved experiment folder, project folder and bucket look exactly like AIToolbox's: AIToolbox code lists them
+and expects only its own files. Our bookkeeping (run claim, pointers, journal, hyperparams.json, temp files) lives
+in the hidden folder <root>/.aitoolbox_like/<project>/<experiment folder>/; nothing of ours stays in the bucket."""
 import os
 import pickle
 import shutil
+import threading
+import time
 
 import pytest
 import torch
 
 from aitoolbox_like.experiment.reporting import matplotlib_available
+from aitoolbox_like.callbacks.abstract import AbstractCallback
+from aitoolbox_like.experiment import bookkeeping_dir, read_pointer
 from aitoolbox_like.result_package.basic import ClassificationResultPackage
 from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave
 from s3_server import make_bucket, s3_env  # noqa: F401  (fixture)
@@ -20,6 +25,24 @@ def _loop(cls, root, seed=0, **kwargs):
     model, train, val, test, optimizer = make_parts(seed=seed)
     return cls(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), 'proj', 'exp', str(root),
                {'lr': 1e-2}, progress_bar=False, **kwargs)
+
+
+SCRIPT = os.path.basename(__file__)
+
+
+def _all_files(folder):
+    """Every file under ``folder``, '/'-separated, as a script walking the whole experiment folder sees them."""
+    return sorted(os.path.relpath(os.path.join(d, f), folder).replace(os.sep, '/')
+                  for d, _, files in os.walk(folder) for f in files)
+
+
+def _aitoolbox_files(ts, epochs, iterations=(), end_save=True):
+    """Every file AIToolbox writes into the experiment folder (and the same keys into the bucket)."""
+    files = _aitoolbox_file_set(ts, epochs, iterations)
+    found = ['hyperparams_list.txt', SCRIPT] + [f'checkpoint_model/{n}' for n in files['checkpoint_model']]
+    if end_save:
+        found += [f'model/{n}' for n in files['model']] + [f'results/{n}' for n in files['results']]
+    return sorted(found)
 
 
 def _listing(folder):
@@ -70,10 +93,19 @@ def test_checkpoint_and_end_save_folders_hold_exactly_aitoolboxs_files(tmp_path)
     ts = loop.experiment_timestamp
     folder = tmp_path / 'proj' / f'exp_{ts}'
     assert _listing(folder) == _aitoolbox_file_set(ts, range(3))
+    assert _all_files(folder) == _aitoolbox_files(ts, range(3))
     _load_every_file(folder)
-    # Our bookkeeping is at the root.
-    assert (folder / 'latest_checkpoint.txt').read_text() == f'checkpoint_model/model_exp_{ts}_E2.pth'
-    assert (folder / 'best_checkpoint.txt').read_text().startswith('checkpoint_model/model_exp_')
+    # Our bookkeeping is in the hidden folder at the root, and the project folder holds nothing else (AIToolbox
+    # users list it to find their experiments).
+    work = tmp_path / '.aitoolbox_like' / 'proj' / f'exp_{ts}'
+    assert bookkeeping_dir(folder) == str(work)
+    assert os.listdir(tmp_path / 'proj') == [f'exp_{ts}']
+    assert sorted(os.listdir(tmp_path)) == ['.aitoolbox_like', 'proj']
+    assert sorted(os.listdir(work)) == ['best_checkpoint.txt', 'hyperparams.json', 'latest_checkpoint.txt', 'run']
+    assert (work / 'run').read_text() == loop.experiment.run_id
+    assert (work / 'latest_checkpoint.txt').read_text() == f'checkpoint_model/model_exp_{ts}_E2.pth'
+    assert (work / 'best_checkpoint.txt').read_text().startswith('checkpoint_model/model_exp_')
+    assert read_pointer(folder) == str(folder / 'checkpoint_model' / f'model_exp_{ts}_E2.pth')
 
 
 def test_iteration_checkpoints_also_keep_the_folders_clean(tmp_path):
@@ -83,51 +115,113 @@ def test_iteration_checkpoints_also_keep_the_folders_clean(tmp_path):
     ts = loop.experiment_timestamp
     folder = tmp_path / 'proj' / f'exp_{ts}'
     assert _listing(folder) == _aitoolbox_file_set(ts, range(2), [(0, 4), (1, 8), (1, 12)])
-    assert (folder / 'latest_checkpoint.txt').read_text() == f'checkpoint_model/model_exp_{ts}_E1.pth'
+    assert _all_files(folder) == _aitoolbox_files(ts, range(2), [(0, 4), (1, 8), (1, 12)])
+    assert read_pointer(folder) == str(folder / 'checkpoint_model' / f'model_exp_{ts}_E1.pth')
 
 
-def test_resume_latest_and_from_the_folder_follow_the_root_pointer(tmp_path):
+class _LookInside(AbstractCallback):
+    """Lists the experiment folder while the epoch's checkpoint is being renamed into place: its temporary file is
+    complete then."""
+
+    def __init__(self, renaming):
+        super().__init__('look inside', execution_order=200)
+        self.renaming = renaming
+        self.seen = []
+
+    def on_epoch_begin(self):
+        self.renaming.clear()
+
+    def on_epoch_end(self):
+        assert self.renaming.wait(10)
+        self.seen.append(_all_files(self.train_loop_obj.experiment.dir_path))
+
+
+def test_temporary_files_of_writes_never_show_in_the_experiment_folder(tmp_path, monkeypatch):
+    import aitoolbox_like.storage.local as local
+    real_replace, renaming = os.replace, threading.Event()
+
+    def slow_replace(src, dst):
+        renaming.set()
+        time.sleep(0.3)
+        return real_replace(src, dst)
+    monkeypatch.setattr(local.os, 'replace', slow_replace)
+    loop = _loop(TrainLoopCheckpoint, tmp_path, cloud_save_mode='local')
+    look = _LookInside(renaming)
+    loop.fit(num_epochs=2, callbacks=[look])
+    assert len(look.seen) == 2
+    assert not any(name.startswith('.') or '/.' in name for seen in look.seen for name in seen), look.seen
+
+
+def test_resume_latest_and_from_the_folder_follow_the_pointer(tmp_path):
     first = _loop(TrainLoopCheckpoint, tmp_path, cloud_save_mode='local')
     first.fit(num_epochs=2)
     folder = tmp_path / 'proj' / f'exp_{first.experiment_timestamp}'
     # The pointer, not the newest file, decides: point back at epoch 0 and resume from there.
-    (folder / 'latest_checkpoint.txt').write_text(f'checkpoint_model/model_exp_{first.experiment_timestamp}_E0.pth')
+    pointer = os.path.join(bookkeeping_dir(folder), 'latest_checkpoint.txt')
+    with open(pointer, 'w') as f:
+        f.write(f'checkpoint_model/model_exp_{first.experiment_timestamp}_E0.pth')
     resumed = _loop(TrainLoopCheckpoint, tmp_path, seed=7, cloud_save_mode='local')
     resumed.fit(num_epochs=2, resume_from=str(folder))
     assert resumed.train_history.get_epochs('loss') == [0, 1]
     assert resumed.experiment_timestamp == first.experiment_timestamp
+    assert _all_files(folder) == _aitoolbox_files(first.experiment_timestamp, range(2), end_save=False)
 
     again = _loop(TrainLoopCheckpoint, tmp_path, seed=8, cloud_save_mode='local')
     again.fit(num_epochs=2, resume_from='latest')     # nothing left to train: state equals the last checkpoint
     assert_same_weights(weights(again.model), weights(resumed.model))
 
 
-def test_experiment_folders_of_the_old_layout_still_resume(tmp_path):
+def _to_old_layout(folder, ts, pointer_at_root):
+    """An experiment folder as versions before the bookkeeping folder left it: pointers and claim at its root
+    (or, earlier still, checkpoint_model/latest naming the file)."""
+    shutil.rmtree(bookkeeping_dir(folder))
+    (folder / '.aitoolbox_like_run').write_text('an older run')
+    if pointer_at_root:
+        (folder / 'latest_checkpoint.txt').write_text(f'checkpoint_model/model_exp_{ts}_E0.pth')
+    else:
+        (folder / 'checkpoint_model' / 'latest').write_text(f'model_exp_{ts}_E0.pth')
+
+
+@pytest.mark.parametrize('pointer_at_root', [True, False])
+def test_experiment_folders_of_the_old_layouts_still_resume(tmp_path, pointer_at_root):
     first = _loop(TrainLoopCheckpoint, tmp_path, cloud_save_mode='local')
     first.fit(num_epochs=2)
     ts = first.experiment_timestamp
     folder = tmp_path / 'proj' / f'exp_{ts}'
-    # The layout before the pointers moved to the root: checkpoint_model/latest holding the file name.
-    os.remove(folder / 'latest_checkpoint.txt')
-    os.remove(folder / 'best_checkpoint.txt')
-    (folder / 'checkpoint_model' / 'latest').write_text(f'model_exp_{ts}_E0.pth')
+    _to_old_layout(folder, ts, pointer_at_root)
     resumed = _loop(TrainLoopCheckpoint, tmp_path, seed=3, cloud_save_mode='local')
     resumed.fit(num_epochs=1, resume_from=str(folder))
     assert resumed.train_history.get_epochs('loss') == [0]
+    # The resumed run keeps its bookkeeping outside the folder from now on, and its pointer wins.
+    resumed.fit(num_epochs=2)
+    assert read_pointer(folder) == str(folder / 'checkpoint_model' / f'model_exp_{ts}_E1.pth')
 
 
-def test_s3_folders_hold_exactly_aitoolboxs_files_and_resume_follows_the_root_pointer(s3_env, tmp_path):
+def test_a_new_run_does_not_take_a_folder_claimed_by_an_older_version(tmp_path):
+    first = _loop(TrainLoopCheckpoint, tmp_path, cloud_save_mode='local')
+    ts = first.experiment_timestamp
+    old = tmp_path / 'proj' / f'exp_{ts}'
+    old.mkdir(parents=True)
+    (old / '.aitoolbox_like_run').write_text('a run of an older version')
+    first.fit(num_epochs=1)
+    assert first.experiment_timestamp == f'{ts}_1'
+
+
+def _bucket_keys(s3_env, bucket):
+    pages = s3_env.client().get_paginator('list_objects_v2').paginate(Bucket=bucket)
+    return sorted(obj['Key'] for page in pages for obj in page.get('Contents', ()))
+
+
+def test_s3_bucket_holds_exactly_aitoolboxs_files_and_resume_finds_the_newest_checkpoint(s3_env, tmp_path):
     bucket = make_bucket(s3_env)
     loop = _loop(TrainLoopCheckpointEndSave, tmp_path / 'a', val_result_package=ClassificationResultPackage(),
                  cloud_save_mode='s3', bucket_name=bucket, cloud_dir_prefix='runs')
     loop.fit(num_epochs=2)
     ts = loop.experiment_timestamp
     root = f'runs/proj/exp_{ts}'
-    pages = s3_env.client().get_paginator('list_objects_v2').paginate(Bucket=bucket, Prefix=root + '/')
-    keys = [obj['Key'][len(root) + 1:] for page in pages for obj in page.get('Contents', ())]
-    in_folders = {sub: sorted(k[len(sub) + 1:] for k in keys if k.startswith(sub + '/')) for sub in AITOOLBOX_FOLDERS}
-    assert in_folders == _aitoolbox_file_set(ts, range(2))
-    assert {'latest_checkpoint.txt', 'best_checkpoint.txt'} <= set(keys)
+    # The whole bucket, as AIToolbox's tests list it: its files only (the run's claim is gone with the run).
+    assert _bucket_keys(s3_env, bucket) == [f'{root}/{name}' for name in _aitoolbox_files(ts, range(2))]
+    assert loop.upload_failures == []
 
     # A fresh machine: nothing local, resume from the bucket.
     shutil.rmtree(tmp_path / 'a')
@@ -139,3 +233,4 @@ def test_s3_folders_hold_exactly_aitoolboxs_files_and_resume_follows_the_root_po
                    cloud_dir_prefix='runs')
     latest.fit(num_epochs=2, resume_from='latest')
     assert_same_weights(weights(latest.model), weights(loop.model))
+    assert _bucket_keys(s3_env, bucket) == [f'{root}/{name}' for name in _aitoolbox_files(ts, range(2))]

@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from aitoolbox_like.experiment import read_pointer
 from aitoolbox_like.recipes.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,8 +32,7 @@ def _experiment(out):
 
 
 def _latest(folder):
-    with open(os.path.join(folder, 'latest_checkpoint.txt')) as f:
-        return os.path.join(folder, f.read().strip())
+    return read_pointer(folder)
 
 
 def _final_weights(folder):
@@ -58,7 +58,9 @@ def test_a_killed_run_resumed_from_its_folder_ends_with_the_weights_of_an_uninte
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 150
-        while not glob.glob(str(tmp_path / 'killed' / 'digits' / 'cnn_*' / 'latest_checkpoint.txt')):
+        # The pointer, in the experiment's bookkeeping folder, appears once the first checkpoint is complete.
+        while not glob.glob(str(tmp_path / 'killed' / '.aitoolbox_like' / 'digits' / 'cnn_*' /
+                                'latest_checkpoint.txt')):
             assert killed.poll() is None, 'the run ended before it wrote a checkpoint'
             assert time.monotonic() < deadline, 'no checkpoint after 150 s'
             time.sleep(0.02)

@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+from aitoolbox_like.experiment import read_pointer
+
 PARTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'recipe_parts.py')
 RECIPE = f'''
 imports: [{PARTS}]
@@ -33,8 +35,7 @@ def _run(command, cwd):
 
 def _weights_and_files(cwd, experiment_name):
     [folder] = glob.glob(os.path.join(cwd, 'out', 'tiny', f'{experiment_name}_*'))
-    with open(os.path.join(folder, 'latest_checkpoint.txt')) as f:
-        checkpoint = torch.load(os.path.join(folder, f.read().strip()), weights_only=True)
+    checkpoint = torch.load(read_pointer(folder), weights_only=True)
     assert checkpoint['epoch'] == 1
     assert os.path.isfile(os.path.join(folder, 'recipe.yaml'))
     assert os.path.isfile(os.path.join(folder, 'command_line.txt'))

@@ -6,6 +6,7 @@ import shutil
 import pytest
 import torch
 
+from aitoolbox_like.experiment import find_cloud_checkpoint
 from aitoolbox_like.recipes.cli import main
 from aitoolbox_like.storage.s3 import S3Storage
 from s3_server import make_bucket, s3_env  # noqa: F401  (fixture)
@@ -31,7 +32,7 @@ fit: {{num_epochs: 3}}
 
 
 def _weights(storage, folder_key):
-    local = storage.load_file(f'{folder_key}/{storage.read_text(f"{folder_key}/latest_checkpoint.txt")}',
+    local = storage.load_file(find_cloud_checkpoint(storage, folder_key),
                               os.path.join(os.getcwd(), 'downloaded.pth'))
     return torch.load(local, weights_only=True)['model_state_dict']
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from aitoolbox_like import AbstractCallback
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint, ModelIterationCheckpoint, ModelTrainEndSave
 from aitoolbox_like.callbacks.train_schedule import StepLRScheduler
 from aitoolbox_like.checkpoint import AsyncCheckpointWriter, CheckpointError, load_checkpoint
+from aitoolbox_like.experiment import bookkeeping_dir, read_pointer
 from aitoolbox_like.result_package import ClassificationResultPackage
 from aitoolbox_like.train_loop import TrainLoop
 from saving_helpers import assert_same_weights, make_parts, weights
@@ -44,12 +46,16 @@ def _fit(loop, epochs, saver, extra=(), resume_from=None):
 
 
 def _experiment(folder):
-    return next((folder / 'proj').iterdir())
+    return next((folder / 'proj').glob('run_*'))
+
+
+def _work(experiment):
+    """The experiment's bookkeeping folder: pointers and temporary files."""
+    return Path(bookkeeping_dir(experiment))
 
 
 def _latest(folder):
-    experiment = _experiment(folder)
-    return experiment / (experiment / 'latest_checkpoint.txt').read_text()
+    return Path(read_pointer(_experiment(folder)))
 
 
 def _assert_same_state(a, b):
@@ -136,7 +142,7 @@ class _Observer(AbstractCallback):
             folder = self.saver.experiment.dir_path
             self.batches_while_blocked.append(
                 (loop.iteration, self.saver.async_writer.pending,
-                 os.path.exists(os.path.join(folder, 'latest_checkpoint.txt')),
+                 read_pointer(folder) is not None,
                  os.listdir(os.path.join(folder, 'checkpoint_model'))))
             if loop.iteration == 3:
                 self.gate.release.set()
@@ -205,11 +211,11 @@ def test_sigkill_during_a_background_write_keeps_the_previous_checkpoint(tmp_pat
     assert process.returncode == -signal.SIGKILL
 
     experiment = _experiment(out)
-    assert (experiment / 'latest_checkpoint.txt').read_text().endswith('_E0.pth')
+    assert read_pointer(experiment).endswith('_E0.pth')
     assert load_checkpoint(_latest(out))['epoch'] == 0
     assert [f[-7:] for f in os.listdir(experiment / 'checkpoint_model')] == ['_E0.pth']    # E1 never appeared
-    strays = [n for n in os.listdir(experiment) if n.endswith('.tmp')]
-    assert len(strays) == 1 and os.path.getsize(experiment / strays[0]) > 0     # the half-written temp file
+    strays = [n for n in os.listdir(_work(experiment)) if n.endswith('.tmp')]
+    assert len(strays) == 1 and os.path.getsize(_work(experiment) / strays[0]) > 0     # the half-written temp file
 
     resumed = subprocess.run([sys.executable, SCRIPT, str(out), str(tmp_path / 'resumed.pt'),
                               '--big-buffer', str(big), '--resume'], capture_output=True, text=True, timeout=300)
@@ -217,7 +223,7 @@ def test_sigkill_during_a_background_write_keeps_the_previous_checkpoint(tmp_pat
     a, b = torch.load(tmp_path / 'resumed.pt'), torch.load(tmp_path / 'ref.pt')
     assert_same_weights(a['weights'], b['weights'])
     assert a['history']['train_history'] == b['history']['train_history']
-    assert not any(n.endswith('.tmp') for n in os.listdir(experiment))       # the resume removed the stray
+    assert not any(n.endswith('.tmp') for n in os.listdir(_work(experiment)))       # the resume removed the stray
 
 
 # ---------------------------------------------------------------------------------------------- errors, end of fit
@@ -241,7 +247,7 @@ def test_a_background_write_error_is_raised_at_the_next_save(tmp_path):
         _fit(loop, 3, saver)
     assert isinstance(error.value.__cause__, OSError)
     assert loop.epoch == 1          # raised by the save after epoch 1, the first one after the failure
-    assert not (_experiment(tmp_path) / 'latest_checkpoint.txt').exists()
+    assert read_pointer(_experiment(tmp_path)) is None
 
 
 def test_a_failed_last_write_is_raised_by_fit(tmp_path):

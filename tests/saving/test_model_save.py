@@ -10,6 +10,7 @@ import torch
 
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint
 from aitoolbox_like.checkpoint import load_checkpoint
+from aitoolbox_like.experiment import BEST_POINTER, bookkeeping_dir, read_pointer
 from aitoolbox_like.experiment.reporting import matplotlib_available
 from aitoolbox_like.result_package.basic import ClassificationResultPackage
 from aitoolbox_like.train_loop import TrainLoop
@@ -47,18 +48,20 @@ def test_checkpoint_end_save_layout_after_three_epochs(tmp_path):
     loop.fit(num_epochs=3)
     ts = loop.experiment_timestamp
     folder = tmp_path / 'results' / 'proj' / f'exp_{ts}'
+    # Exactly AIToolbox's files; ours are in the bookkeeping folder next to it.
     assert _files(folder) == sorted([
-        '.aitoolbox_like_run', 'hyperparams_list.txt', 'hyperparams.json', 'test_model_save.py', 'source_code.zip',
-        'best_checkpoint.txt', 'latest_checkpoint.txt',
+        'hyperparams_list.txt', 'test_model_save.py', 'source_code.zip',
         *[f'checkpoint_model/model_exp_{ts}_E{e}.pth' for e in range(3)],
         f'model/model_exp_{ts}.pth',
         f'results/results_hyperParams_hist_exp_{ts}.p', *[f'results/plots/{m}.png' for m in _history_plots()]])
     # AIToolbox completes the hyperparameters in place with the script and the source folders.
     assert hyperparams['experiment_file_path'] == os.path.abspath(__file__)
     assert 'lr:\t0.01\n' in (folder / 'hyperparams_list.txt').read_text()
-    assert json.loads((folder / 'hyperparams.json').read_text())['batch_size'] == 6
+    work = bookkeeping_dir(folder)
+    assert sorted(os.listdir(work)) == ['best_checkpoint.txt', 'hyperparams.json', 'latest_checkpoint.txt', 'run']
+    assert json.loads(open(os.path.join(work, 'hyperparams.json')).read())['batch_size'] == 6
     assert zipfile.ZipFile(folder / 'source_code.zip').namelist() == ['mypkg/module.py']
-    assert (folder / 'latest_checkpoint.txt').read_text() == f'checkpoint_model/model_exp_{ts}_E2.pth'
+    assert read_pointer(folder) == str(folder / 'checkpoint_model' / f'model_exp_{ts}_E2.pth')
 
     final = load_checkpoint(folder / 'model' / f'model_exp_{ts}.pth')
     assert_same_weights(final['model_state_dict'], weights(loop.model))
@@ -87,8 +90,8 @@ def test_best_pointer_and_suboptimal_removal_keep_the_best_and_the_newest(tmp_pa
     ts = loop.experiment_timestamp
     kept = sorted(f for f in os.listdir(folder) if f.endswith('.pth'))
     assert kept == sorted({f'model_exp_{ts}_E{e}.pth' for e in ranked[:2] + [4]})
-    assert open(os.path.join(os.path.dirname(folder), 'best_checkpoint.txt')).read() == \
-        f'checkpoint_model/model_exp_{ts}_E{ranked[0]}.pth'
+    assert read_pointer(os.path.dirname(folder), BEST_POINTER) == \
+        os.path.join(folder, f'model_exp_{ts}_E{ranked[0]}.pth')
 
 
 def test_end_save_does_not_rename_the_users_result_package(tmp_path):
@@ -111,7 +114,7 @@ def test_runs_started_in_the_same_second_get_separate_folders(tmp_path):
     for seed, loop in enumerate(loops):
         folder = tmp_path / 'proj' / f'exp_{loop.experiment_timestamp}'
         assert f'seed:\t{seed}' in (folder / 'hyperparams_list.txt').read_text()
-        saved = load_checkpoint(folder / (folder / 'latest_checkpoint.txt').read_text())
+        saved = load_checkpoint(read_pointer(folder))
         assert_same_weights(saved['model_state_dict'], weights(loop.model))
 
 

@@ -11,7 +11,7 @@ from aitoolbox_like import AbstractCallback, TTModel
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint
 from aitoolbox_like.callbacks.train_schedule import StepLRScheduler
 from aitoolbox_like.checkpoint import CheckpointError, load_checkpoint
-from aitoolbox_like.experiment import MARKER_FILE
+from aitoolbox_like.experiment import BEST_POINTER, MARKER_FILE, read_pointer
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 from aitoolbox_like.train_loop import TrainLoop
 from helpers import MLP, loaders
@@ -49,7 +49,7 @@ def trained_checkpoint(tmp_path, optimizer_cls=torch.optim.SGD):
 
 def test_checkpoint_of_another_architecture_changes_nothing(tmp_path):
     loop = trained_checkpoint(tmp_path)
-    marker = os.path.join(loop.experiment.dir_path, MARKER_FILE)
+    marker = os.path.join(loop.experiment.work_dir, MARKER_FILE)
     marker_before = open(marker).read()
 
     torch.manual_seed(1)
@@ -171,8 +171,7 @@ def test_a_nan_loss_never_makes_the_best_checkpoint(tmp_path, caplog):
 
     with caplog.at_level(logging.WARNING):
         loop.fit(num_epochs=3, callbacks=[Epoch(), checkpoint])
-    best = open(os.path.join(loop.experiment.dir_path, 'best_checkpoint.txt')).read().strip()
-    assert best.endswith('_E0.pth')
+    assert read_pointer(loop.experiment.dir_path, BEST_POINTER).endswith('_E0.pth')
     assert caplog.text.count('is NaN in epoch') == 1
 
 

@@ -14,6 +14,7 @@ from aitoolbox_like.callbacks.model_load import ModelLoadContinueTraining
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint, ModelIterationCheckpoint
 from aitoolbox_like.callbacks.train_schedule import StepLRScheduler
 from aitoolbox_like.checkpoint import CheckpointError, load_checkpoint
+from aitoolbox_like.experiment import bookkeeping_dir, read_pointer
 from aitoolbox_like.train_loop import TrainLoop
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 from saving_helpers import Net, assert_same_weights, make_parts, weights
@@ -134,8 +135,8 @@ def test_sigkill_mid_epoch_then_resume_equals_the_uninterrupted_run(tmp_path, sc
     # Killed inside the optimizer step of batch 13 (epoch 1); the newest checkpoint is the one after batch 12.
     _run_script(tmp_path / 'out', tmp_path / 'killed.pt', '--epochs', 3, '--iter-freq', 4, '--kill-at-batch', 13,
                 expect_kill=True)
-    folder = next((tmp_path / 'out' / 'proj').iterdir())
-    assert (folder / 'latest_checkpoint.txt').read_text().endswith('_E1_ITER12.pth')
+    folder = next((tmp_path / 'out' / 'proj').glob('run_*'))
+    assert read_pointer(folder).endswith('_E1_ITER12.pth')
 
     resumed = _run_script(tmp_path / 'out', tmp_path / 'resumed.pt', '--epochs', 3, '--iter-freq', 4, '--resume')
     assert_same_weights(resumed['weights'], script_reference['weights'])
@@ -155,12 +156,12 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_pat
     caught_during_write = False
     deadline = time.monotonic() + 120
     try:
-        # Kill as soon as the second checkpoint (epoch 1) is being written: its temp file (created at the root of
-        # the experiment folder) exists.
+        # Kill as soon as the second checkpoint (epoch 1) is being written: its temp file (created in the
+        # experiment's bookkeeping folder, next to the pointers) exists.
         while process.poll() is None and time.monotonic() < deadline:
             folders = list((out / 'proj').glob('run_*')) if (out / 'proj').exists() else []
-            if folders:
-                names = os.listdir(folders[0])
+            if folders and os.path.isdir(bookkeeping_dir(folders[0])):
+                names = os.listdir(bookkeeping_dir(folders[0]))
                 if 'latest_checkpoint.txt' in names and any(n.startswith('.model_') and n.endswith('.tmp')
                                                             for n in names):
                     process.send_signal(signal.SIGKILL)
@@ -174,13 +175,14 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_pat
     assert caught_during_write, 'the run finished before a checkpoint write could be interrupted'
     assert process.returncode == -signal.SIGKILL
 
-    experiment = next((out / 'proj').iterdir())
+    experiment = next((out / 'proj').glob('run_*'))
     folder = experiment / 'checkpoint_model'
-    latest = (experiment / 'latest_checkpoint.txt').read_text()
+    latest = read_pointer(experiment)
     assert latest.endswith('_E0.pth')                  # the pointer still names the last complete checkpoint
-    assert load_checkpoint(experiment / latest)['epoch'] == 0
+    assert load_checkpoint(latest)['epoch'] == 0
     assert not any(n.endswith('_E1.pth') for n in os.listdir(folder))     # no partial file under the real name
-    assert not any(n.startswith('.') for n in os.listdir(folder))         # the temp file is not in checkpoint_model
+    # The temp file is not in the experiment folder at all.
+    assert not any(n.startswith('.') for _, _, names in os.walk(experiment) for n in names)
 
     resumed = _run_script(out, tmp_path / 'resumed.pt', '--epochs', 3, '--big-buffer', big, '--resume')
     assert_same_weights(resumed['weights'], reference['weights'])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aitoolbox_like import AbstractCallback
-from aitoolbox_like.experiment import ExperimentUploader
+from aitoolbox_like.experiment import ExperimentUploader, find_cloud_checkpoint
 from aitoolbox_like.experiment.reporting import matplotlib_available
 from aitoolbox_like.result_package.basic import ClassificationResultPackage
 from aitoolbox_like.storage import StorageAuthError
@@ -48,17 +48,16 @@ def test_full_key_layout_after_three_epochs(s3_env, tmp_path):
     loop.fit(num_epochs=3)
     ts = loop.experiment_timestamp
     root = f'runs/v1/proj/exp_{ts}'
+    # AIToolbox's files only: the run's claim is deleted once its uploads are confirmed, and no pointers are kept.
     assert _keys(s3_env, bucket) == sorted([
-        f'{root}/.aitoolbox_like_run',                    # this run's claim on the prefix
-        f'{root}/hyperparams_list.txt', f'{root}/hyperparams.json', f'{root}/test_s3_experiment.py',
-        f'{root}/latest_checkpoint.txt', f'{root}/best_checkpoint.txt',
+        f'{root}/hyperparams_list.txt', f'{root}/test_s3_experiment.py',
         *[f'{root}/checkpoint_model/model_exp_{ts}_E{e}.pth' for e in range(3)],
         f'{root}/model/model_exp_{ts}.pth',
         f'{root}/results/results_hyperParams_hist_exp_{ts}.p',
         *[f'{root}/results/plots/{m}.png' for m in (('accumulated_loss', 'loss', 'val_loss')
                                                      if matplotlib_available() else ())]])
     storage = S3Storage(bucket, 'runs/v1')
-    assert storage.read_text(f'proj/exp_{ts}/latest_checkpoint.txt') == f'checkpoint_model/model_exp_{ts}_E2.pth'
+    assert find_cloud_checkpoint(storage, f'proj/exp_{ts}') == f'proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E2.pth'
     local = tmp_path / 'proj' / f'exp_{ts}' / 'checkpoint_model' / f'model_exp_{ts}_E2.pth'
     remote = storage.load_file(f'proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E2.pth', tmp_path / 'remote.pth')
     assert open(remote, 'rb').read() == local.read_bytes()
@@ -119,12 +118,14 @@ def test_uploads_survive_a_server_outage_during_training(s3_env, tmp_path):
     keys = _keys(s3_env, bucket)
     for epoch in range(4):
         assert f'runs/v1/proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E{epoch}.pth' in keys
-    assert S3Storage(bucket, 'runs/v1').read_text(f'proj/exp_{ts}/latest_checkpoint.txt').endswith('_E3.pth')
+    assert find_cloud_checkpoint(S3Storage(bucket, 'runs/v1'), f'proj/exp_{ts}').endswith('_E3.pth')
 
 
 def test_wrong_credentials_give_a_clear_error_without_the_secret(s3_env, tmp_path, monkeypatch, caplog):
     bucket = make_bucket(s3_env)
-    secret = 'definitely-wrong-secret-9f8e7d'
+    # Built here, so that this file (copied into the experiment folder at registration, before the bucket is
+    # checked at the start of fit) does not hold the secret itself.
+    secret = '-'.join(('definitely', 'wrong', 'secret', '9f8e7d'))
     monkeypatch.setenv('AWS_SECRET_ACCESS_KEY', secret)
     loop = _loop(tmp_path, bucket)
     caplog.set_level(logging.DEBUG)

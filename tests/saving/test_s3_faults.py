@@ -7,12 +7,14 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from aitoolbox_like import AbstractCallback
-from aitoolbox_like.experiment import PENDING_UPLOADS, ExperimentUploader, sync_experiment
+from aitoolbox_like.experiment import (PENDING_UPLOADS, ExperimentUploader, bookkeeping_dir, find_cloud_checkpoint,
+                                       sync_experiment)
 from aitoolbox_like.storage import StorageError, StorageUnreachableError, UploadsIncompleteError
 from aitoolbox_like.storage.s3 import S3Storage
 from aitoolbox_like.tracking import TrainLoopCheckpoint
@@ -46,6 +48,10 @@ def _loop(folder, bucket, seed=0, **kwargs):
     return TrainLoopCheckpoint(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), 'proj', 'exp',
                                str(folder), {'lr': 1e-2}, cloud_save_mode='s3', bucket_name=bucket,
                                cloud_dir_prefix='runs', progress_bar=False, **kwargs)
+
+
+def _journal_path(folder):
+    return Path(bookkeeping_dir(folder)) / PENDING_UPLOADS
 
 
 def _checkpoint_keys(ts, epochs):
@@ -96,7 +102,7 @@ def test_deleted_suboptimal_checkpoints_still_reach_s3_after_an_outage(s3_env, t
     # Local sub-optimal checkpoints are gone once uploaded: the best and the newest stay.
     local = os.listdir(tmp_path / 'proj' / f'exp_{ts}' / 'checkpoint_model')
     assert f'model_exp_{ts}_E3.pth' in local and 1 <= len(local) <= 2
-    assert not (tmp_path / 'proj' / f'exp_{ts}' / PENDING_UPLOADS).exists()
+    assert not _journal_path(tmp_path / 'proj' / f'exp_{ts}').exists()
 
 
 def test_an_outage_longer_than_the_retry_budget_loses_nothing(s3_env, tmp_path):
@@ -110,7 +116,7 @@ def test_an_outage_longer_than_the_retry_budget_loses_nothing(s3_env, tmp_path):
     assert loop.upload_failures == []
     ts = loop.experiment_timestamp
     assert set(_checkpoint_keys(ts, range(4))) <= set(_keys(s3_env, bucket))
-    assert S3Storage(bucket, 'runs').read_text(f'proj/exp_{ts}/latest_checkpoint.txt').endswith('_E3.pth')
+    assert find_cloud_checkpoint(S3Storage(bucket, 'runs'), f'proj/exp_{ts}').endswith('_E3.pth')
 
 
 # ---------------------------------------------------------------------------------------------- 2, 3
@@ -133,12 +139,12 @@ def test_s3_that_never_comes_back_ends_fit_with_one_message_and_sync_uploads_lat
     assert f'checkpoint_model/model_exp_{ts}_E2.pth' in errors[0]
     assert {os.path.basename(f.local_path) for f in loop.upload_failures} >= {f'model_exp_{ts}_E{e}.pth'
                                                                              for e in (1, 2)}
-    # The journal at the experiment root names everything sync needs.
-    journal = json.loads((folder / PENDING_UPLOADS).read_text())
+    # The journal in the bookkeeping folder names everything sync needs.
+    journal = json.loads(_journal_path(folder).read_text())
     entry = next(e for e in journal['uploads'] if e['file'] == f'checkpoint_model/model_exp_{ts}_E2.pth')
     assert entry['bucket'] == bucket and entry['prefix'] == 'runs' and entry['endpoint'] == s3_env.endpoint_url
     assert entry['key'] == f'proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E2.pth'
-    assert not any(PENDING_UPLOADS in files for _, _, files in os.walk(folder / 'checkpoint_model'))
+    assert not any(PENDING_UPLOADS in files for _, _, files in os.walk(folder))
 
     loop.experiment_uploader.uploader.close(timeout=0)  # the process ends: only the journal is left
     s3_env.start()
@@ -147,8 +153,8 @@ def test_s3_that_never_comes_back_ends_fit_with_one_message_and_sync_uploads_lat
     assert done.returncode == 0, done.stdout + done.stderr
     assert f'model_exp_{ts}_E2.pth' in done.stdout
     assert set(_checkpoint_keys(ts, range(3))) <= set(_keys(s3_env, bucket))
-    assert S3Storage(bucket, 'runs').read_text(f'proj/exp_{ts}/latest_checkpoint.txt').endswith('_E2.pth')
-    assert not (folder / PENDING_UPLOADS).exists()
+    assert find_cloud_checkpoint(S3Storage(bucket, 'runs'), f'proj/exp_{ts}').endswith('_E2.pth')
+    assert not _journal_path(folder).exists()
     assert sync_experiment(folder).uploaded == []         # nothing left
 
 
@@ -180,7 +186,7 @@ def test_a_resumed_run_finishes_the_uploads_its_predecessor_left(s3_env, tmp_pat
     assert resumed.experiment_timestamp == ts
     assert resumed.upload_failures == []
     assert set(_checkpoint_keys(ts, range(3))) <= set(_keys(s3_env, bucket))
-    assert not (tmp_path / 'proj' / f'exp_{ts}' / PENDING_UPLOADS).exists()
+    assert not _journal_path(tmp_path / 'proj' / f'exp_{ts}').exists()
 
 
 # ---------------------------------------------------------------------------------------------- 4
@@ -244,8 +250,9 @@ def test_three_runs_started_in_the_same_second_on_different_machines_get_their_o
         # The local folder has the name claimed in S3, and the prefix holds this run's files only.
         assert result['dir'] == str(tmp_path / f'machine{i}' / 'proj' / f'exp_{ts}')
         assert sorted(os.listdir(tmp_path / f'machine{i}' / 'proj')) == [f'exp_{ts}']
-        assert storage.read_text(f'proj/exp_{ts}/.aitoolbox_like_run') == result['run_id']
-        assert json.loads(storage.read_text(f'proj/exp_{ts}/hyperparams.json'))['who'] == str(tmp_path / f'machine{i}')
+        with open(os.path.join(bookkeeping_dir(result['dir']), 'run')) as f:
+            assert f.read() == result['run_id']
+        assert f'who:\t{tmp_path / f"machine{i}"}\n' in storage.read_text(f'proj/exp_{ts}/hyperparams_list.txt')
         local = tmp_path / f'machine{i}' / 'proj' / f'exp_{ts}' / 'checkpoint_model' / f'model_exp_{ts}_E0.pth'
         remote = storage.load_file(f'proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E0.pth', tmp_path / f'r{i}.pth')
         assert open(remote, 'rb').read() == local.read_bytes()
@@ -261,7 +268,10 @@ def test_stray_temp_files_of_a_killed_save_are_removed_on_resume(tmp_path):
     first.fit(num_epochs=1)
     folder = tmp_path / 'proj' / f'exp_{first.experiment_timestamp}'
     ts = first.experiment_timestamp
-    strays = [folder / f'.model_exp_{ts}_E1.pth.0123456789ab.tmp', folder / '.hyperparams.json.abcdef012345.partial']
+    work = Path(bookkeeping_dir(folder))
+    # In the bookkeeping folder, and at the experiment root, where versions before it wrote them.
+    strays = [work / f'.model_exp_{ts}_E1.pth.0123456789ab.tmp', work / '.hyperparams.json.abcdef012345.partial',
+              folder / f'.model_exp_{ts}_E1.pth.0123456789ab.tmp']
     for path in strays:
         path.write_bytes(b'half a file')
     keep = folder / '.notes.txt'            # not a temp file name
