@@ -27,7 +27,8 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
         saved_experiment_timestamp (str): timestamp of the experiment folder to load from.
         saved_model_dir (str): 'checkpoint_model' (checkpoints) or 'model' (the model saved at the end).
         epoch_num (int or None): load the checkpoint of this epoch; None: the latest one (named by
-            ``latest_checkpoint.txt`` in the experiment's bookkeeping folder, <local_model_result_folder_path>/.aitoolbox_like/<project>/<experiment>_<timestamp>/).
+            ``latest_checkpoint.txt`` in the experiment's bookkeeping folder,
+            ``<local_model_result_folder_path>/.aitoolbox_like/<project>/<experiment>_<timestamp>/``).
         ignore_saved_schedulers (bool): do not restore the schedulers' state.
         ignore_missing_saved_schedulers (bool): accepted for AIToolbox compatibility (missing scheduler state
             is never an error here: schedulers without saved state start fresh).

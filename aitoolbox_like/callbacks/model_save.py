@@ -353,7 +353,7 @@ class ModelCheckpoint(ExperimentSaverBase):
         return [s[2] for s in ranked]
 
     def on_epoch_end(self):
-        self.save_checkpoint()
+        self.save_checkpoint(wait=not self.train_loop_obj.epochs_running)
 
     def save_checkpoint(self, iteration_idx=None, wait=False):
         """Save the full training state (after batch ``iteration_idx`` when given, else at the epoch's end) and
@@ -457,7 +457,9 @@ class ModelIterationCheckpoint(ModelCheckpoint):
         idx = self.train_loop_obj.total_iteration_idx
         if idx > 0 and idx % self.save_frequency == 0:
             logger.info('Saving model checkpoint at the training iteration: %d', idx)
-            self.save_checkpoint(iteration_idx=idx)
+            # Hooks driven by hand, outside fit (AIToolbox code does): the file is complete when the hook returns,
+            # as AIToolbox's synchronous save; in a fit it is written in the background and fit waits at its end.
+            self.save_checkpoint(iteration_idx=idx, wait=not self.train_loop_obj.epochs_running)
 
 
 class ModelTrainEndSave(ExperimentSaverBase):

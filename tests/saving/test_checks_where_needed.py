@@ -177,3 +177,23 @@ def test_end_save_checks_its_loaders_when_fit_starts_not_at_registration(tmp_pat
     with pytest.raises(ValueError, match='needs a validation_loader'):
         loop.fit(num_epochs=1)
     assert loop.train_history.get_epochs('loss') == []
+
+
+def test_checkpoint_hooks_driven_outside_fit_leave_complete_files_when_they_return(tmp_path):
+    # AIToolbox code drives a checkpoint callback's hooks by hand, without fit, and lists the folder right after.
+    from aitoolbox_like.callbacks.model_save import ModelIterationCheckpoint
+    model, train, val, test, optimizer = make_parts()
+    callback = ModelIterationCheckpoint(2, 'proj', 'exp', str(tmp_path), {}, cloud_save_mode='local')
+    loop = TrainLoop(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss())
+    loop.callbacks_handler.register_callbacks([callback])
+    loop.callbacks_handler.execute_train_begin()
+    for iteration in range(5):
+        loop.total_iteration_idx = iteration
+        loop.callbacks_handler.execute_batch_end()      # mid-epoch checkpoints at 2 and 4, outside any epoch
+    loop.callbacks_handler.execute_epoch_end()
+    folder = tmp_path / 'proj' / f'exp_{loop.experiment_timestamp}' / 'checkpoint_model'
+    names = sorted(os.listdir(folder))
+    assert names == sorted(f'model_exp_{loop.experiment_timestamp}_E0{suffix}.pth'
+                           for suffix in ('', '_ITER2', '_ITER4'))
+    for name in names:
+        assert torch.load(folder / name, weights_only=True)['model_state_dict'].keys() == model.state_dict().keys()
