@@ -77,12 +77,12 @@ class PyTorchModelPredictor:
             loss_criterion: the loss function passed to the model's ``get_loss_eval`` (e.g. ``nn.CrossEntropyLoss()``).
 
         Returns:
-            the mean loss over the samples (per-batch losses weighted by batch size, so a smaller last batch
-            does not skew it): a 0-dim float64 tensor on the CPU, or a MultiLoss of them.
+            the mean of the per-batch mean losses, as in AIToolbox (the mean over samples when the predictor's
+            ``train_loop.eval_loss_weighting`` is ``'sample'``): a 0-dim float64 tensor on the CPU, or a MultiLoss
+            of them.
         """
-        if isinstance(loss_criterion, torch.nn.Module):
-            loss_criterion.to(self.train_loop.device)
         self.train_loop.criterion = loss_criterion
+        self.train_loop.move_criterion_to_device()
         return self.train_loop.evaluate_loss_on_test_set(force_prediction=True)
 
     # ---- metrics and result packages ----------------------------------------------------------
