@@ -66,7 +66,7 @@ def test_a_loop_with_only_a_test_loader_predicts_and_evaluates():
     with torch.no_grad():
         assert torch.equal(y_pred, torch.cat([model(x) for x, _ in test]))
     assert torch.equal(y_true, torch.cat([y for _, y in test]))
-    assert metadata is None
+    assert metadata == {}          # TTBasicModel returns {} metadata, as in AIToolbox
     with torch.no_grad():
         batch_means = [nn.CrossEntropyLoss()(model(x), y).item() for x, y in test]
         sample_mean = nn.CrossEntropyLoss(reduction='sum')(model(x_all), y_true) / len(y_true)
