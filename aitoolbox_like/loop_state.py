@@ -310,18 +310,8 @@ def _check_optimizer_fits(optimizer, state, source):
                                       f'shape {tuple(param.shape)}; was it saved with a different model?')
 
 
-def apply_checkpoint(loop, checkpoint, source='checkpoint', restore_rng=True, restore_position=True):
-    """Load a checkpoint dict into the loop: weights, optimizer, scaler, history, counters, callbacks and RNG.
-    A checkpoint in AIToolbox's layout restores what it has (weights, optimizer, schedulers, scaler, epoch).
-
-    Returns the position inside an epoch to continue from (a dict for :meth:`ResumePlan.reopen_epoch`), or None
-    when the checkpoint was taken at an epoch's end (or ``restore_position`` is False)."""
-    validate_checkpoint(loop, checkpoint, source, check_optimizer_groups=False)
-    if checkpoint.get('kind') == CHECKPOINT_KIND:
-        # First: a stage-switching callback (e.g. BackboneFinetuning past its unfreeze epoch) rebuilds the
-        # optimizer's parameter groups from its state, so the saved optimizer state then fits.
-        loop.callbacks_handler.load_callbacks_state_dict(checkpoint.get('callbacks', {}))
-    validate_checkpoint(loop, checkpoint, source)
+def _load_weights_optimizer_scaler(loop, checkpoint, source):
+    """The model weights, the optimizer state and the grad-scaler state of a validated checkpoint."""
     optimizer_state = checkpoint.get('optimizer_state_dict')
     if checkpoint.get(sharded_checkpoint.FOLDER_KEY):       # a sharded (FSDP) checkpoint: DCP reshards
         sharded_checkpoint.load_model_and_optimizer(loop, checkpoint[sharded_checkpoint.FOLDER_KEY], source)
@@ -341,6 +331,21 @@ def apply_checkpoint(loop, checkpoint, source='checkpoint', restore_rng=True, re
     amp_state = checkpoint.get('amp')
     if amp_state and loop.amp_scaler is not None and loop.amp_scaler.is_enabled():
         loop.amp_scaler.load_state_dict(amp_state)
+
+
+def apply_checkpoint(loop, checkpoint, source='checkpoint', restore_rng=True, restore_position=True):
+    """Load a checkpoint dict into the loop: weights, optimizer, scaler, history, counters, callbacks and RNG.
+    A checkpoint in AIToolbox's layout restores what it has (weights, optimizer, schedulers, scaler, epoch).
+
+    Returns the position inside an epoch to continue from (a dict for :meth:`ResumePlan.reopen_epoch`), or None
+    when the checkpoint was taken at an epoch's end (or ``restore_position`` is False)."""
+    validate_checkpoint(loop, checkpoint, source, check_optimizer_groups=False)
+    if checkpoint.get('kind') == CHECKPOINT_KIND:
+        # First: a stage-switching callback (e.g. BackboneFinetuning past its unfreeze epoch) rebuilds the
+        # optimizer's parameter groups from its state, so the saved optimizer state then fits.
+        loop.callbacks_handler.load_callbacks_state_dict(checkpoint.get('callbacks', {}))
+    validate_checkpoint(loop, checkpoint, source)
+    _load_weights_optimizer_scaler(loop, checkpoint, source)
 
     if checkpoint.get('kind') != CHECKPOINT_KIND:
         _apply_aitoolbox_checkpoint(loop, checkpoint)
@@ -439,13 +444,10 @@ class ResumePlan:
             validate_checkpoint(loop, checkpoint, self.source_name)
         except CheckpointError:
             return False        # apply() loads it, or names what does not fit, once every callback is registered
-        _load_model(loop, checkpoint['model_state_dict'], self.source_name)
-        optimizer_state = checkpoint.get('optimizer_state_dict')
-        if optimizer_state is not None and callable(getattr(loop.optimizer, 'load_state_dict', None)):
-            loop.optimizer.load_state_dict(optimizer_state)
-        amp_state = checkpoint.get('amp')
-        if amp_state and loop.amp_scaler is not None and loop.amp_scaler.is_enabled():
-            loop.amp_scaler.load_state_dict(amp_state)
+        if not callable(getattr(loop.optimizer, 'load_state_dict', None)):
+            # No optimizer yet (AIToolbox code may set it later): the weights now, the rest when fit starts.
+            checkpoint = dict(checkpoint, optimizer_state_dict=None)
+        _load_weights_optimizer_scaler(loop, checkpoint, self.source_name)
         loop.purge_prediction_cache()
         return True
 
