@@ -134,7 +134,10 @@ def _fit_in_this_process(loop, backend, init_method, settings):
     if settings['on_gpu']:
         torch.cuda.set_device(local_rank)
     if not distributed.is_distributed():
-        dist.init_process_group(backend=backend, init_method=init_method)
+        if init_method == 'env://':
+            distributed.join_process_group_from_env(backend)     # restart-safe under torchrun, bounded set-up
+        else:
+            dist.init_process_group(backend=backend, init_method=init_method)
     # The process group stays up after fit, so that evaluation and prediction afterwards still see every rank's
     # share of the data; the script ends it with torch.distributed.destroy_process_group().
     try:
@@ -345,6 +348,9 @@ def _train_worker(loop, local_rank, settings):
         loop.move_to_device(torch.device('cpu'))
     if settings['fsdp'] is not None:
         _shard_model(loop, settings)
+    else:
+        # Checkpoint callbacks run on every rank: each rank's RNG states and running losses go into rank 0's file.
+        _lift_gates(loop, settings, 'collective_when_distributed')
 
     loop.callbacks_handler.regate_for_rank()
     # As in a single process, a resumed run settles its experiment folder before callbacks register; the data
@@ -400,8 +406,14 @@ def _shard_model(loop, settings):
                                         for o in optimizer.optimizer_list]
         elif getattr(optimizer, 'param_groups', None) is not None:
             loop.optimizer = distributed.rebuild_optimizer(optimizer, old_names, new_params)
+    _lift_gates(loop, settings, 'collective_when_sharded')
+
+
+def _lift_gates(loop, settings, flag):
+    """Let the callbacks whose class sets ``flag`` run on every rank (their rank gate is put back after a torchrun
+    fit, where they are the caller's own objects)."""
     for cb in (list(loop.callbacks) + list(loop.callbacks_handler.cached_callbacks)
                + list(settings['callbacks'] or [])):
-        if getattr(cb, 'collective_when_sharded', False):
+        if getattr(cb, flag, False) and cb.device_idx_execution is not None:
             settings.setdefault('lifted_gates', []).append((cb, cb.device_idx_execution))
             cb.device_idx_execution = None

@@ -10,8 +10,12 @@ import contextlib
 import inspect
 import logging
 import math
+import os
 import socket
+import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sized
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ContextManager, cast
 
 import numpy as np
@@ -19,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
 # ddp_launch builds the wrapper as distributed.TTDistributedDataParallel; it is defined in parallel.py.
@@ -52,6 +56,105 @@ def get_world_size() -> int:
 def is_main_process() -> bool:
     """True on rank 0 (and when not distributed): the process that logs and saves."""
     return get_rank() == 0
+
+
+# Seconds a launcher-started worker waits for every process of its group to join before it gives up (so that a
+# failed restart round ends and the launcher starts another, instead of hanging): join_process_group_from_env.
+SETUP_TIMEOUT_ENV = 'AITOOLBOX_LIKE_DIST_SETUP_TIMEOUT_S'
+DEFAULT_SETUP_TIMEOUT_S = 300.0
+_JOINED = 'aitoolbox_like/joined'
+_ROUND_STORE = 'aitoolbox_like/round_store'
+_NONCE = 'aitoolbox_like/nonce'
+_stores: list[Any] = []         # the stores of the process group: a store's server lives as long as its object
+
+
+class ProcessGroupSetupError(RuntimeError):
+    """The processes of a distributed run did not all join the process group in time."""
+
+
+def setup_timeout_s() -> float:
+    """The set-up timeout in seconds: ``AITOOLBOX_LIKE_DIST_SETUP_TIMEOUT_S``, else 300."""
+    value = os.environ.get(SETUP_TIMEOUT_ENV)
+    try:
+        return float(value) if value else DEFAULT_SETUP_TIMEOUT_S
+    except ValueError:
+        raise ValueError(f'{SETUP_TIMEOUT_ENV}={value!r}: expected a number of seconds') from None
+
+
+def join_process_group_from_env(backend: str) -> None:
+    """Join the process group of a worker that a launcher (torchrun, torchelastic) started: ``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` come from the environment, as for ``init_method='env://'``.
+
+    Two differences from torch's own ``env://`` set-up, both for restarts:
+
+    - Under torchrun's c10d rendezvous the launcher shares its own key-value store with the workers
+      (``TORCHELASTIC_USE_AGENT_STORE=True``), and that store outlives a restart: a restarted worker can read the
+      previous round's peer addresses from it and fail to connect, or wait for peers that are gone
+      (pytorch/pytorch#135712). Here rank 0 of each round starts a new store of its own and publishes its port and
+      a random token in the launcher's store; the other ranks use a published store only once it answers with that
+      token, so an address left from an earlier round (whose processes are all gone) is never used.
+    - Every rank waits for all ``WORLD_SIZE`` processes to reach the store for at most
+      ``AITOOLBOX_LIKE_DIST_SETUP_TIMEOUT_S`` seconds (300 by default), then raises ProcessGroupSetupError: a round
+      that cannot form ends, and the launcher restarts it, instead of hanging.
+    """
+    rank, world_size = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
+    address, port = os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])
+    limit = setup_timeout_s()
+    deadline = time.monotonic() + limit
+    if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == str(True):
+        store = _new_round_store(address, port, rank, deadline)
+    else:
+        store = dist.TCPStore(address, port, world_size=world_size, is_master=rank == 0,
+                              timeout=timedelta(seconds=limit), wait_for_workers=False)
+    _wait_for_everyone(store, world_size, deadline, limit)
+    store.set_timeout(timedelta(minutes=30))      # torch's default for what later uses the store
+    _stores.append(store)
+    dist.init_process_group(backend=backend, store=dist.PrefixStore('default_pg', store), rank=rank,
+                            world_size=world_size)
+
+
+def _left(deadline: float) -> float:
+    return deadline - time.monotonic()
+
+
+def _new_round_store(address: str, port: int, rank: int, deadline: float) -> Any:
+    launcher_store = dist.TCPStore(address, port, is_master=False, timeout=timedelta(seconds=max(_left(deadline), 1)))
+    _stores.append(launcher_store)
+    if rank == 0:
+        store = dist.TCPStore(address, 0, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=max(_left(deadline), 1)))
+        token = uuid.uuid4().hex
+        store.set(_NONCE, token)
+        launcher_store.set(_ROUND_STORE, f'{store.port} {token}')
+        return store
+    while _left(deadline) > 0:
+        published_port, token = launcher_store.get(_ROUND_STORE).decode().split()
+        try:
+            # A plain connection first: the port of a gone store refuses at once (TCPStore would retry for seconds).
+            socket.create_connection((address, int(published_port)), timeout=1.0).close()
+            store = dist.TCPStore(address, int(published_port), is_master=False,
+                                  timeout=timedelta(seconds=max(min(2.0, _left(deadline)), 0.1)))
+            if store.check([_NONCE]) and store.get(_NONCE).decode() == token:
+                store.set_timeout(timedelta(seconds=max(_left(deadline), 1)))
+                return store
+        except (OSError, RuntimeError, dist.DistError):
+            pass        # a store of an earlier round (gone): rank 0 of this round publishes its own shortly
+        time.sleep(0.2)
+    raise ProcessGroupSetupError(f'rank {rank}: rank 0 of this round did not publish its store within '
+                                 f'{SETUP_TIMEOUT_ENV}={setup_timeout_s():g} s')
+
+
+def _wait_for_everyone(store: Any, world_size: int, deadline: float, limit: float) -> None:
+    store.add(_JOINED, 1)
+    while True:
+        joined = store.add(_JOINED, 0)
+        if joined >= world_size:
+            return
+        if _left(deadline) <= 0:
+            raise ProcessGroupSetupError(f'only {joined} of {world_size} processes joined the process group within '
+                                         f'{limit:g} s ({SETUP_TIMEOUT_ENV}); giving up so that the launcher can '
+                                         f'start a new round')
+        time.sleep(0.05)
 
 
 def find_free_port() -> int:
@@ -144,6 +247,49 @@ class ShardedSampler:
             items = (items * math.ceil(total / len(items)))[:total]
         self.last_items = items[self.rank::self.num_replicas]
         return iter(self.last_items)
+
+
+def epoch_order(sampler: Any) -> list[Any] | None:
+    """The whole data order of the current epoch (set_epoch already called) that ``sampler``, one process's
+    DistributedSampler or ShardedSampler, takes its share of: the same on every process and for any number of
+    processes. None for any other sampler."""
+    if isinstance(sampler, DistributedSampler):
+        whole: DistributedSampler[Any] = DistributedSampler(sampler.dataset, num_replicas=1, rank=0,
+                                                            shuffle=sampler.shuffle, seed=sampler.seed, drop_last=False)
+        whole.set_epoch(sampler.epoch)
+        return list(whole)
+    if isinstance(sampler, ShardedSampler):
+        whole_sharded = ShardedSampler(sampler.sampler, 1, 0, sampler.seed, pad=False)
+        whole_sharded.epoch = sampler.epoch
+        return list(whole_sharded)
+    return None
+
+
+class RemainingOrderSampler(Sampler[Any]):
+    """This process's share of an epoch's data order after its first ``samples_done`` samples: what is left of an
+    epoch interrupted by a checkpoint, split between ``num_replicas`` processes (possibly another number than the
+    run that saved it had). As DistributedSampler does, the share is padded by repeating the first samples left
+    when they do not divide evenly, so every process runs the same number of batches."""
+
+    def __init__(self, order: list[Any], samples_done: int, num_replicas: int, rank: int) -> None:
+        self.order = order
+        left = order[samples_done:]
+        if left and len(left) % num_replicas:
+            total = math.ceil(len(left) / num_replicas) * num_replicas
+            left = (left * math.ceil(total / len(left)))[:total]
+        self.items = left[rank::num_replicas]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.items)
+
+
+def loader_with_sampler(loader: DataLoader[Any], sampler: Sampler[Any]) -> DataLoader[Any]:
+    """``loader`` with another sampler and every other DataLoader argument kept."""
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last,
+                      **_loader_kwargs(loader))
 
 
 def _loader_kwargs(loader: DataLoader[Any]) -> dict[str, Any]:

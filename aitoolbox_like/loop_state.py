@@ -130,20 +130,16 @@ def _rebuild_losses(losses):
     return [MultiLoss(loss['multiloss']) if isinstance(loss, dict) else loss for loss in losses]
 
 
-def _losses_over_ranks(losses):
-    """The running losses of every rank averaged batch by batch (a collective): under FSDP every rank builds the
-    checkpoint, and rank 0's own losses alone would make each rank of the resumed run count rank 0's. Every rank of
-    the resumed run (any number of them) restores these means, and the epoch's 'accumulated_loss' (the mean over
-    ranks of each rank's mean) comes out as in the uninterrupted run. Ranks with different numbers of batches (a
-    loader not sharded evenly): each keeps its own."""
-    def to_cpu(value):
-        if isinstance(value, torch.Tensor):
-            return value.detach().cpu()
-        return {k: to_cpu(v) for k, v in value.items()} if isinstance(value, dict) else value
-
-    own = [to_cpu(loss) for loss in losses]
-    gathered: List[Any] = [None] * distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, own)
+def _losses_over_ranks(losses, gathered=None):
+    """The running losses of every rank averaged batch by batch (a collective unless ``gathered``, every rank's
+    list, is given): under FSDP every rank builds the checkpoint, and rank 0's own losses alone would make each rank
+    of the resumed run count rank 0's. Every rank of a resumed run with another number of ranks restores these
+    means (one with the same number its own list, ``loss_batch_accum_ranks``), and the epoch's 'accumulated_loss'
+    (the mean over ranks of each rank's mean) comes out as in the uninterrupted run. Ranks with different numbers
+    of batches (a loader not sharded evenly): each keeps its own."""
+    if gathered is None:
+        gathered = _gather([_losses_to_cpu(loss) for loss in losses])
+    own = gathered[distributed.get_rank()]
     if len({len(rank_losses) for rank_losses in gathered}) != 1 or any(
             not isinstance(loss, (torch.Tensor, dict)) for rank_losses in gathered for loss in rank_losses):
         return losses
@@ -156,12 +152,47 @@ def _losses_over_ranks(losses):
     return [mean([rank_losses[i] for rank_losses in gathered]) for i in range(len(own))]
 
 
+def _losses_to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    return {k: _losses_to_cpu(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+
 def _json_safe(hyperparams):
     text = json.dumps(hyperparams if hyperparams is not None else {}, default=repr)
     return text, json.loads(text)
 
 
-def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True):
+def _gather(value):
+    gathered: List[Any] = [None] * distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, value)
+    return gathered
+
+
+def _train_batch_size(loop):
+    batch_size = getattr(loop.train_loader, 'batch_size', None)
+    return batch_size if isinstance(batch_size, int) and batch_size > 0 else None
+
+
+def samples_done_in_epoch(loop):
+    """How many samples of the epoch's data order (the order of the whole data set, before it is split between
+    processes) the batches trained so far in this epoch consumed, over every process; None when unknown (a loader
+    without a batch size). The position a run resumes from when the number of processes changed: after k batches of
+    B samples on each of W processes, a DistributedSampler has handed out exactly the first k * B * W samples of the
+    epoch's permutation."""
+    batch_size = _train_batch_size(loop)
+    if batch_size is None:
+        return None
+    return loop.epoch_samples_offset + (loop.iteration + 1) * batch_size * loop.world_size
+
+
+def _train_sampler_seed(loop):
+    samplers = loop.distributed_samplers
+    seed = getattr(samplers[0], 'seed', None) if samplers else None
+    return seed if isinstance(seed, int) else None
+
+
+def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True, all_ranks=False):
     """The loop's full state as a checkpoint dict.
 
     Args:
@@ -170,6 +201,11 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True):
             whole state is gathered to rank 0 (a collective: every process calls build_checkpoint, rank 0's result
             is the one to save); ``weights=False`` leaves them out, for a sharded checkpoint whose weights DCP writes
             (sharded_checkpoint.begin_save).
+        all_ranks (bool): every process of the process group calls build_checkpoint at this same point (a
+            collective; the saving callbacks do so at their save steps). The checkpoint then holds every rank's RNG
+            states and the running losses of the epoch averaged over the ranks, so each rank of a resumed run
+            continues with its own random stream and the epoch's loss counts every rank. False (a save by rank 0
+            alone, e.g. while fit is failing): rank 0's own, and a resumed run gives them to every rank.
     """
     model = loop.model
     optimizer = loop.optimizer
@@ -185,16 +221,24 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True):
     handler = loop.callbacks_handler
     data_position = {'epoch': loop.epoch, 'batches_done': None, 'epoch_start_rng': None,
                      'loss_batch_accum': [], 'grads': None}
+    gather = all_ranks and distributed.is_distributed() and loop.world_size > 1
     if mid_epoch:
         data_position.update(batches_done=loop.iteration + 1,
                              epoch_start_rng=loop.epoch_start_rng,
-                             loss_batch_accum=_plain_losses(loop.loss_batch_accum))
+                             loss_batch_accum=_plain_losses(loop.loss_batch_accum),
+                             samples_done=samples_done_in_epoch(loop),
+                             sample_offset=loop.epoch_samples_offset)
         if data_position['epoch_start_rng'] is None:
             # Hooks driven by hand outside fit (AIToolbox code does): there is no epoch start to record. The
             # checkpoint is still written; resuming it continues after the same number of batches, with a warning.
             logger.warning('Mid-epoch checkpoint taken outside fit: the RNG state of the epoch start is unknown, so '
                            'a run resumed from it skips %d batches of a new data order', loop.iteration + 1)
-        if fsdp and loop.world_size > 1:
+        if gather:
+            every_rank = _gather(_plain_losses([_losses_to_cpu(loss) for loss in loop.loss_batch_accum]))
+            data_position['loss_batch_accum_ranks'] = every_rank
+            data_position['loss_batch_accum'] = _losses_over_ranks(data_position['loss_batch_accum'], every_rank)
+            data_position['epoch_start_rng_ranks'] = _gather(loop.epoch_start_rng)
+        elif fsdp and loop.world_size > 1:
             data_position['loss_batch_accum'] = _losses_over_ranks(data_position['loss_batch_accum'])
         if not loop.should_execute_optimizer_update():
             # Inside a gradient-accumulation window: the accumulated gradients are part of the state.
@@ -202,6 +246,7 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True):
                 raise sharded_checkpoint.gradients_inside_window_error()
             data_position['grads'] = [None if p.grad is None else p.grad.detach().cpu().clone()
                                       for p in model.parameters()]
+    rng = capture_rng_state(loop)
     experiment = loop.experiment
     checkpoint = {
         'format_version': FORMAT_VERSION,
@@ -217,16 +262,20 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True):
         'hyperparams_json': hyperparams_json,
         'loop': {'epochs_completed': loop.epoch if mid_epoch else loop.epochs_completed,
                  'epoch': loop.epoch, 'iteration': loop.iteration,
-                 'total_iteration_idx': loop.total_iteration_idx, 'grad_accumulation': loop.grad_accumulation},
+                 'total_iteration_idx': loop.total_iteration_idx, 'grad_accumulation': loop.grad_accumulation,
+                 'world_size': loop.world_size, 'batch_size': _train_batch_size(loop),
+                 'train_sampler_seed': _train_sampler_seed(loop)},
         'train_history': loop.train_history.state_dict(),
         'callbacks': handler.callbacks_state_dict(),
-        'rng': capture_rng_state(loop),
+        'rng': rng,
         'data_position': data_position,
         'experiment': {
             'project_name': experiment.project_name if experiment else getattr(loop, 'project_name', None),
             'experiment_name': experiment.experiment_name if experiment else getattr(loop, 'experiment_name', None),
             'experiment_timestamp': loop.experiment_timestamp},
     }
+    if gather:
+        checkpoint['rng_ranks'] = _gather(rng)
     check_weights_only_safe(checkpoint)
     return checkpoint
 
@@ -359,20 +408,64 @@ def apply_checkpoint(loop, checkpoint, source='checkpoint', restore_rng=True, re
     loop.epoch = counters['epochs_completed']
     loop.iteration = counters['iteration']
     loop.total_iteration_idx = counters['total_iteration_idx']
+    rng = _own_rank_state(loop, checkpoint['rng'], checkpoint.get('rng_ranks'))
     if restore_rng:
-        restore_rng_state(loop, checkpoint['rng'])
+        restore_rng_state(loop, rng)
+    _continue_data_order(loop, counters)
     position = checkpoint['data_position']
     resume_position = None
     if restore_position and position.get('batches_done') is not None:
         resume_position = {'epoch': position['epoch'], 'batches_done': position['batches_done'],
-                           'epoch_start_rng': position['epoch_start_rng'], 'rng': checkpoint['rng'],
-                           'loss_batch_accum': position['loss_batch_accum'], 'grads': position['grads'],
-                           'history': checkpoint['train_history'], 'callbacks': checkpoint.get('callbacks', {})}
+                           'epoch_start_rng': _own_rank_state(loop, position['epoch_start_rng'],
+                                                              position.get('epoch_start_rng_ranks')),
+                           'rng': rng, 'grads': position['grads'],
+                           'loss_batch_accum': _own_rank_losses(loop, counters, position),
+                           'history': checkpoint['train_history'], 'callbacks': checkpoint.get('callbacks', {}),
+                           # Known by position only in a DistributedSampler's order (the saved run's seed kept).
+                           'samples_done': position.get('samples_done') if isinstance(
+                               counters.get('train_sampler_seed'), int) else None,
+                           'sample_offset': position.get('sample_offset', 0),
+                           'world_size': counters.get('world_size', 1)}
     loop.purge_prediction_cache()
     logger.info('Resumed from %s: %d epoch(s) done, global batch %d%s', source, loop.epochs_completed,
                 loop.total_iteration_idx + 1,
                 f", {position['batches_done']} batch(es) into epoch {position['epoch']}" if resume_position else '')
     return resume_position
+
+
+def _own_rank_state(loop, rank0_state, rank_states):
+    """This rank's RNG state from a checkpoint: its own when the checkpoint kept every rank's (and this rank existed
+    in the saved run), else rank 0's."""
+    rank = loop.global_rank
+    if isinstance(rank_states, list) and rank < len(rank_states) and rank_states[rank] is not None:
+        return rank_states[rank]
+    return rank0_state
+
+
+def _own_rank_losses(loop, counters, position):
+    """The running losses this rank continues the epoch with: its own when the checkpoint kept every rank's and the
+    number of ranks is the same, else the means over the saved run's ranks (_losses_over_ranks)."""
+    every_rank = position.get('loss_batch_accum_ranks')
+    if isinstance(every_rank, list) and len(every_rank) == loop.world_size == counters.get('world_size'):
+        return every_rank[loop.global_rank]
+    return position['loss_batch_accum']
+
+
+def _continue_data_order(loop, counters):
+    """Keep the saved run's data order: the shuffling seed of its DistributedSampler (a script that never seeds torch
+    draws a new one in each run), and say when the global batch size changed with the number of processes."""
+    seed = counters.get('train_sampler_seed')
+    samplers = loop.distributed_samplers
+    if isinstance(seed, int) and samplers and isinstance(getattr(samplers[0], 'seed', None), int):
+        samplers[0].seed = seed
+    saved_size, saved_world = counters.get('batch_size'), counters.get('world_size')
+    batch_size = _train_batch_size(loop)
+    if saved_size and saved_world and batch_size and saved_size * saved_world != batch_size * loop.world_size \
+            and loop.is_main_process():
+        logger.warning('The global batch size changes from %d (%d per process x %d processes) when the checkpoint was '
+                       'saved to %d (%d x %d) now: each optimizer step averages over a different number of samples, '
+                       'and a learning rate tuned for the old size may need scaling', saved_size * saved_world,
+                       saved_size, saved_world, batch_size * loop.world_size, batch_size, loop.world_size)
 
 
 def _load_model(loop, state_dict, source):
@@ -410,7 +503,8 @@ class ResumePlan:
     3. :meth:`reopen_epoch` at the start of the epoch the checkpoint was taken in, when it was taken mid-epoch.
 
     Args:
-        source: what to resume from: a file path, an experiment folder, ``'s3://bucket/key'``, ``'latest'``.
+        source: what to resume from: a file path, an experiment folder, ``'s3://bucket/key'``, ``'latest'``, or
+            ``'auto'`` (the newest checkpoint if there is one, else a fresh start: :func:`find_auto_checkpoint`).
         checkpoint: an already loaded checkpoint dict (then ``source`` only names it in messages).
     """
 
@@ -419,11 +513,19 @@ class ResumePlan:
         self.checkpoint = checkpoint
         self.source_name = source if checkpoint is None else str(source)
         self.applied = False
+        self.found = True       # False: resume_from='auto' found nothing to resume
         self.position: Optional[Dict[str, Any]] = None      # where inside an epoch to continue, once applied
 
     def load(self, loop: 'TrainLoop', experiment: Optional['Experiment'], callbacks: Any = None) -> None:
-        """Read the checkpoint (once) and move the run into its experiment folder."""
-        if self.checkpoint is None:
+        """Read the checkpoint (once) and move the run into its experiment folder. With ``resume_from='auto'`` and
+        nothing to resume, the plan stays empty (:attr:`found` is False) and the run starts from scratch."""
+        if self.checkpoint is None and self.source == AUTO:
+            found = find_auto_checkpoint(loop, experiment, callbacks)
+            if found is None:
+                self.found = False
+                return
+            self.checkpoint, self.source_name = found
+        elif self.checkpoint is None:
             self.checkpoint, self.source_name = load_resume_checkpoint(loop, self.source, experiment, callbacks)
         # Before the run moves into the checkpoint's folder: a checkpoint that does not fit changes nothing.
         validate_checkpoint(loop, self.checkpoint, self.source_name, check_optimizer_groups=False)
@@ -453,7 +555,7 @@ class ResumePlan:
 
     def apply(self, loop: 'TrainLoop') -> None:
         """Put the checkpoint's state into the loop (once)."""
-        if not self.applied:
+        if not self.applied and self.found:
             self.position = apply_checkpoint(loop, self.checkpoint, self.source_name)
             self.applied = True
 
@@ -461,14 +563,17 @@ class ResumePlan:
         """True when the run continues inside ``epoch`` (the checkpoint was taken after one of its batches)."""
         return self.position is not None and self.position['epoch'] == epoch
 
-    def reopen_epoch(self, loop: 'TrainLoop') -> Tuple[Iterator[Any], int]:
-        """The train loader's iterator for the epoch being resumed, positioned after the batches the checkpoint
-        already trained, and the index of the next batch.
+    def reopen_epoch(self, loop: 'TrainLoop') -> Tuple[Iterator[Any], int, Any]:
+        """The train loader's iterator for the epoch being resumed, positioned after the samples the checkpoint
+        already trained, the index of the next batch, and the loader the iterator comes from (its len() is the
+        epoch's number of batches).
 
         The data order of an epoch comes from the RNG state at the epoch's start, which the checkpoint kept: the
         same permutation is rebuilt, the trained batches are skipped, then the checkpoint's own RNG state, history,
         callback state, running losses and accumulated gradients are put back (on_epoch_begin just ran again for
-        this epoch; its effects were already in the checkpoint)."""
+        this epoch; its effects were already in the checkpoint). When the number of processes changed since the
+        checkpoint, the samples it trained are known by their position in the epoch's order: the rest of that
+        order is split between the processes of this run (:func:`remaining_epoch_loader`)."""
         resume = self.position
         assert resume is not None, 'reopen_epoch() is called only when resumes_inside(epoch)'
         self.position = None
@@ -480,14 +585,33 @@ class ResumePlan:
                            'resumed epoch skips %d batches of a new data order, so with a shuffling loader some '
                            'samples of this epoch are trained twice and some not at all', resume['batches_done'])
             loop.epoch_start_rng = capture_rng_state(loop)
-        iterator = iter(loop.train_loader)
-        for done in range(resume['batches_done']):
-            try:
-                next(iterator)
-            except StopIteration:
-                raise CheckpointError(f'the checkpoint was taken after {resume["batches_done"]} batches of epoch '
-                                      f'{loop.epoch}, but the train loader now has only {done}; resume with the '
-                                      f'same data and batch size') from None
+        loader, start = loop.train_loader, resume['batches_done']
+        loop.epoch_samples_offset = 0
+        if resume['world_size'] != loop.world_size or resume['sample_offset']:
+            remaining = remaining_epoch_loader(loop, resume['samples_done'])
+            if remaining is not None:
+                loader, start = remaining, 0
+                loop.epoch_samples_offset = resume['samples_done']
+                if loop.is_main_process():
+                    logger.info('Resuming epoch %d on %d process(es) (the checkpoint was saved by %d): %d samples of '
+                                'its order were trained, the other %d are split between the processes',
+                                loop.epoch, loop.world_size, resume['world_size'], resume['samples_done'],
+                                len(remaining.sampler.order) - resume['samples_done'])
+            elif loop.is_main_process():
+                logger.warning('The checkpoint was saved by %d process(es), this run has %d, and the train loader\'s '
+                               'data order cannot be rebuilt (only a DataLoader whose sampler the distributed fit '
+                               'set up can): the resumed epoch skips %d batches per process, so some samples of it '
+                               'are trained twice or not at all', resume['world_size'], loop.world_size,
+                               resume['batches_done'])
+        iterator = iter(loader)
+        if loader is loop.train_loader:
+            for done in range(start):
+                try:
+                    next(iterator)
+                except StopIteration:
+                    raise CheckpointError(f'the checkpoint was taken after {start} batches of epoch {loop.epoch}, '
+                                          f'but the train loader now has only {done}; resume with the same data and '
+                                          f'batch size') from None
         restore_rng_state(loop, resume['rng'])
         loop.train_history.load_state_dict(resume['history'])
         loop.callbacks_handler.load_callbacks_state_dict(resume['callbacks'])
@@ -496,7 +620,117 @@ class ResumePlan:
         if resume['grads'] is not None:
             for param, grad in zip(loop.model.parameters(), resume['grads']):
                 param.grad = None if grad is None else grad.to(param.device)
-        return iterator, resume['batches_done']
+        return iterator, start, loader
+
+
+def remaining_epoch_loader(loop: 'TrainLoop', samples_done: Optional[int]) -> Any:
+    """A loader over the samples of the current epoch's order after the first ``samples_done``, split between the
+    processes of this run as the DistributedSampler splits a whole epoch (padded by repeating its first samples when
+    they do not divide evenly, so every process runs the same number of batches), keeping every other DataLoader
+    argument. None when the order cannot be rebuilt: ``samples_done`` unknown, or a train loader whose sampler the
+    distributed fit did not set up."""
+    samplers = loop.distributed_samplers
+    sampler = samplers[0] if samplers else None
+    if samples_done is None or sampler is None:
+        return None
+    order = distributed.epoch_order(sampler)
+    if order is None:
+        return None
+    return distributed.loader_with_sampler(
+        loop.train_loader, distributed.RemainingOrderSampler(order, samples_done, loop.world_size, loop.global_rank))
+
+
+# ---------------------------------------------------------------------------------------------- resume_from='auto'
+
+
+AUTO = 'auto'
+
+
+def _all_callbacks(loop, callbacks):
+    given = list(callbacks) if isinstance(callbacks, (list, tuple)) else []
+    found: List[Any] = []
+    for cb in list(loop.callbacks) + list(loop.callbacks_handler.cached_callbacks) + given:
+        if not any(cb is other for other in found):
+            found.append(cb)
+    return found
+
+
+def check_auto_resume(loop: 'TrainLoop', callbacks: Any) -> None:
+    """``fit(resume_from='auto')`` before anything starts: some callback must write the checkpoints a restarted run
+    resumes from (it sets ``writes_checkpoints``: ModelCheckpoint, ModelIterationCheckpoint, the tracking loops'
+    savers, RayTrainReport); without one every restart would silently train from zero again."""
+    if not any(getattr(cb, 'writes_checkpoints', False) for cb in _all_callbacks(loop, callbacks)):
+        raise ValueError("fit(resume_from='auto') continues from the run's newest checkpoint, but no registered "
+                         'callback writes checkpoints, so every restart would train from scratch: add a '
+                         'ModelCheckpoint or ModelIterationCheckpoint (or use TrainLoopCheckpoint; under Ray, '
+                         'aitoolbox_like.integrations.ray.RayTrainReport), or leave resume_from out')
+
+
+def _find_here(loop, experiment, callbacks):
+    """What rank 0 would resume from: ('path', path, None), ('loaded', source name, checkpoint) or None."""
+    for cb in _all_callbacks(loop, callbacks):
+        finder = getattr(cb, 'find_resume_checkpoint', None)
+        if not callable(finder):
+            continue
+        found = finder(loop)
+        if isinstance(found, dict):
+            return 'loaded', f'the checkpoint of {type(cb).__name__}', found
+        if found is not None:
+            return 'path', os.fspath(found), None
+    if experiment is None:
+        return None
+    path = find_latest_local(experiment)
+    if path is not None:
+        return 'path', path, None
+    remote = _find_latest_in_cloud(loop, experiment, callbacks)
+    if remote is not None:
+        checkpoint, uri = remote
+        return 'loaded', uri, checkpoint
+    return None
+
+
+def find_auto_checkpoint(loop: 'TrainLoop', experiment: Optional['Experiment'],
+                         callbacks: Any = None) -> Optional[Tuple[Dict[str, Any], str]]:
+    """``resume_from='auto'``: the checkpoint to continue from, as ``(checkpoint, source name)``, or None to start
+    from scratch (logged). Looked for in this order: a callback's ``find_resume_checkpoint(loop)`` (e.g. Ray Train's
+    checkpoint), the experiment's newest complete local checkpoint, its newest copy in S3 (a new machine). In a
+    distributed run rank 0 decides and every rank resumes from the same checkpoint: each reads the file itself
+    when it sees it, else rank 0 sends its copy (a collective)."""
+    check_auto_resume(loop, callbacks)
+    distributed_run = distributed.is_distributed() and distributed.get_world_size() > 1
+    found = _find_here(loop, experiment, callbacks) if distributed.get_rank() == 0 else None
+    if distributed_run:
+        choice: List[Any] = [found[:2] if found is not None else None]
+        torch.distributed.broadcast_object_list(choice, src=0)
+        if choice[0] is not None and found is None:
+            found = (choice[0][0], choice[0][1], None)
+        elif choice[0] is None:
+            found = None
+    if found is None:
+        where = f'{experiment.project_name}/{experiment.experiment_name} in {experiment.root}' if experiment else \
+            'this run (no experiment folder)'
+        if loop.is_main_process():
+            logger.info("fit(resume_from='auto'): no checkpoint of %s yet: training from scratch", where)
+        return None
+    kind, source, checkpoint = found
+    if kind == 'path' and checkpoint is None and (not distributed_run or _visible_everywhere(source)):
+        checkpoint, source = load_resume_checkpoint(loop, source, experiment, callbacks)
+    elif distributed_run:
+        if kind == 'path' and loop.is_main_process():
+            checkpoint, _ = load_resume_checkpoint(loop, source, experiment, callbacks)
+        shipped: List[Any] = [checkpoint]
+        torch.distributed.broadcast_object_list(shipped, src=0)
+        checkpoint = shipped[0]
+    if loop.is_main_process():
+        logger.info("fit(resume_from='auto'): resuming from %s", source)
+    return checkpoint, source
+
+
+def _visible_everywhere(path):
+    """Every rank sees the file ``path`` (a shared file system, or one machine): a collective."""
+    visible: List[Any] = [None] * distributed.get_world_size()
+    torch.distributed.all_gather_object(visible, os.path.exists(path))
+    return all(visible)
 
 
 def _experiment_callbacks(loop, callbacks):
@@ -529,6 +763,8 @@ def prepare_fit(loop, callbacks):
     experiment = _experiment_for(loop, callbacks)
     if loop.resume_plan is not None:
         loop.resume_plan.load(loop, experiment, callbacks)
+        if not loop.resume_plan.found:
+            loop.resume_plan = None         # resume_from='auto' with nothing to resume: a fresh start
     continuing = any(getattr(cb, 'continues_experiment', False) for cb in _experiment_callbacks(loop, callbacks))
     # A ModelLoadContinueTraining continues an existing folder: claiming a new one first would leave it empty.
     if experiment is not None and not experiment.claimed and not loop.lazy_experiment_save and not continuing:
@@ -644,10 +880,12 @@ def _download_and_load(storage, key, map_location, allow_unsafe_pickle):
 
 
 def _sharded_folder_key(key):
-    """The folder key when ``key`` names a sharded checkpoint (its ``.dcp`` folder or its marker), else None."""
+    """The folder key when ``key`` names a sharded checkpoint (its ``.dcp`` folder, its marker or another of its files:
+    ``train_state.pt`` or a shard, none of which is a checkpoint on its own), else None."""
     key = key.rstrip('/')
-    if key.endswith(f'/{sharded_checkpoint.MARKER}'):
-        key = key[:-len(sharded_checkpoint.MARKER) - 1]
+    folder = key.rpartition('/')[0]
+    if folder.endswith(sharded_checkpoint.SUFFIX):
+        key = folder
     return key if key.endswith(sharded_checkpoint.SUFFIX) else None
 
 

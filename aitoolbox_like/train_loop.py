@@ -183,6 +183,10 @@ class TrainLoop:
         # callbacks/defaults.py); the tracking loops take it as an argument.
         self.preemption_safe = True
         self.epoch_start_rng: Optional[Dict[str, Any]] = None   # RNG state at this epoch's start (mid-epoch resume)
+        # Samples of this epoch's data order (over every process) trained before its first batch index 0: not 0
+        # only in an epoch resumed on another number of processes than its checkpoint's, whose batches then cover
+        # what was left of the order (loop_state.samples_done_in_epoch).
+        self.epoch_samples_offset = 0
         # callbacks
         self.callbacks: List[AbstractCallback] = []
         self.callbacks_handler = CallbacksHandler(self)
@@ -299,7 +303,10 @@ class TrainLoop:
             grad_accumulation (int): micro-batches per optimizer update; the last partial window of an
                 epoch is applied too.
             resume_from: continue an interrupted run from a checkpoint: a file path, an experiment folder,
-                's3://bucket/key' or 'latest' (see docs/saving-and-resuming.md).
+                's3://bucket/key' or 'latest' (see docs/saving-and-resuming.md); 'auto': from the run's newest
+                checkpoint when there is one (local, else its S3 copy, or a callback's such as Ray Train's), else
+                start from scratch, for scripts that a launcher restarts (docs/distributed.md). 'auto' needs a
+                callback that writes checkpoints.
         """
         for name, value in (('num_epochs', num_epochs), ('num_iterations', num_iterations),
                             ('grad_accumulation', grad_accumulation)):
@@ -316,6 +323,8 @@ class TrainLoop:
         # What can be judged before any process starts; the rest once callbacks are registered (a callback
         # may build the loaders in each DDP process or set the optimizer).
         self._check_fit_inputs(final=False)
+        if resume_from == loop_state.AUTO:
+            loop_state.check_auto_resume(self, callbacks)
         # The plan travels with the loop into each DDP process, which loads the checkpoint itself.
         self.resume_plan = loop_state.ResumePlan(resume_from) if resume_from is not None else None
         try:
@@ -552,12 +561,12 @@ class TrainLoop:
         last partial gradient-accumulation window is applied. Sized loaders use len() so that batches
         are fetched exactly when a hand-written loop would fetch them; others look one batch ahead."""
         remaining = self.num_iterations - (self.total_iteration_idx + 1) if self.num_iterations else None
-        sized = not isinstance(getattr(self.train_loader, 'dataset', None), IterableDataset)
+        iterator, start, loader = self._open_epoch()
+        sized = not isinstance(getattr(loader, 'dataset', None), IterableDataset)
         try:
-            length = len(self.train_loader) if sized else None
+            length = len(loader) if sized else None
         except TypeError:
             length = None
-        iterator, start = self._open_epoch()
         if length is not None:
             last = length - 1 if remaining is None else min(length, start + remaining) - 1
             for i, batch in enumerate(iterator, start):
@@ -578,13 +587,15 @@ class TrainLoop:
             batch, i = upcoming, i + 1
 
     def _open_epoch(self):
-        """The train loader's iterator for the epoch now starting, and the index of its first batch (after the
-        batches a mid-epoch checkpoint already trained, when the run resumes inside this epoch)."""
+        """The train loader's iterator for the epoch now starting, the index of its first batch (after the
+        batches a mid-epoch checkpoint already trained, when the run resumes inside this epoch) and the loader it
+        comes from (the epoch's number of batches is its len())."""
         plan, self.resume_plan = self.resume_plan, None
         if plan is not None and plan.resumes_inside(self.epoch):
             return plan.reopen_epoch(self)
         self.epoch_start_rng = loop_state.capture_rng_state(self)
-        return iter(self.train_loader), 0
+        self.epoch_samples_offset = 0
+        return iter(self.train_loader), 0, self.train_loader
 
     def _train_step(self, batch_data):
         # The per-step path: hook lists are read directly (no dispatch method per hook) and nothing here

@@ -128,18 +128,20 @@ class ExperimentSaverBase(AbstractCallback):
             self._close_stager()
 
     def _save_state(self, subdir, file_name, mid_epoch=False, pointer=None, after_write=None, wait=False,
-                    checkpoint=None):
+                    checkpoint=None, all_ranks=False):
         """Write the loop's full state atomically into ``<experiment>/<subdir>/<file_name>``, then point
         ``pointer`` at it, queue its upload and run ``after_write(path)``; returns the file's path.
 
         With ``async_save`` the training thread only waits for the previous write and copies the state to host
         memory; the rest runs in the background (``wait=True``: wait for it before returning). ``checkpoint``: the
-        state to write, already built (an FSDP export, gathered by every rank); None: built here."""
+        state to write, already built (an FSDP export, gathered by every rank); None: built here (``all_ranks``:
+        with every rank taking part, loop_state.build_checkpoint)."""
         loop = self.train_loop_obj
         self.wait_for_pending_save()        # one write in flight at most; its error is raised here
         self.save_hyperparams()
         if checkpoint is None:
-            checkpoint = loop_state.build_checkpoint(loop, self.hyperparams, mid_epoch=mid_epoch)
+            checkpoint = loop_state.build_checkpoint(loop, self.hyperparams, mid_epoch=mid_epoch,
+                                                     all_ranks=all_ranks)
         folder = self.experiment.subdir(subdir)
         path = os.path.join(folder, file_name)
         experiment_dir = self.experiment.dir_path
@@ -182,7 +184,10 @@ class ExperimentSaverBase(AbstractCallback):
             folder = os.path.join(self.experiment.subdir(subdir), folder_name)
         # On every rank: a callback's state may gather sharded tensors (a collective).
         train_state = loop_state.build_checkpoint(loop, self.hyperparams, mid_epoch=mid_epoch, weights=False)
-        writer = self.async_writer
+        # wait=True (a preemption or on_exception save): the caller waits for the whole save anyway, so it is
+        # written on this thread, without a host copy of the shards or a stager (on_exception comes after the
+        # stager was closed).
+        writer = self.async_writer if not wait else None
         if writer is not None:
             train_state = writer.snapshot(train_state) if main else None
             if self._stager is None:
@@ -261,6 +266,11 @@ class ModelCheckpoint(ExperimentSaverBase):
     # Read by the FSDP launcher (ddp_launch): under gpu_mode='fsdp' every rank writes its shards of a checkpoint,
     # so this callback then runs on every rank (device_idx_execution=None); rank 0 alone writes the other files.
     collective_when_sharded = True
+    # Read by the DDP launcher: every rank takes part in building a checkpoint (its RNG states and running losses
+    # go into rank 0's file), so this callback runs on every rank there too; rank 0 alone writes.
+    collective_when_distributed = True
+    # fit(resume_from='auto') needs a callback that writes checkpoints to resume from (loop_state.check_auto_resume).
+    writes_checkpoints = True
 
     def __init__(self, project_name, experiment_name, local_model_result_folder_path, hyperparams,
                  cloud_save_mode='s3', bucket_name='model-result', cloud_dir_prefix='', rm_subopt_local_models=False,
@@ -355,13 +365,25 @@ class ModelCheckpoint(ExperimentSaverBase):
     def on_epoch_end(self):
         self.save_checkpoint(wait=not self.train_loop_obj.epochs_running)
 
-    def save_checkpoint(self, iteration_idx=None, wait=False):
+    def save_checkpoint(self, iteration_idx=None, wait=False, all_ranks=None):
         """Save the full training state (after batch ``iteration_idx`` when given, else at the epoch's end) and
-        return the checkpoint's path. With ``async_save`` the file is written in the background; ``wait=True``
-        returns only once it is complete (its pointers written, its upload queued)."""
+        return the checkpoint's path (None on ranks other than 0, which write nothing). With ``async_save`` the file
+        is written in the background; ``wait=True`` returns only once it is complete (its pointers written, its
+        upload queued).
+
+        ``all_ranks``: in a distributed fit, whether every rank calls this at the same step (then the checkpoint
+        holds each rank's RNG states and running losses: ``loop_state.build_checkpoint(all_ranks=True)``). None:
+        whether this callback runs on every rank (as the launcher arranges); pass False from code that runs on one
+        rank only (e.g. while fit is failing)."""
         loop = self.train_loop_obj
         sharded = distributed.is_fsdp_model(loop.model)     # FSDP: every rank writes its shards
+        if all_ranks is None:
+            all_ranks = self.device_idx_execution is None
+        all_ranks = all_ranks and distributed.is_distributed()
         if not loop.is_main_process() and not sharded:
+            if all_ranks:
+                # Rank 0 builds the checkpoint at this step; this rank's part of it is gathered (no weights here).
+                loop_state.build_checkpoint(loop, mid_epoch=iteration_idx is not None, weights=False, all_ranks=True)
             return None
         self.wait_for_pending_save()        # the previous checkpoint is complete before the ranking changes
         mid_epoch = iteration_idx is not None
@@ -387,7 +409,7 @@ class ModelCheckpoint(ExperimentSaverBase):
             path = self._save_sharded_state(CHECKPOINT_DIR, file_name, mid_epoch, LATEST_POINTER, after_write, wait)
         else:
             path = self._save_state(CHECKPOINT_DIR, file_name, mid_epoch=mid_epoch, pointer=LATEST_POINTER,
-                                    after_write=after_write, wait=wait)
+                                    after_write=after_write, wait=wait, all_ranks=all_ranks)
         self.latest_checkpoint_path = path
         return path
 
