@@ -12,15 +12,20 @@ A recipe that does not check (unknown names or keys, wrong types, missing argume
 ``key.path: problem`` line each, with exit status 2 and nothing trained.
 """
 import argparse
+import contextlib
 import datetime
 import logging
 import os
 import shlex
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import tempfile
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .recipe import COMMAND_LINE_FILE, RECIPE_FILE, Recipe, RecipeError, Run, reference_entries
 from .registry import KINDS, UnknownNameError
+
+if TYPE_CHECKING:
+    from ..storage.s3 import S3Storage
 
 logger = logging.getLogger(__name__)
 
@@ -144,14 +149,20 @@ def finished_reason(checkpoint: Any, fit_kwargs: Dict[str, Any], callback_names:
     return None
 
 
+def _s3_experiment(source: str, endpoint_url: Optional[str]) -> Tuple['S3Storage', str]:
+    """The bucket (as storage without a prefix) and the key of the experiment folder an s3:// address names."""
+    from ..storage.s3 import S3Storage, split_s3_uri
+    bucket, prefix = split_s3_uri(source)
+    prefix = prefix.strip('/')
+    if not bucket or not prefix:
+        raise RecipeError([f'{source}: expected s3://bucket/<prefix>/<project>/<experiment>_<timestamp>'])
+    return S3Storage(bucket, endpoint_url=endpoint_url), prefix
+
+
 def _read_experiment(source: str, endpoint_url: Optional[str]) -> Tuple[str, str, str]:
     """``(recipe text, previous command lines, where the recipe was read)`` of an experiment folder or s3:// URI."""
     if source.startswith('s3://'):
-        from ..storage.s3 import S3Storage, split_s3_uri
-        bucket, prefix = split_s3_uri(source)
-        if not bucket or not prefix:
-            raise RecipeError([f'{source}: expected s3://bucket/<prefix>/<project>/<experiment>_<timestamp>'])
-        storage = S3Storage(bucket, endpoint_url=endpoint_url)
+        storage, prefix = _s3_experiment(source, endpoint_url)
         where = storage.uri(f'{prefix}/{RECIPE_FILE}')
         try:
             text = storage.read_text(f'{prefix}/{RECIPE_FILE}')
@@ -221,8 +232,77 @@ def _continue_in(recipe: Recipe, experiment: str) -> None:
         raise RecipeError(errors, recipe.source)
 
 
-def cmd_resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
+def _read_train_state(storage: 'S3Storage', folder_key: str) -> Any:
+    """The training state (``train_state.pt``) of the sharded checkpoint stored under ``folder_key``, alone."""
+    from ..checkpoint import load_checkpoint
+    from ..sharded_checkpoint import TRAIN_STATE_FILE
+    key = f'{folder_key}/{TRAIN_STATE_FILE}'
+    with tempfile.TemporaryDirectory(prefix='aitoolbox_like_resume_') as tmp:
+        local = storage.load_file(key, os.path.join(tmp, TRAIN_STATE_FILE))
+        return load_checkpoint(local, source_name=storage.uri(key))
+
+
+def _newest_checkpoint(experiment: str, endpoint_url: Optional[str] = None) -> Tuple[Any, str]:
+    """``(checkpoint, where)``: the newest complete checkpoint of the experiment folder or s3:// address
+    ``experiment``, as much of it as :func:`finished_reason` reads. FileNotFoundError when there is none.
+
+    A sharded (FSDP) checkpoint in S3 gives only its training state: its shards, possibly large, are downloaded once,
+    by the resumed fit, into the local experiment folder where the run expects them (and DCP reshards them there for
+    the number of processes it resumes with). ``endpoint_url``: the S3 endpoint (None: boto3's own resolution)."""
     from .. import loop_state
+    if not experiment.startswith('s3://'):
+        return loop_state.load_resume_checkpoint(None, experiment)
+    from ..experiment import CHECKPOINT_DIR, find_cloud_checkpoint
+    from ..sharded_checkpoint import MARKER
+    storage, prefix = _s3_experiment(experiment, endpoint_url)
+    found = find_cloud_checkpoint(storage, prefix)
+    if found is None:
+        raise FileNotFoundError(f'no complete checkpoint in {storage.uri(prefix)}/{CHECKPOINT_DIR}/')
+    if found.endswith(f'/{MARKER}'):
+        folder = found[:-len(MARKER) - 1]
+        return _read_train_state(storage, folder), storage.uri(folder)
+    return loop_state.load_resume_checkpoint(None, storage.uri(found), endpoint_url=endpoint_url)
+
+
+#: boto3's endpoint variable for S3, read by every S3 client the resumed run makes.
+_ENDPOINT_VARIABLE = 'AWS_ENDPOINT_URL_S3'
+
+
+@contextlib.contextmanager
+def _s3_endpoint(endpoint_url: Optional[str]) -> Iterator[None]:
+    """``--endpoint-url`` for the whole resumed run: fit reads its checkpoint from S3 again (in every process it
+    starts) and the loop's savers upload to the bucket, all with boto3's own endpoint resolution, which an explicit
+    address must win over. The variable is put back afterwards (``main`` may be called from Python)."""
+    if endpoint_url is None:
+        yield
+        return
+    saved = os.environ.get(_ENDPOINT_VARIABLE)
+    if saved not in (None, endpoint_url):
+        logger.info('--endpoint-url %s replaces %s=%s for this run', endpoint_url, _ENDPOINT_VARIABLE, saved)
+    os.environ[_ENDPOINT_VARIABLE] = endpoint_url
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(_ENDPOINT_VARIABLE, None)
+        else:
+            os.environ[_ENDPOINT_VARIABLE] = saved
+
+
+def _train_again(recipe_file: str) -> str:
+    """How to start the run again from its saved recipe (``train`` reads local files only)."""
+    if recipe_file.startswith('s3://'):
+        return f'start the run again: copy {recipe_file} here, then {PROG} train {RECIPE_FILE}'
+    return f'start the run again with: {PROG} train {shlex.quote(recipe_file)}'
+
+
+def cmd_resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    with _s3_endpoint(args.endpoint_url):
+        return _resume(args, argv)
+
+
+def _resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from ..checkpoint import CheckpointError
     # A local folder is made absolute once: the recipe's imports, the loop's results root and resume_from use it.
     experiment = args.experiment if args.experiment.startswith('s3://') else \
         os.path.abspath(os.path.expanduser(args.experiment))
@@ -232,11 +312,13 @@ def cmd_resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
     _continue_in(recipe, experiment)
     plan = recipe.plan()
     try:
-        checkpoint, checkpoint_source = loop_state.load_resume_checkpoint(None, experiment,
-                                                                           endpoint_url=args.endpoint_url)
+        checkpoint, checkpoint_source = _newest_checkpoint(experiment, args.endpoint_url)
     except FileNotFoundError as error:
-        _say(f'{experiment}: no checkpoint to resume from ({error}); start the run again with: '
-             f'{PROG} train {shlex.quote(where)}')
+        _say(f'{experiment}: no checkpoint to resume from ({error}); {_train_again(where)}')
+        return 1
+    except CheckpointError as error:
+        _say(f'{experiment}: its newest checkpoint cannot be resumed from: {error}. Remove it to resume from the one '
+             f'before it, or {_train_again(where)}')
         return 1
     reason = finished_reason(checkpoint, plan.fit, [getattr(c.target, '__name__', '') for c in plan.callbacks])
     if reason is not None:
