@@ -152,6 +152,19 @@ def _losses_over_ranks(losses, gathered=None):
     return [mean([rank_losses[i] for rank_losses in gathered]) for i in range(len(own))]
 
 
+def _pack_losses(losses):
+    if losses and all(isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.dtype == losses[0].dtype
+                      for loss in losses):
+        return {'stacked': torch.stack([loss.detach().cpu() for loss in losses])}
+    return losses
+
+
+def _unpack_losses(losses):
+    if isinstance(losses, dict) and 'stacked' in losses:
+        return list(losses['stacked'].unbind())
+    return losses
+
+
 def _losses_to_cpu(value):
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
@@ -276,6 +289,11 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True, all_
     }
     if gather:
         checkpoint['rng_ranks'] = _gather(rng)
+    # One tensor per list, not one record per batch: a checkpoint late in a long epoch stays small.
+    data_position['loss_batch_accum'] = _pack_losses(data_position['loss_batch_accum'])
+    if 'loss_batch_accum_ranks' in data_position:
+        data_position['loss_batch_accum_ranks'] = [_pack_losses(losses)
+                                                   for losses in data_position['loss_batch_accum_ranks']]
     check_weights_only_safe(checkpoint)
     return checkpoint
 
@@ -447,8 +465,8 @@ def _own_rank_losses(loop, counters, position):
     number of ranks is the same, else the means over the saved run's ranks (_losses_over_ranks)."""
     every_rank = position.get('loss_batch_accum_ranks')
     if isinstance(every_rank, list) and len(every_rank) == loop.world_size == counters.get('world_size'):
-        return every_rank[loop.global_rank]
-    return position['loss_batch_accum']
+        return _unpack_losses(every_rank[loop.global_rank])
+    return _unpack_losses(position['loss_batch_accum'])
 
 
 def _continue_data_order(loop, counters):
