@@ -48,6 +48,27 @@ def _inputs_to_device(inputs: Sequence[Any], device: torch.device | str) -> list
     return [x.to(device, non_blocking=True) if type(x) is torch.Tensor else _to_device(x, device) for x in inputs]
 
 
+def _describe_batch(batch_data: Any) -> str:
+    return ', '.join(f'tensor {tuple(x.shape)}' if isinstance(x, torch.Tensor) else type(x).__qualname__
+                     for x in batch_data)
+
+
+def _forward_inputs(model: Any, inputs: Sequence[Any], batch_data: Any) -> Any:
+    """``model(*inputs)``, with a wrong number of batch elements for ``forward`` named as such (instead of a
+    TypeError from deep inside torch's module call)."""
+    try:
+        return model(*inputs)
+    except TypeError as error:
+        text = str(error)
+        if 'forward()' not in text or not ('positional argument' in text or 'missing' in text):
+            raise
+        raise TypeError(f'TTBasicModel feeds every element of a batch but the last to forward() and uses the last as '
+                        f'the target. This batch held {len(batch_data)} elements ({_describe_batch(batch_data)}), so '
+                        f'forward() was called with {len(inputs)} input(s) and failed: {text}. Make the data set '
+                        f'return (inputs..., target) matching forward(), or subclass TTModel and write get_loss / '
+                        f'get_predictions to use the batch as it is') from error
+
+
 class TTBasicModel(TTModel):
     """A TTModel for the common case: the last element of the batch is the target and every other
     element is a positional input of ``forward``."""
@@ -55,13 +76,13 @@ class TTBasicModel(TTModel):
     def get_loss(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
         """``criterion(self(*inputs), target)`` where the batch is ``(*inputs, target)``."""
         *inputs, target = batch_data
-        predicted = self(*_inputs_to_device(inputs, device))
+        predicted = _forward_inputs(self, _inputs_to_device(inputs, device), batch_data)
         return criterion(predicted, _to_device(target, device))
 
     def get_predictions(self, batch_data: Any, device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
         """``(self(*inputs), target, {})`` where the batch is ``(*inputs, target)`` (a tensor output detached)."""
         *inputs, target = batch_data
-        predicted = self(*_inputs_to_device(inputs, device))
+        predicted = _forward_inputs(self, _inputs_to_device(inputs, device), batch_data)
         return (predicted.detach() if isinstance(predicted, torch.Tensor) else predicted), target, {}
 
 

@@ -25,6 +25,8 @@ The event order of one fit (see docs/event-order.md):
 import contextlib
 import copy
 import datetime
+import difflib
+import inspect
 import logging
 import math
 import numbers
@@ -38,6 +40,7 @@ from torch.utils.data import IterableDataset
 
 from . import distributed, loop_state
 from .amp import AmpPolicy
+from .console import default_console_output
 from .callbacks.abstract import AbstractCallback, AbstractScheduler, StopTraining
 from .callbacks.defaults import add_default_callbacks       # the one place default callbacks come from
 from .callbacks.handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError
@@ -182,6 +185,9 @@ class TrainLoop:
         # With a checkpoint callback, a fit also gets PreemptionCheckpoint (SIGTERM / SIGINT save and stop cleanly;
         # callbacks/defaults.py); the tracking loops take it as an argument.
         self.preemption_safe = True
+        # How a stopped run continues, in the messages that say so ({experiment_dir}: the experiment folder). None:
+        # fit(resume_from='latest'); the command line sets 'aitoolbox-like resume {experiment_dir}'.
+        self.resume_hint: Optional[str] = None
         self.epoch_start_rng: Optional[Dict[str, Any]] = None   # RNG state at this epoch's start (mid-epoch resume)
         # Samples of this epoch's data order (over every process) trained before its first batch index 0: not 0
         # only in an epoch resumed on another number of processes than its checkpoint's, whose batches then cover
@@ -308,6 +314,7 @@ class TrainLoop:
                 start from scratch, for scripts that a launcher restarts (docs/distributed.md). 'auto' needs a
                 callback that writes checkpoints.
         """
+        self._check_fit_keywords(kwargs)
         for name, value in (('num_epochs', num_epochs), ('num_iterations', num_iterations),
                             ('grad_accumulation', grad_accumulation)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -327,6 +334,10 @@ class TrainLoop:
             loop_state.check_auto_resume(self, callbacks)
         # The plan travels with the loop into each DDP process, which loads the checkpoint itself.
         self.resume_plan = loop_state.ResumePlan(resume_from) if resume_from is not None else None
+        with default_console_output():
+            return self._fit(num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
+
+    def _fit(self, num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs):
         try:
             if self.gpu_mode == 'ddp':
                 from .ddp_launch import fit_ddp
@@ -342,6 +353,32 @@ class TrainLoop:
             return self.train_in_this_process(num_epochs, num_iterations, callbacks, grad_accumulation)
         finally:
             self.resume_plan = None
+
+    def _check_fit_keywords(self, kwargs):
+        """Unknown keyword arguments first (a misspelt ``epochs=1`` must not be reported as a missing num_epochs),
+        each with the closest accepted name."""
+        if not kwargs:
+            return
+        from .ddp_launch import fit_ddp, fit_fsdp      # the launchers' own signatures say what they accept
+        own = ['num_epochs', 'num_iterations', 'callbacks', 'grad_accumulation', 'resume_from']
+        by_mode = {'ddp': launcher_parameters(fit_ddp), 'fsdp': launcher_parameters(fit_fsdp),
+                   'dp': ['dp_model_args'], 'single': []}
+        accepted = own + by_mode.get(self.gpu_mode, [])
+        anywhere = set(accepted).union(*by_mode.values())
+        unknown = [name for name in kwargs if name not in anywhere]
+        if unknown:
+            hints = []
+            for name in unknown:
+                close = difflib.get_close_matches(name, accepted, n=1, cutoff=0.6)
+                hints.append(f'{name!r} (did you mean {close[0]!r}?)' if close else repr(name))
+            raise TypeError(f'fit() got unexpected keyword argument(s) {", ".join(hints)}; fit accepts '
+                            f'{", ".join(accepted)}')
+        elsewhere = sorted(name for name in kwargs if name not in accepted)
+        if elsewhere:
+            modes = sorted({mode for mode, names in by_mode.items() for name in elsewhere if name in names})
+            raise TypeError(f'fit() got unexpected arguments {elsewhere}; these are only accepted with '
+                            f'gpu_mode={" or ".join(repr(m) for m in modes)} (this TrainLoop has '
+                            f'gpu_mode={self.gpu_mode!r})')
 
     def _fit_data_parallel(self, num_epochs, num_iterations, callbacks, grad_accumulation, dp_model_args=None,
                            **kwargs):
@@ -374,6 +411,18 @@ class TrainLoop:
                               grad_accumulation: int = 1) -> torch.nn.Module:
         """Train in this process: what ``fit`` does once its arguments are checked (and, in a DDP fit, what
         each process does once its process group, loaders and model wrapper are set up). Returns the model."""
+        steps_before = self.total_iteration_idx
+        claimed_before = self.experiment is not None and self.experiment.claimed
+        try:
+            with default_console_output():
+                return self._train_in_this_process(num_epochs, num_iterations, callbacks, grad_accumulation)
+        except BaseException:
+            experiment = self.experiment
+            if self.total_iteration_idx == steps_before and experiment is not None and not claimed_before:
+                experiment.discard_untrained()      # a run that never trained leaves no folder behind
+            raise
+
+    def _train_in_this_process(self, num_epochs, num_iterations, callbacks, grad_accumulation):
         self.num_iterations = num_iterations
         self.grad_accumulation = grad_accumulation
         self.num_epochs = num_epochs or self._epochs_for_iterations(num_iterations)
@@ -392,6 +441,9 @@ class TrainLoop:
         self.model.train()
         if self.resume_plan is not None:
             self.resume_plan.apply(self)
+        experiment = self.experiment
+        if experiment is not None and experiment.claimed and self.is_main_process():
+            logger.info('Experiment folder: %s (checkpoints in %s/)', experiment.dir_path, loop_state.CHECKPOINT_DIR)
 
         try:
             try:
@@ -429,6 +481,13 @@ class TrainLoop:
             if moved is not None:       # nn.Module.to returns the module; a duck-typed to() may return nothing
                 self.criterion = moved
 
+    def how_to_resume(self) -> str:
+        """How to continue this run after it stopped, for messages: ``resume_hint`` with the experiment folder filled
+        in (the command line's ``aitoolbox-like resume <folder>``), else ``fit(resume_from='latest')``."""
+        if self.resume_hint and self.experiment is not None:
+            return self.resume_hint.format(experiment_dir=self.experiment.dir_path)
+        return "fit(resume_from='latest')"
+
     def wait_for_pending_saves(self) -> None:
         """Wait until the checkpoints the saving callbacks write in the background are complete (the end of fit
         does this); a failed background write is raised here."""
@@ -463,6 +522,12 @@ class TrainLoop:
                 raise TypeError(f'{name} must be an iterable of batches (e.g. a torch DataLoader) or None, got '
                                 f'{type(loader).__qualname__}: TrainLoop(model, train_loader, validation_loader, '
                                 f'test_loader, optimizer, criterion)')
+        criterion = self.criterion
+        if isinstance(criterion, type):
+            # Called on the predictions, a loss class would build a module from them and fail deep in torch
+            # ("Boolean value of Tensor with more than one value is ambiguous").
+            raise TypeError(f'criterion is the class {criterion.__qualname__}, not a loss: pass an instance, e.g. '
+                            f'{criterion.__qualname__}() (note the parentheses)')
         if self._amp.unavailable is not None:
             raise ValueError(self._amp.unavailable)
         if need_train_loader and self.train_loader is None:
@@ -1113,6 +1178,12 @@ class TrainLoop:
         total_batches = self.num_iterations or per_epoch * (self.num_epochs or 0)
         full_epochs, rest = divmod(total_batches, per_epoch)
         return full_epochs * math.ceil(per_epoch / self.grad_accumulation) + math.ceil(rest / self.grad_accumulation)
+
+
+def launcher_parameters(launcher: Callable[..., Any]) -> List[str]:
+    """The keyword arguments a distributed launcher (ddp_launch.fit_ddp / fit_fsdp) takes besides fit's own."""
+    skip = {'train_loop_obj', 'num_epochs', 'num_iterations', 'callbacks', 'grad_accumulation'}
+    return [name for name in inspect.signature(launcher).parameters if name not in skip and not name.startswith('_')]
 
 
 def _loss_value(loss):

@@ -1,11 +1,23 @@
 """Small helpers shared by the callback modules (argument checks, metric direction, matplotlib figures)."""
 # The metric and figure helpers live with the reporters (the core), which draw the same plots; the callbacks
 # use them from here.
+import difflib
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from ..experiment.reporting import import_matplotlib, is_number, lower_is_better, new_figure  # noqa: F401
+
+
+def missing_monitor_message(who: str, monitor: str, names: List[str], epoch: int) -> str:
+    """What to say when ``monitor`` has no value after epoch ``epoch``: the names the history has, and the closest
+    one (ignoring case: 'val_acc' finds 'val_Accuracy')."""
+    by_lower = {name.lower(): name for name in names}
+    close = difflib.get_close_matches(monitor.lower(), list(by_lower), n=1, cutoff=0.6)
+    hint = f' Did you mean {by_lower[close[0]]!r}?' if close else ''
+    return (f'{who} monitors {monitor!r}, but epoch {epoch} ended without a value for it; the history has '
+            f'{", ".join(repr(n) for n in sorted(names)) or "nothing yet"}.{hint} Until it appears nothing is '
+            f'decided by it (pass monitor= one of these names, or add the callback that computes it).')
 
 
 def check_int(name: str, value: object, minimum: int = 1, allow_none: bool = False,

@@ -316,10 +316,18 @@ class AbstractExperimentCallback(AbstractCallback):
                                f'registered on a TrainLoop first (call it from on_train_loop_registration).')
         defaults = {'project_name': self.DEFAULT_PROJECT_NAME, 'experiment_name': self.DEFAULT_EXPERIMENT_NAME,
                     'local_model_result_folder_path': os.path.abspath(self.DEFAULT_LOCAL_FOLDER)}
+        # A plain TrainLoop whose saving callback (e.g. ModelCheckpoint) already named the experiment: its folder,
+        # not a default one next to it.
+        experiment = getattr(loop, 'experiment', None) if use_defaults else None
+        named = {} if experiment is None else {'project_name': experiment.project_name,
+                                               'experiment_name': experiment.experiment_name,
+                                               'local_model_result_folder_path': experiment.root}
         for attr, default in defaults.items():
             if getattr(self, attr) is not None:
                 continue
             value = getattr(loop, attr, None)
+            if value is None:
+                value = named.get(attr)
             if value is None and not use_defaults:
                 raise AttributeError(f'{self.callback_name}: the TrainLoop ({type(loop).__name__}) does not track an '
                                      f'experiment, so {attr} cannot be taken from it; give project_name, '

@@ -18,7 +18,7 @@ import torch
 from ..experiment import get_experiment, is_s3_mode
 from ..multi_loss_optim import MultiLoss
 from ..storage.local import write_atomically
-from ._common import check_int, lower_is_better
+from ._common import check_int, lower_is_better, missing_monitor_message
 from .abstract import AbstractCallback, AbstractExperimentCallback, StopTraining
 from .performance_eval import ModelTrainHistoryFileWriter, ModelTrainHistoryPlot
 from .preemption import PreemptionCheckpoint, find_preemption_callback
@@ -109,8 +109,8 @@ class EarlyStopping(AbstractCallback):
         if value is None:
             if not loop.train_history.get(self.monitor) and not self._warned_missing:
                 self._warned_missing = True
-                logger.warning('EarlyStopping monitors %r, which has no value in the train history yet (found %s)',
-                               self.monitor, sorted(loop.train_history.keys()))
+                logger.warning(missing_monitor_message('EarlyStopping', self.monitor, list(loop.train_history.keys()),
+                                                       loop.epoch))
             return
         value = float(value)
         if self._improved(value):

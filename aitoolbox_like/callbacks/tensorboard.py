@@ -138,6 +138,7 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
             self.tb_writer = None          # this rank only joins the gathers of whole tensors
             return
         self.log_dir = self.create_log_dir()
+        logger.info('%s: TensorBoard event files go to %s', type(self).__name__, self.log_dir)
         if not self.is_project and 'filename_suffix' not in self.tb_writer_kwargs:
             self.tb_writer_kwargs['filename_suffix'] = f'_{self.train_loop_obj.experiment_timestamp}'
         self.tb_writer = self._summary_writer(log_dir=self.log_dir, **self.tb_writer_kwargs)

@@ -444,6 +444,26 @@ class Experiment:
             except OSError:
                 pass
 
+    def discard_untrained(self) -> bool:
+        """Remove the experiment folder of a run that failed before its first training step (a wrong argument, a
+        callback's check): it holds only what the set-up wrote (hyperparameters, the claim), and a leftover folder
+        per failed try would bury the real runs. Only a folder this run claimed itself, in this process, and not yet
+        in a bucket; afterwards the next try claims a folder again. Returns True when it was removed."""
+        if not self.claimed or self.continued or self._cloud_claims or not self.loop.is_main_process() \
+                or self._read_marker() != self.run_id:
+            return False
+        shutil.rmtree(self.dir_path, ignore_errors=True)
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        self._release_local(self.dir_path)
+        try:
+            os.rmdir(os.path.dirname(self.dir_path))     # the project folder, when this run was its only one
+        except OSError:
+            pass
+        self.claimed = False
+        self._files_written = {}
+        logger.info('Removed the experiment folder %s: the run failed before its first training step', self.dir_path)
+        return True
+
     def add_cloud_claim(self, uploader):
         """Claim the experiment's prefix in ``uploader``'s bucket too (done when the uploader starts, at the start of
         fit).

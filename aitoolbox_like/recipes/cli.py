@@ -67,6 +67,8 @@ def _say(message: str) -> None:
 
 def _attach_files(run: Run, recipe: Recipe, command_text: str) -> None:
     loop = run.loop
+    # A run stopped by SIGTERM / Ctrl-C says how to continue it: from here, with this command.
+    loop.resume_hint = f'{_program_name()} resume {{experiment_dir}}'
     files = getattr(loop, 'experiment_files', None)
     if not isinstance(files, dict):
         logger.warning('%s has no experiment_files: the resolved recipe and the command line are not saved with '

@@ -1,0 +1,54 @@
+"""The library's log lines on the console when the program configured no logging.
+
+A script that never calls ``logging.basicConfig`` would otherwise see only warnings (Python's last-resort
+handler), so a fit run with output redirected to a file, where the progress bar is off, would be silent. While a
+fit runs, :func:`default_console_output` gives the ``aitoolbox_like`` logger a handler printing INFO lines (the
+per-epoch values, where the experiment folder is) to stderr, only when nothing is configured: the root logger has
+no handler, and the ``aitoolbox_like`` logger has neither a handler nor a level. A program that configures logging,
+before or during the fit, gets its own configuration untouched (the handler then stays silent).
+"""
+import contextlib
+import logging
+import sys
+from typing import Iterator
+
+PACKAGE_LOGGER = 'aitoolbox_like'
+
+
+class _LevelPrefix(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return text if record.levelno < logging.WARNING else f'{record.levelname}: {text}'
+
+
+class DefaultConsoleHandler(logging.StreamHandler):
+    """Writes the library's records to stderr while the program has configured no logging of its own."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers:
+            return          # configured since the fit started: the program's handlers print it
+        super().emit(record)
+
+
+def logging_configured() -> bool:
+    """True when the program has configured logging that would decide about the library's records."""
+    package = logging.getLogger(PACKAGE_LOGGER)
+    return bool(logging.getLogger().handlers) or bool(package.handlers) or package.level != logging.NOTSET
+
+
+@contextlib.contextmanager
+def default_console_output() -> Iterator[None]:
+    """While inside: the library's INFO lines go to stderr if logging is not configured (nested uses are no-ops)."""
+    if logging_configured():
+        yield
+        return
+    package = logging.getLogger(PACKAGE_LOGGER)
+    handler = DefaultConsoleHandler(sys.stderr)
+    handler.setFormatter(_LevelPrefix('%(message)s'))
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(logging.NOTSET)
