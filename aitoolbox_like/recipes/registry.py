@@ -4,7 +4,7 @@ result_package, loop).
 A recipe says ``{name: EarlyStopping, patience: 3}``; ``EarlyStopping`` is looked up in the registry of the
 section's kind. Built-in names need no registration (they are collected the first time a registry is asked):
 
-- ``callback``: every public callback class of ``aitoolbox_like.callbacks.*``;
+- ``callback``: every public callback class of ``aitoolbox_like.callbacks.*`` and ``aitoolbox_like.integrations.*``;
 - ``optimizer``: every ``torch.optim.Optimizer`` subclass in ``torch.optim``;
 - ``scheduler``: every LR scheduler of ``torch.optim.lr_scheduler`` (a recipe drives it through
   :class:`~aitoolbox_like.callbacks.train_schedule.LRSchedulerCallback`) and our scheduler callbacks;
@@ -197,18 +197,20 @@ def _public_classes(module: Any, base: Any) -> Iterator[Tuple[str, Any]]:
 
 
 def callback_modules() -> List[Any]:
-    """Every module of ``aitoolbox_like.callbacks`` (imported now; none imports an optional package at import
-    time, so this works without the extras). A module that fails to import anyway is left out with a warning."""
-    from .. import callbacks as package
+    """Every module of ``aitoolbox_like.callbacks`` and ``aitoolbox_like.integrations`` (imported now; none imports
+    an optional package at import time, so this works without the extras). A module that fails to import anyway is
+    left out with a warning."""
+    from .. import callbacks, integrations
     modules = []
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
-        if info.name.startswith('_'):
-            continue
-        try:
-            modules.append(importlib.import_module(f'{package.__name__}.{info.name}'))
-        except ImportError as error:
-            logger.warning('aitoolbox_like.callbacks.%s does not import (%s); its callbacks are not registered',
-                           info.name, error)
+    for package in (callbacks, integrations):
+        for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+            if info.name.startswith('_'):
+                continue
+            try:
+                modules.append(importlib.import_module(f'{package.__name__}.{info.name}'))
+            except ImportError as error:
+                logger.warning('%s.%s does not import (%s); its callbacks are not registered', package.__name__,
+                               info.name, error)
     return modules
 
 
