@@ -63,8 +63,7 @@ def is_main_process() -> bool:
 SETUP_TIMEOUT_ENV = 'AITOOLBOX_LIKE_DIST_SETUP_TIMEOUT_S'
 DEFAULT_SETUP_TIMEOUT_S = 300.0
 _JOINED = 'aitoolbox_like/joined'
-_ROUND_STORE = 'aitoolbox_like/round_store'
-_NONCE = 'aitoolbox_like/nonce'
+_ROUND_TOKEN = 'aitoolbox_like/round'
 _stores: list[Any] = []         # the stores of the process group: a store's server lives as long as its object
 
 
@@ -90,9 +89,10 @@ def join_process_group_from_env(backend: str) -> None:
     - Under torchrun's c10d rendezvous the launcher shares its own key-value store with the workers
       (``TORCHELASTIC_USE_AGENT_STORE=True``), and that store outlives a restart: a restarted worker can read the
       previous round's peer addresses from it and fail to connect, or wait for peers that are gone
-      (pytorch/pytorch#135712). Here rank 0 of each round starts a new store of its own and publishes its port and
-      a random token in the launcher's store; the other ranks use a published store only once it answers with that
-      token, so an address left from an earlier round (whose processes are all gone) is never used.
+      (pytorch/pytorch#135712). Here the group's keys live under a prefix new in every round: rank 0 publishes a
+      random token in the launcher's store, and each other rank uses a published token only once rank 0 has
+      answered its own fresh hello under it, so a token left from an earlier round (whose rank 0 is gone) is never
+      used. The store stays the launcher's, which outlives every worker.
     - Every rank waits for all ``WORLD_SIZE`` processes to reach the store for at most
       ``AITOOLBOX_LIKE_DIST_SETUP_TIMEOUT_S`` seconds (300 by default), then raises ProcessGroupSetupError: a round
       that cannot form ends, and the launcher restarts it, instead of hanging.
@@ -102,7 +102,7 @@ def join_process_group_from_env(backend: str) -> None:
     limit = setup_timeout_s()
     deadline = time.monotonic() + limit
     if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == str(True):
-        store = _new_round_store(address, port, rank, deadline)
+        store = _new_round_store(address, port, rank, world_size, deadline)
     else:
         store = dist.TCPStore(address, port, world_size=world_size, is_master=rank == 0,
                               timeout=timedelta(seconds=limit), wait_for_workers=False)
@@ -117,30 +117,30 @@ def _left(deadline: float) -> float:
     return deadline - time.monotonic()
 
 
-def _new_round_store(address: str, port: int, rank: int, deadline: float) -> Any:
+def _new_round_store(address: str, port: int, rank: int, world_size: int, deadline: float) -> Any:
+    """The launcher's store, seen under a prefix that is new in every round: rank 0 publishes a random token, and
+    each other rank takes the published token only once rank 0 has answered it under that token (a key named after
+    the rank's own fresh random value, so an answer left from an earlier round cannot be taken for one)."""
     launcher_store = dist.TCPStore(address, port, is_master=False, timeout=timedelta(seconds=max(_left(deadline), 1)))
     _stores.append(launcher_store)
     if rank == 0:
-        store = dist.TCPStore(address, 0, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=max(_left(deadline), 1)))
         token = uuid.uuid4().hex
-        store.set(_NONCE, token)
-        launcher_store.set(_ROUND_STORE, f'{store.port} {token}')
-        return store
+        launcher_store.set(_ROUND_TOKEN, token)
+        for other in range(1, world_size):
+            hello = launcher_store.get(f'{_ROUND_TOKEN}/{token}/hello/{other}').decode()
+            launcher_store.set(f'{_ROUND_TOKEN}/{token}/answer/{other}/{hello}', '1')
+        return dist.PrefixStore(f'{_ROUND_TOKEN}/{token}', launcher_store)
+    greeted = None
+    mine = uuid.uuid4().hex
     while _left(deadline) > 0:
-        published_port, token = launcher_store.get(_ROUND_STORE).decode().split()
-        try:
-            # A plain connection first: the port of a gone store refuses at once (TCPStore would retry for seconds).
-            socket.create_connection((address, int(published_port)), timeout=1.0).close()
-            store = dist.TCPStore(address, int(published_port), is_master=False,
-                                  timeout=timedelta(seconds=max(min(2.0, _left(deadline)), 0.1)))
-            if store.check([_NONCE]) and store.get(_NONCE).decode() == token:
-                store.set_timeout(timedelta(seconds=max(_left(deadline), 1)))
-                return store
-        except (OSError, RuntimeError, dist.DistError):
-            pass        # a store of an earlier round (gone): rank 0 of this round publishes its own shortly
-        time.sleep(0.2)
-    raise ProcessGroupSetupError(f'rank {rank}: rank 0 of this round did not publish its store within '
+        token = launcher_store.get(_ROUND_TOKEN).decode()
+        if token != greeted:        # a new token (or the first): say hello under it, once
+            launcher_store.set(f'{_ROUND_TOKEN}/{token}/hello/{rank}', mine)
+            greeted = token
+        if launcher_store.check([f'{_ROUND_TOKEN}/{token}/answer/{rank}/{mine}']):
+            return dist.PrefixStore(f'{_ROUND_TOKEN}/{token}', launcher_store)
+        time.sleep(0.05)        # rank 0 of this round has not answered yet, or the token is an earlier round's
+    raise ProcessGroupSetupError(f'rank {rank}: rank 0 of this round did not answer within '
                                  f'{SETUP_TIMEOUT_ENV}={setup_timeout_s():g} s')
 
 
