@@ -35,12 +35,25 @@ def _env():
     return env
 
 
-def _run(cmd, cwd, timeout):
-    proc = subprocess.run(cmd, cwd=str(cwd), env=_env(), capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, (
-        f'{" ".join(map(str, cmd))} exited {proc.returncode}\n'
-        f'--- stdout (tail) ---\n{proc.stdout[-3000:]}\n--- stderr (tail) ---\n{proc.stderr[-6000:]}')
-    return _summary(proc.stdout, cmd)
+def _run_both(commands, cwd, timeout):
+    """Run the commands at the same time (the two runs of a script are independent; most of each is interpreter
+    and import start-up) and return each one's summary."""
+    processes = [subprocess.Popen(cmd, cwd=str(cwd), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for cmd in commands]
+    try:
+        outputs = [proc.communicate(timeout=timeout) for proc in processes]
+    finally:
+        for proc in processes:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    summaries = []
+    for cmd, proc, (stdout, stderr) in zip(commands, processes, outputs):
+        assert proc.returncode == 0, (
+            f'{" ".join(map(str, cmd))} exited {proc.returncode}\n'
+            f'--- stdout (tail) ---\n{stdout[-3000:]}\n--- stderr (tail) ---\n{stderr[-6000:]}')
+        summaries.append(_summary(stdout, cmd))
+    return summaries
 
 
 def _summary(stdout, cmd):
@@ -76,13 +89,11 @@ def test_script_compat_runner_and_renamed_agree(script, tmp_path):
 
     out_a = tmp_path / 'out_compat'
     out_a.mkdir()
-    summary_a = _run([sys.executable, '-m', 'aitoolbox_like.compat', str(original), str(out_a)],
-                     cwd=tmp_path, timeout=timeout)
-
     renamed = tmp_path / script
     renamed.write_text(rename_aitoolbox(original.read_text()))
     out_b = tmp_path / 'out_renamed'
     out_b.mkdir()
-    summary_b = _run([sys.executable, str(renamed), str(out_b)], cwd=tmp_path, timeout=timeout)
+    summary_a, summary_b = _run_both([[sys.executable, '-m', 'aitoolbox_like.compat', str(original), str(out_a)],
+                                      [sys.executable, str(renamed), str(out_b)]], cwd=tmp_path, timeout=timeout)
 
     assert summary_a == summary_b, f'summaries differ:\ncompat:  {summary_a}\nrenamed: {summary_b}'
