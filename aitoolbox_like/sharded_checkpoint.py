@@ -17,9 +17,12 @@ files are uploaded first and ``.metadata`` last, with the cloud pointer set once
 in order); :func:`download` brings such a folder back for a resume.
 
 Asynchronous saves (the saving callbacks' ``async_save=True``): :func:`begin_save` copies this rank's shards to host
-memory (torch's DefaultStager) and hands them to ``torch.distributed.checkpoint.async_save``, which writes them in a
-background thread over a gloo process group of its own (:func:`checkpoint_process_group`);
-:meth:`ShardedSave.finish`, run by the callback's background writer, waits for that write and completes the folder.
+memory (:class:`HostStager`: into the buffers of the previous save); :meth:`ShardedSave.finish`, run by the
+callback's background writer thread, writes that copy with ``torch.distributed.checkpoint.save`` over a gloo process
+group of its own (:func:`checkpoint_process_group`: DCP's planning collectives run there, off the training thread)
+and completes the folder. For a mid-epoch checkpoint followed by another training step (``until_step=True``) the
+copy of the parameters and of the optimizer state goes on in the stager's thread during that step's forward and
+backward, and each optimizer's ``step()`` waits for it (a step pre-hook) before it changes them.
 
 Model and optimizer go through ``torch.distributed.checkpoint.state_dict.get_state_dict`` / ``set_state_dict``:
 keys are parameter names (FQNs), values DTensors. DCP reshards on load, so a checkpoint written by N processes
@@ -31,13 +34,18 @@ import contextlib
 import logging
 import os
 import shutil
+import time
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict, set_state_dict)
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.tensor import DTensor
 
 from . import distributed
 from .checkpoint import CheckpointError, atomic_torch_save, fsync_directory, load_checkpoint
@@ -109,13 +117,170 @@ def checkpoint_process_group() -> Any:
 _checkpoint_group: list[weakref.ref[Any]] = []
 
 
-def new_stager() -> Any:
-    """The host-memory stager of asynchronous sharded saves (torch's DefaultStager): it copies this rank's shards
-    (DTensors' local tensors) to CPU memory and keeps those buffers for the next save, like the snapshot of a
-    single-file checkpoint. The saving callback owns it and closes it (:func:`close_stager`) at the end of fit."""
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-    return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False, use_async_staging=False,
-                                        use_non_blocking_copy=False))
+class HostStager:
+    """Host-memory copies of this rank's part of a sharded state dict, for asynchronous saves; the buffers are kept
+    from one save to the next, like the snapshot of a single-file checkpoint.
+
+    The first save (and a tensor whose place changed: other key, shape, dtype or sharding) copies a tensor with
+    torch's DefaultStager (a DTensor stays a DTensor, its local tensor in host memory; pinned when CUDA is
+    available); later saves copy each local tensor into the buffer it got before, and build the dicts and lists
+    around them anew (so numbers, such as the optimizer's learning rate, are the current ones): no deep copy of the
+    DTensors' metadata.
+
+    :meth:`start` may leave the copies of some tensors (``later``: those only an optimizer step changes) to the
+    stager's own thread, and :meth:`hold_steps` makes the optimizers' next ``step()`` wait for them. Call
+    :meth:`start` / :meth:`stage` only when no save that reads the previous copy is in flight (the saving callback
+    waits for its previous save first). The saving callback owns the stager and closes it (:func:`close_stager`) at
+    the end of fit.
+
+    ``before_copy`` (class attribute) is a hook for tests: called in the stager's thread before the copies it was
+    left (set it to a function that sleeps to make a copy outlast the next step's forward and backward)."""
+
+    before_copy: Callable[[], None] | None = None
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._pinned = torch.cuda.is_available()
+        self._worker: ThreadPoolExecutor | None = None
+        self._copying: Future[Any] | None = None        # the copy the next optimizer step waits for
+        self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._hooks: list[Any] = []
+
+    def stage(self, state: Any) -> Any:
+        """A copy of ``state`` (dicts, lists, tuples, numbers, strings, tensors and DTensors) whose tensors are in
+        host memory, complete on return."""
+        return self.start(state).result()
+
+    def start(self, state: Any, later: Callable[[tuple[Any, ...]], bool] | None = None) -> Future[Any]:
+        """Copy ``state`` as :meth:`stage` does, but the CPU tensors at the paths (key tuples) ``later`` accepts in
+        the stager's own thread; the Future's result is the whole copy. The caller must make sure that nothing
+        changes those tensors before the Future is done: wait for it, or hand it to :meth:`hold_steps`."""
+        buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+        devices: set[torch.device] = set()
+        deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
+        with torch.no_grad():
+            staged = self._copy(state, (), buffers, devices, deferred, later)
+        for device in devices:
+            torch.cuda.synchronize(device)      # the non-blocking copies into pinned buffers are complete
+        self._buffers = buffers
+        if not deferred:
+            done: Future[Any] = Future()
+            done.set_result(staged)
+            return done
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix='checkpoint-staging')
+        return self._worker.submit(_copy_deferred, staged, deferred, type(self).before_copy)
+
+    def hold_steps(self, optimizers: list[Any], copying: Future[Any]) -> None:
+        """Make the next ``step()`` of each of ``optimizers`` wait until ``copying`` is complete (a step pre-hook,
+        registered once per optimizer; it costs an attribute check per step when no copy is pending)."""
+        for optimizer in optimizers:
+            if optimizer not in self._hooked:
+                self._hooks.append(optimizer.register_step_pre_hook(self._before_step))
+                self._hooked.add(optimizer)
+        self._copying = copying
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        copying = self._copying
+        if copying is not None:
+            start = time.perf_counter()
+            # Waits; a failed copy is not this step's error: the save that owns it reports it.
+            copying.exception()
+            self._copying = None
+            _step_waits[0] += time.perf_counter() - start
+
+    def close(self) -> None:
+        """Release the host buffers, the thread and the step hooks (after the last save that reads them is
+        complete)."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.shutdown(wait=True)
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self._hooked, self._copying = [], weakref.WeakSet(), None
+        self._buffers = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled with its callback (a spawned fit): threads, hooks and futures cannot travel, buffers need not.
+        return dict(self.__dict__, _buffers={}, _worker=None, _copying=None, _hooked=weakref.WeakSet(), _hooks=[])
+
+    def _copy(self, value: Any, path: tuple[Any, ...], buffers: dict[tuple[Any, ...], torch.Tensor],
+              devices: set[torch.device], deferred: list[tuple[torch.Tensor, torch.Tensor]],
+              later: Callable[[tuple[Any, ...]], bool] | None) -> Any:
+        if isinstance(value, torch.Tensor):
+            staged = self._copy_tensor(value, path, devices, deferred, later)
+            buffers[path] = staged
+            return staged
+        if isinstance(value, dict):
+            return {key: self._copy(item, path + (key,), buffers, devices, deferred, later)
+                    for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            items = [self._copy(item, path + (i,), buffers, devices, deferred, later) for i, item in enumerate(value)]
+            return items if isinstance(value, list) else tuple(items)
+        return value
+
+    def _copy_tensor(self, value: torch.Tensor, path: tuple[Any, ...], devices: set[torch.device],
+                     deferred: list[tuple[torch.Tensor, torch.Tensor]],
+                     later: Callable[[tuple[Any, ...]], bool] | None) -> torch.Tensor:
+        kept = self._buffers.get(path)
+        if kept is None or not _same_layout(kept, value):
+            fresh = DefaultStager(StagingOptions(use_pinned_memory=self._pinned, use_shared_memory=False,
+                                                 use_async_staging=False, use_non_blocking_copy=False))
+            try:
+                # A dict, not a Future: this stager stages synchronously.
+                staged = cast(dict[str, torch.Tensor], fresh.stage({'tensor': value}))
+                return staged['tensor']
+            finally:
+                fresh.close()       # its cache would keep the buffer alive beyond this stager's own
+        source, target = distributed.local_tensor(value), distributed.local_tensor(kept)
+        if source.device.type == 'cpu' and later is not None and later(path):
+            deferred.append((source, target))
+            return kept
+        non_blocking = source.is_cuda and target.is_pinned()
+        target.copy_(source, non_blocking=non_blocking)
+        if non_blocking:
+            devices.add(source.device)
+        return kept
+
+
+def _copy_deferred(staged: Any, deferred: list[tuple[torch.Tensor, torch.Tensor]],
+                   before_copy: Callable[[], None] | None) -> Any:
+    """The stager thread's part of :meth:`HostStager.start`: the copies it was left."""
+    if before_copy is not None:
+        before_copy()
+    with torch.no_grad():
+        for source, target in deferred:
+            target.copy_(source)
+    return staged
+
+
+# Seconds that optimizer steps of this process waited for copies of shards (HostStager.hold_steps), in total.
+_step_waits = [0.0]
+
+
+def step_wait_seconds() -> float:
+    """How long, in total, optimizer steps in this process have waited for the copy of a checkpoint's shards to
+    host memory (``begin_save(until_step=True)``): the part of the training thread's stall for a checkpoint that
+    shows at the next step rather than in the save itself. For monitoring and benchmarks."""
+    return _step_waits[0]
+
+
+def _same_layout(kept: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether the host copy ``kept`` can take ``value``'s data: the same sharding and local shape, dtype, strides."""
+    if isinstance(value, DTensor) != isinstance(kept, DTensor):
+        return False
+    if isinstance(value, DTensor) and isinstance(kept, DTensor) and (
+            value.placements != kept.placements or value.shape != kept.shape or value.stride() != kept.stride()
+            or (value.device_mesh is not kept.device_mesh and value.device_mesh != kept.device_mesh)):
+        return False
+    source, target = distributed.local_tensor(value), distributed.local_tensor(kept)
+    return (source.shape == target.shape and source.dtype == target.dtype and source.stride() == target.stride()
+            and target.device.type == 'cpu')
+
+
+def new_stager() -> HostStager:
+    """The host-memory stager of asynchronous sharded saves (:class:`HostStager`), one per saving callback."""
+    return HostStager()
 
 
 def close_stager(stager: Any) -> None:
@@ -127,28 +292,32 @@ def close_stager(stager: Any) -> None:
 class ShardedSave:
     """One sharded checkpoint being written, started by :func:`begin_save` on every rank.
 
-    :meth:`finish` completes it: waits for this rank's shards (written in DCP's background thread by an
-    asynchronous save; already written by a synchronous one), then on rank 0 writes ``train_state.pt`` and renames
+    :meth:`finish` completes it: writes this rank's shards (from their host copy, in the thread that calls it, for
+    an asynchronous save; already written by a synchronous one), then on rank 0 writes ``train_state.pt`` and renames
     the folder into place. Once ``finish`` returned on rank 0, every rank's shards are written (DCP's ``.metadata``
     is written by rank 0 after every rank reported its files) and the folder has its final name.
     """
 
-    def __init__(self, folder: str, tmp: str, train_state: dict[str, Any] | None, future: Any) -> None:
+    def __init__(self, folder: str, tmp: str, train_state: dict[str, Any] | None,
+                 copying: Future[Any] | None = None, group: Any = None) -> None:
         self.folder = folder
         self.tmp = tmp
         self.marker = os.path.join(folder, MARKER)
         self._train_state = train_state
-        self._future = future
+        self._copying = copying
+        self._group = group
 
     def finish(self) -> str:
-        """Complete the checkpoint (rank 0: ``train_state.pt``, fsync, rename); returns its marker file's path.
-        Raises the error of a failed DCP write (on every rank: DCP reports one rank's failure to all); the
-        temporary folder is then removed and the previous checkpoints are untouched."""
+        """Complete the checkpoint (every rank: its shards, if not written yet; rank 0: ``train_state.pt``, fsync,
+        rename); returns its marker file's path. Every rank calls it (an asynchronous save: in its background
+        writer; DCP's collectives run over :func:`checkpoint_process_group`). Raises the error of a failed DCP write
+        (on every rank: DCP reports one rank's failure to all); the temporary folder is then removed and the
+        previous checkpoints are untouched."""
         main = distributed.is_main_process()
         try:
-            if self._future is not None:
-                future, self._future = self._future, None
-                future.result()
+            if self._copying is not None:
+                copying, self._copying = self._copying, None
+                dcp.save(copying.result(), checkpoint_id=self.tmp, process_group=self._group)
             if main:
                 # After DCP's files: the folder only counts once renamed, whatever the order inside.
                 atomic_torch_save(self._train_state, os.path.join(self.tmp, TRAIN_STATE_FILE), temp_dir=self.tmp)
@@ -168,16 +337,80 @@ class ShardedSave:
         return self.marker
 
 
-def begin_save(loop: TrainLoop, folder: str | None, train_state: dict[str, Any] | None,
-               stager: Any = None) -> ShardedSave:
+def begin_save(loop: TrainLoop, folder: str | None, train_state: dict[str, Any] | None, stager: Any = None,
+               until_step: bool = False) -> ShardedSave:
     """Start writing the loop's sharded checkpoint into ``folder`` (``....dcp``); every process must call it, at
     the same point. Complete it with :meth:`ShardedSave.finish`.
 
     ``folder`` and ``train_state`` (``loop_state.build_checkpoint(loop, ..., weights=False)``) are rank 0's; other
-    ranks may pass None. ``stager`` (:func:`new_stager`): asynchronous, with
-    ``torch.distributed.checkpoint.async_save``: this call returns once this rank's shards are copied to host
-    memory, and DCP writes them in a background thread over :func:`checkpoint_process_group` (``train_state`` must
-    then be a copy that training does not change). None: ``dcp.save`` writes them before this call returns."""
+    ranks may pass None. ``stager`` (:func:`new_stager`): asynchronous: this call returns once this rank's shards
+    are copied to host memory, and :meth:`ShardedSave.finish`, in a background thread, writes them over
+    :func:`checkpoint_process_group` (``train_state`` must then be a copy that training does not change). None:
+    ``dcp.save`` writes them before this call returns.
+
+    ``until_step`` (asynchronous only): return without waiting for the copy of the parameters and optimizer state;
+    each of the loop's optimizers waits for it at its next ``step()``. Only where a training step comes next
+    (:func:`next_step_follows`), whose forward and backward change neither (code that changes weights in place
+    before that optimizer step, e.g. a callback's on_batch_begin, would make the checkpoint inconsistent)."""
+    model_state, optimizer_state = _sharded_state_dicts(loop)
+    state = {'model': model_state, 'optim': optimizer_state}
+    optimizers = _optimizers(loop)
+    into_step = stager is not None and until_step and bool(optimizers) and all(
+        isinstance(optimizer, torch.optim.Optimizer) for optimizer in optimizers)
+    copying = stager.start(state) if stager is not None and not into_step else None     # complete on return
+    folder, tmp = _names(folder)
+    try:
+        if stager is None:
+            dcp.save(state, checkpoint_id=tmp)
+            return ShardedSave(folder, tmp, train_state)
+        # Making the group is a collective of the training thread (once per process group).
+        group = checkpoint_process_group() if distributed.is_distributed() else None
+        if into_step:
+            # The parameters and the optimizer state are copied during the next step's forward and backward (its
+            # optimizer step waits for them); the rest (buffers such as BatchNorm statistics, which forward passes
+            # change) now.
+            copying = stager.start(state, _changed_by_steps_only(loop, model_state))
+            stager.hold_steps(optimizers, copying)
+        return ShardedSave(folder, tmp, train_state, copying, group)
+    except BaseException:
+        if copying is not None:
+            copying.exception()     # nothing may read the shards once this call returned
+        if distributed.is_main_process():
+            shutil.rmtree(tmp, ignore_errors=True)
+            mark_temp_live(tmp, False)
+        raise
+
+
+def _changed_by_steps_only(loop: TrainLoop, model_state: dict[str, Any]) -> Callable[[tuple[Any, ...]], bool]:
+    """Which paths of ``{'model': model_state, 'optim': ...}`` hold tensors that only an optimizer step changes: the
+    optimizer's per-parameter state, and the model's parameters (found by their memory), not its buffers."""
+    with torch.no_grad():
+        memory = {distributed.local_tensor(p).data_ptr() for p in loop.model.parameters()}
+        parameters = {key for key, value in model_state.items()
+                      if isinstance(value, torch.Tensor) and value.numel() > 0
+                      and distributed.local_tensor(value).data_ptr() in memory}
+    return lambda path: path[:2] == ('optim', 'state') or (len(path) == 2 and path[0] == 'model'
+                                                           and path[1] in parameters)
+
+
+def next_step_follows(loop: TrainLoop) -> bool:
+    """Whether a training step of the current epoch comes after the batch the loop is at (fit is training its
+    epochs, the loader has a length and more batches, and num_iterations is not reached): nothing but that step's
+    forward and backward run before its optimizer step, whereas the end of an epoch or of training runs
+    evaluations and callbacks that may change the weights (swapping averaged weights in, restoring the best ones)."""
+    if not loop.epochs_running:
+        return False
+    try:
+        length = len(loop.train_loader)
+    except TypeError:
+        return False
+    if loop.iteration + 1 >= length:
+        return False
+    return not loop.num_iterations or loop.total_iteration_idx + 1 < loop.num_iterations
+
+
+def _names(folder: str | None) -> tuple[str, str]:
+    """(folder, temporary folder): rank 0's, on every rank (a collective)."""
     names = None
     if distributed.is_main_process() and isinstance(folder, str):
         # Written under a hidden temporary name next to the final one (a killed write leaves only a folder that
@@ -188,22 +421,50 @@ def begin_save(loop: TrainLoop, folder: str | None, train_state: dict[str, Any] 
     names = _broadcast(names)
     if names is None:
         raise ValueError('sharded_checkpoint.begin_save: rank 0 must give the checkpoint folder')
-    folder, tmp = names
-    try:
-        model_state, optimizer_state = get_state_dict(loop.model, _optimizers(loop))
-        state = {'model': model_state, 'optim': optimizer_state}
-        if stager is None:
-            future = None
-            dcp.save(state, checkpoint_id=tmp)
-        else:
-            future = dcp.async_save(state, checkpoint_id=tmp, process_group=checkpoint_process_group(),
-                                    async_stager=stager)
-    except BaseException:
-        if distributed.is_main_process():
-            shutil.rmtree(tmp, ignore_errors=True)
-            mark_temp_live(tmp, False)
-        raise
-    return ShardedSave(folder, tmp, train_state, future)
+    return names[0], names[1]
+
+
+def _sharded_state_dicts(loop: TrainLoop) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``get_state_dict(model, optimizers)``: this rank's part of the model and optimizer state, keyed by parameter
+    name. An optimizer without per-parameter state (SGD without momentum), once known as such, gets its state dict
+    built here from its current parameter groups: DCP's helper would otherwise, at every save, fill a zero gradient
+    for every parameter and run a step with learning rate 0 (its way of creating the state of an optimizer that has
+    none yet), the cost of a pass over the whole model, for the same result."""
+    optimizers = _optimizers(loop)
+    known = [_STATELESS_GROUPS.get(optimizer) for optimizer in optimizers]
+    if optimizers and all(entry is not None and _still_stateless(optimizer, entry[0])
+                          for optimizer, entry in zip(optimizers, known)):
+        # What DCP's helper returns for them: optimizer.state_dict()'s groups, parameters named.
+        groups = []
+        for optimizer, entry in zip(optimizers, known):
+            for group, fqns in zip(optimizer.param_groups, entry[1]):    # type: ignore[index]  # checked above
+                groups.append({**{k: v for k, v in group.items() if k != 'params'}, 'params': list(fqns)})
+        return get_model_state_dict(loop.model), {'state': {}, 'param_groups': groups}
+    fills = [not optimizer.state and all(p.grad is None for g in optimizer.param_groups for p in g['params'])
+             for optimizer in optimizers]
+    model_state, optimizer_state = get_state_dict(loop.model, optimizers)
+    _learn_stateless(optimizers, fills, optimizer_state)
+    return model_state, optimizer_state
+
+
+# Optimizers known to hold no per-parameter state even after a step (DCP's helper stepped them with zero gradients
+# and they stayed empty) -> (the ids of their parameters per group, the parameter names per group).
+_STATELESS_GROUPS: weakref.WeakKeyDictionary[Any, tuple[list[list[int]], list[list[str]]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _learn_stateless(optimizers: list[Any], fills: list[bool], optimizer_state: dict[str, Any]) -> None:
+    groups = list(optimizer_state.get('param_groups', []))
+    for optimizer, filled in zip(optimizers, fills):
+        own, groups = groups[:len(optimizer.param_groups)], groups[len(optimizer.param_groups):]
+        if filled and not optimizer.state and len(own) == len(optimizer.param_groups):
+            ids = [[id(p) for p in group['params']] for group in optimizer.param_groups]
+            _STATELESS_GROUPS[optimizer] = (ids, [list(group['params']) for group in own])
+
+
+def _still_stateless(optimizer: Any, ids: list[list[int]]) -> bool:
+    """No state, and the same parameters in the same groups as when it was learned to be stateless."""
+    return not optimizer.state and [[id(p) for p in group['params']] for group in optimizer.param_groups] == ids
 
 
 def save(loop: TrainLoop, folder: str | None, train_state: dict[str, Any]) -> str:
@@ -390,6 +651,7 @@ def gradients_inside_window_error() -> CheckpointError:
 
 
 __all__ = ['SUFFIX', 'MARKER', 'TRAIN_STATE_FILE', 'FOLDER_KEY', 'folder_name', 'is_sharded_checkpoint',
-           'checkpoint_folder', 'checkpoint_process_group', 'new_stager', 'close_stager', 'ShardedSave', 'begin_save',
-           'save', 'upload_order', 'download', 'load_train_state', 'load_model_and_optimizer', 'full_state',
-           'load_full_state', 'index_keyed', 'gradients_inside_window_error']
+           'checkpoint_folder', 'checkpoint_process_group', 'HostStager', 'new_stager', 'close_stager', 'ShardedSave',
+           'begin_save', 'next_step_follows', 'step_wait_seconds', 'save', 'upload_order', 'download',
+           'load_train_state', 'load_model_and_optimizer', 'full_state', 'load_full_state', 'index_keyed',
+           'gradients_inside_window_error']

@@ -13,8 +13,10 @@ the medians.
 
 ``--fsdp`` measures sharded checkpoints instead: the same models trained with ``gpu_mode='fsdp'`` on 2 CPU processes
 (gloo; each layer its own FSDP unit), every rank writing its shards with torch.distributed.checkpoint, synchronously
-or in the background (``dcp.async_save`` over a checkpoint process group); the stall is rank 0's, the spacing of saves
-the same as without it. The last line is then ``fsdp async/sync stall at 100 MB: R``.
+or in the background (over a checkpoint process group); the stall is rank 0's, the spacing of saves the same as
+without it. An asynchronous mid-epoch save may leave the copy of the shards to host memory running into the next
+step, whose optimizer step waits for it: that wait counts in the save's stall too
+(``sharded_checkpoint.step_wait_seconds``). The last line is then ``fsdp async/sync stall at 100 MB: R``.
 
 Usage: python benchmarks/checkpoint_stall.py [--sizes 25 100 400] [--saves 6] [--dir FOLDER] [--fsdp]
 """
@@ -31,7 +33,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from aitoolbox_like import TrainLoop, TTBasicModel
+from aitoolbox_like import TrainLoop, TTBasicModel, sharded_checkpoint
 from aitoolbox_like.callbacks.model_save import ModelIterationCheckpoint
 from aitoolbox_like.checkpoint import atomic_torch_save
 
@@ -49,21 +51,32 @@ class LinearStack(TTBasicModel):
 
 
 class TimedCheckpoint(ModelIterationCheckpoint):
-    """Records how long each save_checkpoint call held the training loop; with ``stall_file``, the main process
-    writes them there at the end of fit (an FSDP fit trains in other processes)."""
+    """Records how long each save held the training loop: the save_checkpoint call, plus the time optimizer steps
+    after it waited for its copy of the shards (sharded saves); with ``stall_file``, the main process writes them
+    there at the end of fit (an FSDP fit trains in other processes)."""
 
     def __init__(self, *args, stall_file=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.stalls = []
         self.stall_file = stall_file
+        self.step_waits_seen = 0.0
 
     def save_checkpoint(self, iteration_idx=None, wait=False):
+        self.count_step_waits()
         start = time.perf_counter()
         path = super().save_checkpoint(iteration_idx, wait)
         self.stalls.append(time.perf_counter() - start)
         return path
 
+    def count_step_waits(self):
+        # Steps wait only for the copy of the latest save (the next save waits for it to be complete).
+        waited = sharded_checkpoint.step_wait_seconds()
+        if self.stalls:
+            self.stalls[-1] += waited - self.step_waits_seen
+        self.step_waits_seen = waited
+
     def on_train_end(self):
+        self.count_step_waits()
         super().on_train_end()
         if self.stall_file is not None and self.train_loop_obj.is_main_process():
             with open(self.stall_file, 'w') as f:
@@ -97,7 +110,9 @@ def estimate(model, folder):
 def run(megabytes, async_save, save_every, saves, folder, fsdp=False):
     torch.manual_seed(0)
     model = LinearStack(n_layers_for(megabytes))
-    steps = save_every * saves
+    # One batch more than the saves span: the last save is then at the last batch, and the epoch-end save that
+    # follows (no training in between) is the one left out below.
+    steps = save_every * saves + 1
     processes = 2 if fsdp else 1
     samples = steps * BATCH_SIZE * processes     # each process trains `steps` batches
     data = TensorDataset(torch.randn(samples, WIDTH), torch.randn(samples, WIDTH))

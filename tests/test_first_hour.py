@@ -1,10 +1,13 @@
 """A new user's first hour: each common mistake gets a message naming what is wrong and the fix, and nothing is
 silent or left behind (docs/user-guide.md, "Common mistakes")."""
+import glob
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -167,3 +170,27 @@ def test_a_fit_that_fails_before_its_first_step_leaves_no_experiment_folder_and_
     loop.fit(num_epochs=1, callbacks=[_saver(tmp_path, monitor='val_loss')])
     [run] = os.listdir(tmp_path / 'project')
     assert os.listdir(tmp_path / 'project' / run / 'checkpoint_model')
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_under_the_command_line_tells_the_command_that_continues_the_run(tmp_path):
+    console_script = os.path.join(os.path.dirname(sys.executable), 'aitoolbox-like')
+    recipe = os.path.join(REPO_ROOT, 'examples', 'recipes', 'digits.yaml')
+    env = dict(os.environ, OMP_NUM_THREADS='1', MPLBACKEND='Agg')
+    env.pop('DIGITS_OUTPUT_DIR', None)
+    run = subprocess.Popen([console_script, 'train', recipe, 'fit.num_epochs=100', f'vars.output_dir={tmp_path}'],
+                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 150
+        while not glob.glob(str(tmp_path / '.aitoolbox_like' / 'digits' / 'cnn_*' / 'latest_checkpoint.txt')):
+            assert run.poll() is None and time.monotonic() < deadline, 'no checkpoint was written'
+            time.sleep(0.05)
+        run.send_signal(signal.SIGTERM)
+        _, stderr = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    [folder] = glob.glob(str(tmp_path / 'digits' / 'cnn_*'))
+    assert f'continue with aitoolbox-like resume {folder}' in stderr, stderr[-3000:]
+    assert "resume_from='latest'" not in stderr

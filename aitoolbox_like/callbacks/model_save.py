@@ -30,7 +30,7 @@ from ..experiment import model_file_name  # noqa: F401  (kept importable from th
 from ..experiment.savers import write_experiment_results
 from ..storage.base import validate_key_part
 from ..storage.local import remove_folder
-from ._common import lower_is_better
+from ._common import lower_is_better, missing_monitor_message
 from .abstract import AbstractCallback
 
 logger = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ class ExperimentSaverBase(AbstractCallback):
 
         With ``async_save`` the training thread waits for the previous save and copies this rank's shards (and, on
         rank 0, the train state) to host memory; DCP's write, the rename, the pointer and the upload follow in the
-        background (``wait=True``: wait for them before returning)."""
+        background (``wait=True``: all of it on this thread, before returning)."""
         loop = self.train_loop_obj
         main = loop.is_main_process()
         self.wait_for_pending_save()
@@ -192,8 +192,11 @@ class ExperimentSaverBase(AbstractCallback):
             train_state = writer.snapshot(train_state) if main else None
             if self._stager is None:
                 self._stager = sharded_checkpoint.new_stager()
+        # Mid-epoch, with another training step next: the copy of the parameters and optimizer state goes on
+        # during its forward and backward, and its optimizer step waits for it.
+        until_step = writer is not None and mid_epoch and sharded_checkpoint.next_step_follows(loop)
         save = sharded_checkpoint.begin_save(loop, folder, train_state,
-                                             self._stager if writer is not None else None)
+                                             self._stager if writer is not None else None, until_step)
         experiment_dir = self.experiment.dir_path
         uploader = self.uploader
 
@@ -217,8 +220,6 @@ class ExperimentSaverBase(AbstractCallback):
                 dist.barrier()      # synchronous: the checkpoint is complete on every rank on return
         else:
             writer.submit(save.folder, complete, None)
-            if wait:
-                writer.wait()
         return save.folder
 
     def _close_stager(self):
@@ -347,6 +348,11 @@ class ModelCheckpoint(ExperimentSaverBase):
         name = self._monitor_name()
         value = loop.train_history.value_in_epoch(name, loop.epoch)
         if not isinstance(value, (int, float)):
+            if not loop.train_history.get(name) and not self._monitor_missing_reported:
+                # A misspelt monitor would otherwise never mark a best checkpoint, silently.
+                self._monitor_missing_reported = True
+                logger.warning(missing_monitor_message(type(self).__name__, name, list(loop.train_history.keys()),
+                                                       loop.epoch))
             return None
         if math.isnan(value):
             # A diverged epoch must never become the best checkpoint.
@@ -478,7 +484,8 @@ class ModelIterationCheckpoint(ModelCheckpoint):
     def on_batch_end(self):
         idx = self.train_loop_obj.total_iteration_idx
         if idx > 0 and idx % self.save_frequency == 0:
-            logger.info('Saving model checkpoint at the training iteration: %d', idx)
+            if self.train_loop_obj.is_main_process():
+                logger.info('Saving model checkpoint at the training iteration: %d', idx)
             # Hooks driven by hand, outside fit (AIToolbox code does): the file is complete when the hook returns,
             # as AIToolbox's synchronous save; in a fit it is written in the background and fit waits at its end.
             self.save_checkpoint(iteration_idx=idx, wait=not self.train_loop_obj.epochs_running)

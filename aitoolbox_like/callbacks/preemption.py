@@ -10,6 +10,7 @@ import logging
 import signal
 import threading
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -86,8 +87,19 @@ class PreemptionCheckpoint(AbstractCallback):
     stop at the same step (at most ``2 * ddp_sync_every`` steps after the signal) without a device sync; rank 0
     writes the checkpoint. A signal reaching any one rank stops them all. Under FSDP every rank writes its shards of
     the checkpoint; a stop agreed on inside a gradient-accumulation window waits for the window's update step (a
-    sharded checkpoint cannot hold the accumulated gradients), and ``on_exception`` writes nothing (a sharded save
-    needs every rank, which the exception may not have reached).
+    sharded checkpoint cannot hold the accumulated gradients).
+
+    ``on_exception=True`` under FSDP (several processes): a sharded checkpoint needs every rank, which the exception
+    may not have reached (a rank whose data loader failed alone leaves the others waiting in the next step's
+    collectives). Each rank whose exception came between two steps (outside a gradient-accumulation window) therefore
+    first joins an agreement with the others, an all-reduce over a gloo group of its own made at ``on_train_begin``,
+    bounded by ``fsdp_exception_timeout_s``. When every rank arrives after the same batch (the same data error on all
+    ranks), they write the sharded checkpoint together, synchronously. Otherwise (a rank did not arrive in time, or
+    they stopped after different batches) no rank writes anything, and one warning says so (on each rank that timed
+    out, or on rank 0): the shards of the others cannot be had, and a partial folder could not be resumed. The resume point is then the
+    last complete checkpoint (the saving callback completes the one being written in the background, if any). A rank
+    whose own exception came inside a step does not wait for the others at all: no rank waits longer than
+    ``fsdp_exception_timeout_s`` for the others, and fit then re-raises the exception as always.
 
     Args:
         signals: the signals that request a stop (default SIGTERM and SIGINT). ``()`` installs none (a stop is then
@@ -103,11 +115,13 @@ class PreemptionCheckpoint(AbstractCallback):
             ``SystemExit`` with that status at the end of ``on_train_end`` after a stop caused by a signal, so that a
             scheduler that restarts only failed jobs (a Kubernetes Job) runs the job again.
         ddp_sync_every (int): in a DDP fit, the steps between two agreements on stopping.
+        fsdp_exception_timeout_s (float): with ``on_exception=True`` in an FSDP fit of several processes, how long a
+            rank waits for the others to reach ``on_exception`` too before it gives the checkpoint up (see above).
     """
 
     def __init__(self, signals: Sequence[int] = DEFAULT_SIGNALS, on_exception: bool = False,
                  upload_wait_s: float = 120.0, exit_code: Union[None, int, str] = None,
-                 ddp_sync_every: int = 10) -> None:
+                 ddp_sync_every: int = 10, fsdp_exception_timeout_s: float = 30.0) -> None:
         super().__init__('Preemption-safe checkpoint', execution_order=10_000, device_idx_execution=None)
         self.signals: Tuple[signal.Signals, ...] = tuple(signal.Signals(s) for s in signals)
         if isinstance(exit_code, bool) or not (exit_code is None or exit_code == 'signal' or
@@ -117,10 +131,15 @@ class PreemptionCheckpoint(AbstractCallback):
             raise ValueError(f'ddp_sync_every must be an int >= 1, got {ddp_sync_every!r}')
         if upload_wait_s < 0:
             raise ValueError(f'upload_wait_s must be >= 0, got {upload_wait_s!r}')
+        if isinstance(fsdp_exception_timeout_s, bool) or not isinstance(fsdp_exception_timeout_s, (int, float)) \
+                or not fsdp_exception_timeout_s > 0:
+            raise ValueError(f'fsdp_exception_timeout_s must be a number of seconds > 0, got '
+                             f'{fsdp_exception_timeout_s!r}')
         self.save_on_exception = bool(on_exception)
         self.upload_wait_s = float(upload_wait_s)
         self.exit_code = exit_code
         self.ddp_sync_every = ddp_sync_every
+        self.fsdp_exception_timeout_s = float(fsdp_exception_timeout_s)
         # What happened in the latest fit (read them after fit returns).
         self.stop_reason: Optional[str] = None        # why training stopped early, or None
         self.received_signal: Optional[int] = None    # the signal that asked for the stop, or None
@@ -129,6 +148,7 @@ class PreemptionCheckpoint(AbstractCallback):
         self._previous_handlers: Dict[signal.Signals, _Handler] = {}
         self._between_steps = False
         self._group: Any = None
+        self._exception_group: Any = None   # FSDP with on_exception: the bounded agreement on saving after an error
         self._pending: Optional[Tuple[Any, torch.Tensor]] = None
         self._stop_due = False              # a stop is agreed on; the checkpoint follows at the next update step
         self._window_reported = False
@@ -184,6 +204,13 @@ class PreemptionCheckpoint(AbstractCallback):
         if loop.world_size > 1 and self._group is None:
             # Every rank runs on_train_begin; a gloo group lets the flags be reduced on the CPU (no device sync).
             self._group = dist.new_group(backend='gloo') if dist.get_backend() != 'gloo' else dist.group.WORLD
+        if self.save_on_exception and loop.world_size > 1 and distributed.is_fsdp_model(loop.model) \
+                and self._exception_group is None:
+            # A group of its own: its timeout bounds the agreement, and a timed-out gloo group is unusable after,
+            # which must not be training's. Made here, where every rank is known to take part (new_group is a
+            # collective).
+            self._exception_group = dist.new_group(backend='gloo',
+                                                   timeout=timedelta(seconds=self.fsdp_exception_timeout_s))
         self._install_handlers()
 
     def _install_handlers(self) -> None:
@@ -270,10 +297,12 @@ class PreemptionCheckpoint(AbstractCallback):
                            reason, loop.total_iteration_idx, loop.epoch)
         self.checkpoint_path = self._save(loop)
         self._wait_for_uploads(loop)
-        raise StopTraining(f'{reason}: checkpoint saved, resume with fit(resume_from=\'latest\')'
+        if self.checkpoint_path and loop.is_main_process():
+            logger.warning('%s: checkpoint saved; continue with %s', reason, loop.how_to_resume())
+        raise StopTraining(f'{reason}: checkpoint saved, continue with {loop.how_to_resume()}'
                            if self.checkpoint_path else reason)
 
-    def _save(self, loop: 'TrainLoop') -> Optional[str]:
+    def _save(self, loop: 'TrainLoop', all_ranks: Optional[bool] = None) -> Optional[str]:
         saver = find_checkpoint_callback(loop)
         if saver is None:
             if loop.is_main_process():
@@ -285,7 +314,7 @@ class PreemptionCheckpoint(AbstractCallback):
             saver.wait_for_pending_save()           # it saved after this very batch already (maybe in the background)
             return saver.latest_checkpoint_path
         # wait: the checkpoint (file, pointer, queued upload) is complete before its upload is waited for.
-        return saver.save_checkpoint(iteration_idx=idx, wait=True)
+        return saver.save_checkpoint(iteration_idx=idx, wait=True, all_ranks=all_ranks)
 
     def _wait_for_uploads(self, loop: 'TrainLoop') -> None:
         experiment = loop.experiment
@@ -313,6 +342,7 @@ class PreemptionCheckpoint(AbstractCallback):
         """Put the previous signal handlers back; with ``on_exception=True`` save a checkpoint when the exception
         came between two training steps."""
         self._restore_handlers()
+        self._group = None          # as at the end of a fit (_finish_agreement)
         if not self.save_on_exception or isinstance(exception, SystemExit) or self.checkpoint_path is not None:
             return
         loop = self.train_loop_obj
@@ -322,24 +352,64 @@ class PreemptionCheckpoint(AbstractCallback):
                                'checkpoint is written (the last one is the resume point)', type(self).__name__,
                                type(exception).__name__)
             return
-        if distributed.is_fsdp_model(loop.model):
-            # Every rank writes its shards of a sharded checkpoint, but an exception may have reached this rank
-            # alone: the others would never join the save, and it would wait for them forever.
-            if loop.is_main_process():
-                logger.warning("%s: under gpu_mode='fsdp' no checkpoint is written after an exception (a sharded "
-                               'checkpoint needs every rank, which the exception may not have reached); the last '
-                               'checkpoint is the resume point', type(self).__name__)
+        if distributed.is_fsdp_model(loop.model) and not self._sharded_save_agreed(loop, exception):
             return
         try:
-            self.checkpoint_path = self._save(loop)
+            # DDP: the exception may not have reached the other ranks, so rank 0 saves alone (no gather). FSDP: every
+            # rank agreed to take part above.
+            self.checkpoint_path = self._save(loop, all_ranks=None if distributed.is_fsdp_model(loop.model) else False)
             if self.checkpoint_path:
                 logger.warning('%s: fit failed with %s; saved a checkpoint after batch %d: %s', type(self).__name__,
                                type(exception).__name__, loop.total_iteration_idx, self.checkpoint_path)
         except Exception:
             logger.exception('%s: the checkpoint after the exception could not be written', type(self).__name__)
 
+    def _sharded_save_agreed(self, loop: 'TrainLoop', exception: BaseException) -> bool:
+        """FSDP: whether every rank takes part in saving after ``exception`` (see the class docstring). Logs why
+        not, once, on the rank that knows it."""
+        name = type(self).__name__
+        if not loop.should_execute_optimizer_update():
+            if loop.is_main_process():
+                logger.warning("%s: %s was raised inside a gradient-accumulation window; under gpu_mode='fsdp' no "
+                               'checkpoint is written (a sharded checkpoint cannot hold the accumulated gradients); '
+                               'the last checkpoint is the resume point', name, type(exception).__name__)
+            return False
+        group, self._exception_group = self._exception_group, None     # once: a timed-out group is unusable
+        if loop.world_size == 1:
+            return True
+        if group is None:       # the exception came before on_train_begin made the group
+            return False
+        agreed = agree_on_position(group, loop.total_iteration_idx)
+        if agreed is None:
+            logger.warning("%s (rank %d): %s was raised between two steps, after batch %d, but not every rank "
+                           'reached on_exception between the same steps within fsdp_exception_timeout_s=%gs: no '
+                           "checkpoint is written (a sharded checkpoint needs every rank's shards); the last "
+                           'checkpoint is the resume point', name, loop.global_rank, type(exception).__name__,
+                           loop.total_iteration_idx, self.fsdp_exception_timeout_s)
+        elif not agreed and loop.is_main_process():
+            logger.warning('%s: %s was raised on every rank, but after different batches: no checkpoint is written; '
+                           'the last checkpoint is the resume point', name, type(exception).__name__)
+        return bool(agreed)
+
     def _finish_agreement(self) -> None:
         if self._pending is not None:
             # Every rank started this reduction at the same step; complete it before the group is used again.
             self._pending[0].wait()
             self._pending = None
+        # No process-group object outlives the fit here: one still referenced when the script's
+        # destroy_process_group() has run is destroyed at interpreter exit, where gloo's threads can abort the
+        # process ("terminate called without an active exception": 2 runs in 12 under torchrun before this).
+        self._group = self._exception_group = None
+
+
+def agree_on_position(group: Any, iteration_idx: int) -> Optional[bool]:
+    """Every rank of ``group`` calls it with the batch it stopped after: True when all give the same, False when
+    they differ, None when a rank does not call it within the group's timeout (gloo raises then; the group is not
+    usable after)."""
+    positions = torch.tensor([iteration_idx, -iteration_idx], dtype=torch.int64)
+    try:
+        dist.all_reduce(positions, op=dist.ReduceOp.MIN, group=group)
+    except RuntimeError as error:      # gloo's timeout (a DistError is a RuntimeError)
+        logger.debug('no agreement on saving after an exception: %s', error)
+        return None
+    return int(positions[0]) == -int(positions[1])      # min == max
