@@ -138,7 +138,7 @@ def _losses_over_ranks(losses, gathered=None):
     (the mean over ranks of each rank's mean) comes out as in the uninterrupted run. Ranks with different numbers
     of batches (a loader not sharded evenly): each keeps its own."""
     if gathered is None:
-        gathered = _gather([_losses_to_cpu(loss) for loss in losses])
+        gathered = _gather_losses(losses)
     own = gathered[distributed.get_rank()]
     if len({len(rank_losses) for rank_losses in gathered}) != 1 or any(
             not isinstance(loss, (torch.Tensor, dict)) for rank_losses in gathered for loss in rank_losses):
@@ -163,6 +163,13 @@ def _unpack_losses(losses):
     if isinstance(losses, dict) and 'stacked' in losses:
         return list(losses['stacked'].unbind())
     return losses
+
+
+def _gather_losses(losses):
+    """Every rank's running losses (a collective), each rank's list sent as one stacked tensor when it can be: a
+    list of 0-d tensors would be pickled and loaded tensor by tensor, a cost growing with the epoch's batches."""
+    return [_unpack_losses(rank_losses)
+            for rank_losses in _gather(_pack_losses([_losses_to_cpu(loss) for loss in losses]))]
 
 
 def _losses_to_cpu(value):
@@ -247,7 +254,7 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True, all_
             logger.warning('Mid-epoch checkpoint taken outside fit: the RNG state of the epoch start is unknown, so '
                            'a run resumed from it skips %d batches of a new data order', loop.iteration + 1)
         if gather:
-            every_rank = _gather(_plain_losses([_losses_to_cpu(loss) for loss in loop.loss_batch_accum]))
+            every_rank = _gather_losses(_plain_losses(loop.loss_batch_accum))
             data_position['loss_batch_accum_ranks'] = every_rank
             data_position['loss_batch_accum'] = _losses_over_ranks(data_position['loss_batch_accum'], every_rank)
             data_position['epoch_start_rng_ranks'] = _gather(loop.epoch_start_rng)
