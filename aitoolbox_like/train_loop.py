@@ -347,9 +347,6 @@ class TrainLoop:
                 return fit_fsdp(self, num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
             if self.gpu_mode == 'dp':
                 return self._fit_data_parallel(num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
-            if kwargs:
-                raise TypeError(f'fit() got unexpected arguments {sorted(kwargs)}; these are only accepted with '
-                                f"gpu_mode='ddp'")
             return self.train_in_this_process(num_epochs, num_iterations, callbacks, grad_accumulation)
         finally:
             self.resume_plan = None
@@ -380,10 +377,8 @@ class TrainLoop:
                             f'gpu_mode={" or ".join(repr(m) for m in modes)} (this TrainLoop has '
                             f'gpu_mode={self.gpu_mode!r})')
 
-    def _fit_data_parallel(self, num_epochs, num_iterations, callbacks, grad_accumulation, dp_model_args=None,
-                           **kwargs):
-        if kwargs:
-            raise TypeError(f'fit() got unexpected arguments {sorted(kwargs)}; gpu_mode=\'dp\' accepts dp_model_args')
+    def _fit_data_parallel(self, num_epochs, num_iterations, callbacks, grad_accumulation, dp_model_args=None):
+        # Any other keyword argument: fit() has refused it already (_check_fit_keywords).
         if not isinstance(self.model, torch.nn.DataParallel):
             if self.compiled_model is not None:
                 logger.warning("gpu_mode='dp': the DataParallel wrapper's forward is not torch.compile'd")
