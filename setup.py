@@ -33,6 +33,7 @@ setup(
         'wandb': ['wandb>=0.16'],
         'mlflow': ['mlflow>=3'],
         'ray': ['ray[train]>=2.40'],
+        'tune': ['optuna>=4'],
         'dev': [
             'pytest>=7.4',
             'pytest-timeout>=2.2',
@@ -46,6 +47,7 @@ setup(
             'wandb>=0.16',
             'mlflow>=3',
             'ray[train]>=2.40',
+            'optuna>=4',
             'mypy>=2.4,<3',
             'mkdocs>=1.6',
             'mkdocs-material>=9.5',

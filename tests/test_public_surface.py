@@ -55,7 +55,8 @@ EXCLUDED = {
 
 # The pip extra that brings each optional dependency, to say what is missing when a module needs one.
 EXTRAS = {'boto3': 's3', 'tensorboard': 'tensorboard', 'matplotlib': 'plots', 'torchvision': 'vision',
-          'sklearn': 'metrics', 'torchmetrics': 'metrics', 'wandb': 'wandb', 'mlflow': 'mlflow'}
+          'sklearn': 'metrics', 'torchmetrics': 'metrics', 'wandb': 'wandb', 'mlflow': 'mlflow',
+          'optuna': 'tune', 'ray': 'ray'}
 
 # A dotted path rooted at aitoolbox or aitoolbox_like. The look-behind keeps file names out
 # (migrating-from-aitoolbox.md, ./aitoolbox_like.x) and trailing punctuation is not part of a component.

@@ -7,6 +7,8 @@
     aitoolbox-like show RECIPE.yaml [key.path=value ...]       print the resolved recipe (and check it)
     aitoolbox-like callbacks [--import FILE]                   the registered callbacks and their arguments
     aitoolbox-like list KIND [--import FILE]                   the names of one registry (optimizer, ...)
+    aitoolbox-like tune RECIPE.yaml --trials N --param PATH=SPEC --monitor NAME --mode min|max --output DIR
+                                                               search hyper-parameters (docs/tuning.md)
 
 A recipe that does not check (unknown names or keys, wrong types, missing arguments) is reported in full, one
 ``key.path: problem`` line each, with exit status 2 and nothing trained.
@@ -429,6 +431,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument('--import', dest='imports', action='append', default=[], metavar='FILE_OR_MODULE',
                          help=import_help)
     listing.set_defaults(handler=cmd_list)
+
+    # The search lives in its own package (it builds on this one); imported here so `tune` is one more subcommand.
+    from ..tuning.cli import add_tune_parser
+    add_tune_parser(commands)
     return parser
 
 

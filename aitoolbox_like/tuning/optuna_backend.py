@@ -1,0 +1,334 @@
+"""The Optuna backend of ``aitoolbox-like tune``: the study lives in a storage (default ``sqlite:///DIR/study.db``)
+and each trial is :func:`~aitoolbox_like.tuning.trial.run_trial` in this process.
+
+Nothing is lost:
+
+- the same command with the same DIR continues the study: ``--trials N`` is the number of finished trials the study
+  should have (completed, pruned or failed), so a search that was stopped runs only the trials it still lacks, and a
+  larger N runs more;
+- a trial that was running when its process died is marked FAIL (interrupted) and does not count: at the start, when
+  no other search process works in DIR (a lock file there tells), and otherwise by Optuna's heartbeat, once a
+  trial has not beaten for a minute (workers on other machines sharing ``--storage``);
+- a trial that fails (an exception, a NaN value) is recorded as FAIL with its error (the trial's user attribute
+  ``error``) and the search goes on.
+
+``--concurrent K`` runs K trials at once, in K processes (this one and K-1 started for it) sharing the storage;
+the study may then end with up to K-1 more trials than N.
+"""
+import logging
+import multiprocessing
+import os
+import socket
+import time
+import warnings
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+from ..integrations.optuna import import_optuna
+from .results import TrialRecord
+from .space import Param, TuneInputError
+from .trial import COMPLETE, FAIL, PRUNED, StudySettings, TrialFailed, run_trial
+
+if TYPE_CHECKING:
+    import optuna
+
+logger = logging.getLogger(__name__)
+
+STORAGE_FILE = 'study.db'
+LOCK_FILE = '.tune.lock'
+#: The study's user attribute that records what it searches (checked when a search continues it).
+SEARCH_ATTRIBUTE = 'aitoolbox_like_search'
+#: Seconds between a running trial's heartbeats, and without one before another worker marks it FAIL.
+HEARTBEAT_INTERVAL_S = 20
+HEARTBEAT_GRACE_S = 60
+
+
+def default_storage(output_dir: str) -> str:
+    """The storage URL of a search whose ``--storage`` is not given: ``sqlite:///<DIR>/study.db``."""
+    return 'sqlite:///' + os.path.join(os.path.abspath(output_dir), STORAGE_FILE)
+
+
+def make_pruner(pruner: Any) -> Any:
+    """``'median'`` (Optuna's MedianPruner with its defaults), ``'none'`` (no pruning), or a pruner object as it is.
+    """
+    optuna = import_optuna()
+    if pruner == 'median':
+        return optuna.pruners.MedianPruner()
+    if pruner == 'none' or pruner is None:
+        return optuna.pruners.NopPruner()
+    if isinstance(pruner, optuna.pruners.BasePruner):
+        return pruner
+    raise ValueError(f"pruner: expected 'median', 'none' or an optuna pruner, got {pruner!r}")
+
+
+def _storage(url: str) -> Any:
+    optuna = import_optuna()
+    with warnings.catch_warnings():
+        # Optuna calls heartbeats experimental; the search relies on them only for workers on other machines.
+        warnings.simplefilter('ignore', optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                                          grace_period=HEARTBEAT_GRACE_S)
+
+
+def _search_record(settings: StudySettings) -> Dict[str, Any]:
+    """What the study records about its search: a continued study must search the same space the same way."""
+    return {'monitor': settings.monitor, 'mode': settings.mode,
+            'params': {p.path: [p.kind, p.low, p.high, list(p.choices)] for p in settings.params},
+            'recipe': settings.recipe, 'overrides': list(settings.overrides)}
+
+
+def _check_same_search(study: 'optuna.Study', settings: StudySettings) -> None:
+    """Refuse to continue a study that searched another space, monitor or direction (its trials would not compare);
+    a different recipe file or overrides is only warned about (a moved file, a changed output folder)."""
+    previous = study.user_attrs.get(SEARCH_ATTRIBUTE)
+    finished = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    current = _search_record(settings)
+    if isinstance(previous, dict) and finished:
+        errors = []
+        for key, flag in (('monitor', '--monitor'), ('mode', '--mode'), ('params', '--param')):
+            if previous.get(key) != current[key]:
+                errors.append(f'{flag}: the study {settings.study_name!r} searched {previous.get(key)!r}, not '
+                              f'{current[key]!r}; continue it with the same {flag}, or start another study '
+                              f'(another --output or --study-name)')
+        if errors:
+            raise TuneInputError(errors)
+        for key in ('recipe', 'overrides'):
+            if previous.get(key) != current[key]:
+                logger.warning('The study %r was run with %s %r; this run uses %r', settings.study_name, key,
+                               previous.get(key), current[key])
+    study.set_user_attr(SEARCH_ATTRIBUTE, current)
+
+
+def open_study(settings: StudySettings) -> 'optuna.Study':
+    """Create the study, or load it to continue (checking that it searches the same space, monitor and mode)."""
+    optuna = import_optuna()
+    url = settings.storage or default_storage(settings.output_dir)
+    direction = 'minimize' if settings.mode == 'min' else 'maximize'
+    study = optuna.create_study(storage=_storage(url), study_name=settings.study_name, direction=direction,
+                                load_if_exists=True, pruner=make_pruner(settings.pruner), sampler=settings.sampler)
+    expected = optuna.study.StudyDirection.MINIMIZE if settings.mode == 'min' else \
+        optuna.study.StudyDirection.MAXIMIZE
+    if study.direction != expected:
+        raise TuneInputError([f'--mode {settings.mode}: the study {settings.study_name!r} in {url} is '
+                              f'{study.direction.name.lower()}d; start another study (another --output or '
+                              f'--study-name)'])
+    _check_same_search(study, settings)
+    return study
+
+
+# ---------------------------------------------------------------------------------------------- interrupted trials
+
+
+class _FolderLock:
+    """A lock file in the results folder: every search process holds it shared; one that gets it exclusively knows
+    that no other search process works in the folder, so the trials its storage shows running were interrupted."""
+
+    def __init__(self, output_dir: str) -> None:
+        self.path = os.path.join(output_dir, LOCK_FILE)
+        self.file: Any = None
+
+    def acquire(self) -> bool:
+        """Take the lock; True when no other process holds it (the lock is then exclusive until :meth:`share`)."""
+        try:
+            import fcntl
+        except ImportError:          # no flock (Windows): only the heartbeat finds interrupted trials
+            return False
+        self.file = open(self.path, 'a')
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            fcntl.flock(self.file, fcntl.LOCK_SH)
+            return False
+
+    def share(self) -> None:
+        """Let other search processes in (after the interrupted trials are marked)."""
+        if self.file is not None:
+            import fcntl
+            fcntl.flock(self.file, fcntl.LOCK_SH)
+
+    def release(self) -> None:
+        if self.file is not None:
+            self.file.close()       # closing the file releases the lock
+            self.file = None
+
+
+def mark_interrupted(study: 'optuna.Study') -> List[int]:
+    """Mark every trial of ``study`` still RUNNING as FAIL (call it only when no process can be running them);
+    returns their numbers."""
+    optuna = import_optuna()
+    running = [t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))]
+    for number in running:
+        study.tell(number, state=optuna.trial.TrialState.FAIL)
+    if running:
+        logger.warning('Trial%s %s of study %r %s running when its process stopped: marked FAIL (interrupted), not '
+                       'counted', 's' if len(running) > 1 else '', ', '.join(map(str, running)), study.study_name,
+                       'were' if len(running) > 1 else 'was')
+    return running
+
+
+# ---------------------------------------------------------------------------------------------- trials
+
+
+def counts(study: 'optuna.Study') -> Tuple[int, int]:
+    """``(finished, running)``: trials that count towards ``--trials`` (completed, pruned, or failed with an error
+    of their own, not interrupted) and trials running now."""
+    optuna = import_optuna()
+    state = optuna.trial.TrialState
+    finished = running = 0
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state in (state.COMPLETE, state.PRUNED) or (trial.state == state.FAIL and 'error' in trial.user_attrs):
+            finished += 1
+        elif trial.state == state.RUNNING:
+            running += 1
+    return finished, running
+
+
+def suggest(trial: 'optuna.trial.Trial', param: Param) -> Any:
+    """Sample one parameter in an Optuna trial (its PATH names it in the study)."""
+    if param.kind == 'loguniform':
+        return trial.suggest_float(param.path, float(param.low or 0.0), float(param.high or 0.0), log=True)
+    if param.kind == 'uniform':
+        return trial.suggest_float(param.path, float(param.low or 0.0), float(param.high or 0.0))
+    if param.kind == 'int':
+        return trial.suggest_int(param.path, int(param.low or 0), int(param.high or 0))
+    return trial.suggest_categorical(param.path, list(param.choices))
+
+
+def objective(settings: StudySettings) -> Any:
+    """The Optuna objective of a search: sample, :func:`run_trial`, hand the outcome to Optuna (a pruned trial raises
+    ``optuna.TrialPruned``, a failed one records its error and raises :class:`TrialFailed`)."""
+    pruned = import_optuna().TrialPruned
+
+    def run(trial: 'optuna.trial.Trial') -> float:
+        # Which process ran it (the one that died, for an interrupted trial).
+        trial.set_user_attr('worker', f'{socket.gethostname()}:{os.getpid()}')
+        values = {param.path: suggest(trial, param) for param in settings.params}
+
+        def report(epoch: int, value: float) -> bool:
+            trial.report(value, epoch)
+            return bool(trial.should_prune())
+
+        label = f'trial {trial.number} of study {settings.study_name!r} (results in {settings.output_dir})'
+        if settings.command:
+            label += f', searched by: {settings.command}'
+        outcome = run_trial(settings.recipe, settings.overrides, values, settings.monitor, report, label=label,
+                            hyperparams={'tune_study': settings.study_name, 'tune_trial': trial.number})
+        if outcome.experiment_dir:
+            trial.set_user_attr('experiment_dir', outcome.experiment_dir)
+        if outcome.state == FAIL:
+            trial.set_user_attr('error', outcome.error)
+            raise TrialFailed(outcome.error)
+        if outcome.state == PRUNED:
+            raise pruned(f'{settings.monitor}={outcome.value!r} after epoch {outcome.epochs_reported - 1}')
+        assert outcome.value is not None
+        return outcome.value
+
+    return run
+
+
+def work(settings: StudySettings, study: Optional['optuna.Study'] = None) -> None:
+    """Run trials until the study has ``settings.trials`` finished ones (counting the ones running elsewhere);
+    ``study``: the study already opened in this process (None: open it)."""
+    study = study if study is not None else open_study(settings)
+    run = objective(settings)
+    while True:
+        finished, running = counts(study)
+        if finished + running >= settings.trials:
+            break
+        # gc after each trial: the loop and its callbacks refer to each other, and a cycle holding a model's
+        # (GPU) memory must not wait for Python's next collection while the next trial builds its own.
+        study.optimize(run, n_trials=1, catch=(TrialFailed,), gc_after_trial=True)
+
+
+def _work_in_child(settings: StudySettings, log_level: int, threads: int, ready: Any, start: Any) -> None:
+    """A worker process of ``--concurrent``: logging as in the parent, its share of the CPU threads; it opens the
+    study, says it is ready, and starts trials when every worker is."""
+    import torch
+    logging.basicConfig(level=log_level, format='%(levelname)s %(name)s: %(message)s')
+    torch.set_num_threads(threads)
+    study = open_study(settings)
+    ready.set()
+    start.wait()
+    work(settings, study)
+
+
+def _start_together(children: List[Any], ready: List[Any], start: Any) -> None:
+    """Let every worker start once all have opened the study (or died): K trials begin at once, instead of this
+    process running short trials alone while the others are still importing."""
+    while any(child.is_alive() and not event.is_set() for child, event in zip(children, ready)):
+        time.sleep(0.05)
+    start.set()
+
+
+def _work_concurrently(settings: StudySettings, study: 'optuna.Study', workers: int) -> None:
+    """Run trials in ``workers`` processes: this one and ``workers - 1`` started for it."""
+    import torch
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    context = multiprocessing.get_context('spawn')      # no fork of a process that holds torch threads and a DB
+    start = context.Event()
+    ready = [context.Event() for _ in range(workers - 1)]
+    level = logging.getLogger().getEffectiveLevel()
+    children = [context.Process(target=_work_in_child, args=(settings, level, threads, event, start),
+                                name=f'tune-worker-{i + 1}') for i, event in enumerate(ready)]
+    for child in children:
+        child.start()
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _start_together(children, ready, start)
+        work(settings, study)
+    finally:
+        start.set()
+        torch.set_num_threads(previous_threads)
+        for child in children:
+            child.join()
+    failed = [child for child in children if child.exitcode != 0]
+    if failed:
+        raise RuntimeError(f'{", ".join(c.name for c in failed)} of the search failed (exit status '
+                           f'{", ".join(str(c.exitcode) for c in failed)}); see its log above')
+
+
+def records(study: 'optuna.Study', settings: StudySettings) -> List[TrialRecord]:
+    """The study's trials as :class:`TrialRecord` (every state; the results keep the finished ones)."""
+    records = []
+    for trial in study.get_trials(deepcopy=False):
+        params = {p.path: trial.params[p.path] for p in settings.params if p.path in trial.params}
+        state = trial.state.name
+        error = trial.user_attrs.get('error') if state == FAIL else None
+        if state == FAIL and error is None:
+            error = 'interrupted: the process running it stopped'
+        value = trial.value if state in (COMPLETE, PRUNED) else None
+        records.append(TrialRecord(trial.number, state, value, params, trial.user_attrs.get('experiment_dir'),
+                                   error))
+    return records
+
+
+def run_study(settings: StudySettings) -> Tuple[List[TrialRecord], str]:
+    """Run the search (see the module's documentation); returns every trial of the study and the storage URL."""
+    os.makedirs(settings.output_dir, exist_ok=True)
+    url = settings.storage or default_storage(settings.output_dir)
+    lock = _FolderLock(settings.output_dir)
+    try:
+        alone = lock.acquire()
+        study = open_study(settings)
+        if alone and settings.storage is None:
+            mark_interrupted(study)
+        lock.share()
+        finished, running = counts(study)
+        if finished:
+            logger.info('Study %r in %s has %d finished trials; running until it has %d', settings.study_name, url,
+                        finished, settings.trials)
+        # No more processes than trials left to run.
+        workers = min(settings.concurrent, settings.trials - finished - running)
+        if workers > 1:
+            _work_concurrently(settings, study, workers)
+        else:
+            work(settings, study)
+    finally:
+        lock.release()
+    finished, running = counts(study)
+    if finished < settings.trials and running:
+        logger.warning('The study has %d finished trials of %d; %d are running in other processes (or were '
+                       'interrupted less than %d s ago: run the command again to replace them)', finished,
+                       settings.trials, running, HEARTBEAT_GRACE_S)
+    return records(study, settings), url

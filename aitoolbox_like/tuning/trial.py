@@ -1,0 +1,259 @@
+"""One trial of a search, whatever runs the search (Optuna here, Ray Tune later): the recipe trained with the
+sampled values, as ``aitoolbox-like train`` would, reporting the monitored value after every epoch.
+
+:func:`run_trial` is the whole contract a backend needs::
+
+    outcome = run_trial(recipe_path, overrides, {'optimizer.lr': 3e-3}, 'val_loss', report)
+    # report(epoch, value) -> bool: called after every epoch that records the monitored value; True stops the
+    # trial cleanly (pruned): the epoch's callbacks finish, then the end of training runs as usual.
+    outcome.state            # 'COMPLETE', 'PRUNED' or 'FAIL'
+    outcome.value            # the monitored value at the last epoch that recorded it (None when none did)
+    outcome.experiment_dir   # the trial's experiment folder (None for a loop without one)
+    outcome.error            # what failed, for 'FAIL'
+
+A trial that raises while training (or records a NaN / infinite monitored value) comes back as ``'FAIL'``; only a
+mistake of the search itself (:class:`MonitorNotRecorded`: no epoch records the monitor) and interruptions
+(KeyboardInterrupt, SystemExit) propagate.
+"""
+import dataclasses
+import datetime
+import difflib
+import logging
+import math
+import os
+import shlex
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ..callbacks.abstract import AbstractCallback
+from ..recipes.recipe import COMMAND_LINE_FILE, RECIPE_FILE, Recipe, Run
+from .space import Param, TuneInputError, override_text
+
+logger = logging.getLogger(__name__)
+
+#: ``report(epoch, value) -> stop``: what a backend does with each epoch's monitored value.
+ReportFn = Callable[[int, float], bool]
+#: The states of a finished trial.
+COMPLETE, PRUNED, FAIL = 'COMPLETE', 'PRUNED', 'FAIL'
+#: The console script, in the commands written for the user. (The recipes command line has the same constant; it
+#: is not imported from there because that module imports this package to add ``tune``.)
+PROG = 'aitoolbox-like'
+
+
+class MonitorNotRecorded(TuneInputError):
+    """The end of a trial's first epoch found no value of the monitored name in the history: the search is wrong,
+    not the trial (raised, not reported as a failed trial)."""
+
+
+class TrialFailed(Exception):
+    """A trial that failed (its error is the message); raised by backends that need an exception for it."""
+
+
+@dataclasses.dataclass
+class StudySettings:
+    """Everything a backend needs to run a search (what ``aitoolbox-like tune`` was given, checked).
+
+    Attributes:
+        recipe: the recipe file (absolute path).
+        overrides: ``key.path=value`` overrides applied to every trial.
+        params: the searched parameters.
+        monitor: the history name whose value is reported after every epoch and optimised.
+        mode: ``'min'`` or ``'max'``.
+        trials: how many finished trials the study should have (completed, pruned or failed; an interrupted trial
+            does not count).
+        output_dir: the results folder (absolute path).
+        study_name: the study's name in the storage.
+        storage: the storage URL (None: the backend's default inside ``output_dir``).
+        pruner: ``'median'``, ``'none'``, or a backend's own pruner object.
+        concurrent: how many trials run at once.
+        sampler: a backend's own sampler object (None: its default).
+        command: the command line that started the search, for the trials' command_line.txt (None: from Python).
+    """
+
+    recipe: str
+    overrides: List[str]
+    params: List[Param]
+    monitor: str
+    mode: str
+    trials: int
+    output_dir: str
+    study_name: str
+    storage: Optional[str] = None
+    pruner: Any = 'median'
+    concurrent: int = 1
+    sampler: Any = None
+    command: Optional[str] = None
+
+
+@dataclasses.dataclass
+class TrialOutcome:
+    """How one trial ended (see the module's documentation)."""
+
+    state: str
+    value: Optional[float]
+    experiment_dir: Optional[str]
+    error: Optional[str] = None
+    epochs_reported: int = 0
+
+
+def history_value(value: Any) -> Optional[float]:
+    """A history value as a float (a one-element tensor included), or None when it is not a number."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            return None
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+class TrialReport(AbstractCallback):
+    """After every epoch, hand the epoch's value of ``monitor`` to ``report(epoch, value)``; when it returns True,
+    stop training cleanly after this epoch (``stopped``), as early stopping does: the epoch's remaining callbacks run,
+    then the end-of-training evaluation and every callback's ``on_train_end``.
+
+    At the end of the first epoch, a ``monitor`` that the history has never recorded is an error
+    (:class:`MonitorNotRecorded`) that lists the names it has, with the close matches. A value that is NaN or
+    infinite fails the trial (ValueError). An epoch that does not record the monitor (evaluation every k epochs) is
+    not reported.
+
+    Args:
+        monitor (str): the history name, e.g. ``'val_loss'``.
+        report (callable or None): ``report(epoch, value) -> bool``; None: subclasses override :meth:`report_value`.
+        execution_order (int): with the stopping callbacks (98), after the metrics of the epoch are recorded.
+    """
+
+    def __init__(self, monitor: str, report: Optional[ReportFn] = None, execution_order: float = 98) -> None:
+        super().__init__(type(self).__name__, execution_order=execution_order)
+        if not isinstance(monitor, str) or not monitor:
+            raise ValueError(f'{type(self).__name__}: monitor must be the name of a history value, e.g. '
+                             f'\'val_loss\', got {monitor!r}')
+        self.monitor = monitor
+        self.report = report
+        self.reported: List[Tuple[int, float]] = []
+        self.stopped = False
+
+    @property
+    def last_value(self) -> Optional[float]:
+        """The last value reported (None before the first)."""
+        return self.reported[-1][1] if self.reported else None
+
+    def report_value(self, epoch: int, value: float) -> bool:
+        """Hand one epoch's value on; True stops training after this epoch."""
+        if self.report is None:
+            raise NotImplementedError(f'{type(self).__name__}: give report= or override report_value')
+        return bool(self.report(epoch, value))
+
+    def on_epoch_end(self) -> None:
+        loop = self.train_loop_obj
+        history = loop.train_history
+        raw = history.value_in_epoch(self.monitor, loop.epoch)
+        if raw is None:
+            if not self.reported and not history.get(self.monitor):
+                raise MonitorNotRecorded([monitor_missing_message(self.monitor, history)])
+            return
+        value = history_value(raw)
+        if value is None:
+            raise TypeError(f'{self.monitor} is not a number in epoch {loop.epoch}: {raw!r}')
+        if not math.isfinite(value):
+            raise ValueError(f'{self.monitor} is {value} in epoch {loop.epoch}')
+        self.reported.append((loop.epoch, value))
+        if self.report_value(loop.epoch, value):
+            self.stopped = True
+            loop.early_stop = True
+            logger.info('%s: stopping after epoch %d (%s=%.6g)', type(self).__name__, loop.epoch, self.monitor, value)
+
+
+def monitor_missing_message(monitor: str, history: Any) -> str:
+    """What to say when the history of a finished epoch has no ``monitor``: the names it has, close ones first."""
+    names = [name for name, values in history.items() if values]
+    close = difflib.get_close_matches(monitor, names, n=3, cutoff=0.5)
+    hint = f'did you mean {" or ".join(close)}? ' if close else ''
+    return f'--monitor {monitor}: the first epoch recorded no {monitor}; {hint}it recorded {", ".join(names)}'
+
+
+# ---------------------------------------------------------------------------------------------- one trial
+
+
+def command_text(argv: Sequence[str], note: str) -> str:
+    """A command_line.txt block: ``note`` and when and where, as comments, then ``aitoolbox-like <argv>``."""
+    when = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')
+    return f'# {note}\n# {when}, in {os.getcwd()}\n{PROG} {shlex.join(argv)}\n'
+
+
+def trial_overrides(overrides: Sequence[str], values: Mapping[str, Any]) -> List[str]:
+    """The overrides of one trial: the search's, then each sampled value (PATH -> value)."""
+    return [*overrides, *(f'{path}={override_text(value)}' for path, value in values.items())]
+
+
+def _attach_files(run: Run, recipe: Recipe, command_text: str) -> None:
+    """The files ``aitoolbox-like train`` saves with an experiment: the resolved recipe and the command line."""
+    loop = run.loop
+    loop.resume_hint = f'{PROG} resume {{experiment_dir}}'
+    files = getattr(loop, 'experiment_files', None)
+    if not isinstance(files, dict):
+        return
+    files[RECIPE_FILE] = (f'# The resolved recipe of this experiment ({COMMAND_LINE_FILE} says how it was run); '
+                          f'`{PROG} resume <this folder>` continues it.\n' + recipe.to_yaml())
+    files[COMMAND_LINE_FILE] = command_text
+
+
+def experiment_dir_of(loop: Any) -> Optional[str]:
+    """The experiment folder a loop wrote (None: it has none, or it was removed because nothing trained)."""
+    experiment = getattr(loop, 'experiment', None)
+    if experiment is None or not getattr(experiment, 'claimed', False):
+        return None
+    return str(experiment.dir_path)
+
+
+def run_trial(recipe_path: Union[str, 'os.PathLike[str]'], overrides: Sequence[str], values: Mapping[str, Any],
+              monitor: str, report: ReportFn, *, label: str = 'trial',
+              hyperparams: Optional[Dict[str, Any]] = None) -> TrialOutcome:
+    """Train the recipe with ``overrides`` and the sampled ``values`` (PATH -> value) as ``aitoolbox-like train``
+    would: its own experiment folder, with the resolved recipe, the command line (the ``train`` command that repeats
+    this trial) and the hyperparameters saved in it. ``report(epoch, value) -> stop`` gets the value of ``monitor``
+    after every epoch.
+
+    Args:
+        recipe_path: the recipe file.
+        overrides: ``key.path=value`` overrides of every trial.
+        values: the sampled value of each searched PATH.
+        monitor: the history name to report.
+        report: ``report(epoch, value) -> bool``; True stops the trial after this epoch (pruned).
+        label: names the trial in messages and in its command_line.txt (e.g. ``trial 3 of study 'digits'``).
+        hyperparams: more keys for a tracking loop's ``hyperparams`` (saved in hyperparams_list.txt); the sampled
+            values are added under their PATHs.
+
+    Returns:
+        TrialOutcome: ``COMPLETE`` with the last reported value, ``PRUNED`` (``report`` said stop) with the value it
+        stopped at, or ``FAIL`` with the error.
+
+    Raises:
+        MonitorNotRecorded: the first epoch recorded no ``monitor``.
+    """
+    recipe_path = os.path.abspath(os.fspath(recipe_path))
+    every_override = trial_overrides(overrides, values)
+    reporter = TrialReport(monitor, report)
+    loop = None
+    try:
+        recipe = Recipe.load(recipe_path, every_override)
+        # As `train` does: the recipe file is copied into the experiment folder (AIToolbox's script copy).
+        defaults: Dict[str, Any] = {'experiment_file_path': recipe_path, **(hyperparams or {}), **values}
+        run = recipe.build(hyperparams_defaults=defaults)
+        loop = run.loop
+        command = command_text(['train', recipe_path, *every_override], label)
+        _attach_files(run, recipe, command)
+        run.callbacks.append(reporter)
+        run.fit()
+    except MonitorNotRecorded:
+        raise
+    except Exception as error:
+        logger.warning('%s failed', label, exc_info=True)
+        return TrialOutcome(FAIL, reporter.last_value, experiment_dir_of(loop), f'{type(error).__name__}: {error}',
+                            len(reporter.reported))
+    folder = experiment_dir_of(loop)
+    if reporter.last_value is None:
+        return TrialOutcome(FAIL, None, folder, f'no epoch recorded {monitor} (no epoch was trained)')
+    state = PRUNED if reporter.stopped else COMPLETE
+    return TrialOutcome(state, reporter.last_value, folder, None, len(reporter.reported))

@@ -1,0 +1,176 @@
+"""Real Optuna studies on the digits recipe (one- or two-epoch trials, in this process): the results name the best
+trial and best.yaml trains exactly what it trained, the same command continues the study, a pruned trial stops
+cleanly and is recorded as PRUNED, a failing or interrupted trial is FAIL and the study goes on, and a wrong PATH
+fails before anything trains."""
+import argparse
+import os
+
+import optuna
+import pytest
+
+from aitoolbox_like.recipes import Recipe
+from aitoolbox_like.tuning import BackendNotAvailable, MonitorNotRecorded, TuneInputError, tune
+from aitoolbox_like.tuning.cli import add_tune_parser
+
+PARAMS = ['optimizer.lr=loguniform(1e-4,1e-2)', 'vars.batch_size=choice(32,64)']
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog='aitoolbox-like')
+    add_tune_parser(parser.add_subparsers(dest='command', required=True))
+    return parser.parse_args(argv)
+
+
+def _last_epoch(read_csv, experiment_dir):
+    """The last row of a trial's own history file (ModelTrainHistoryFileWriter in the recipe)."""
+    return read_csv(os.path.join(experiment_dir, 'results', 'results.csv'))[-1]
+
+
+def test_a_study_names_its_best_trial_and_the_same_command_continues_it(tmp_path, digits_recipe, digits_overrides,
+                                                                        read_csv, capsys):
+    out = tmp_path / 'study'
+    argv = ['tune', digits_recipe, *digits_overrides, '--trials', '2', '--param', PARAMS[0], '--param', PARAMS[1],
+            '--monitor', 'val_loss', '--mode', 'min', '--output', str(out)]
+    args = _parse(argv)
+    assert args.handler(args, argv) == 0
+    printed = capsys.readouterr().out
+
+    rows = read_csv(out / 'trials.csv')
+    assert list(rows[0]) == ['number', 'state', 'value', 'optimizer.lr', 'vars.batch_size', 'experiment_dir']
+    assert [(r['number'], r['state']) for r in rows] == [('0', 'COMPLETE'), ('1', 'COMPLETE')]
+    for row in rows:
+        # A trial is a train run of its own: the value is its last epoch's val_loss, its recipe has the values.
+        assert float(row['value']) == float(_last_epoch(read_csv, row['experiment_dir'])['val_loss'])
+        saved = Recipe.load(os.path.join(row['experiment_dir'], 'recipe.yaml')).config
+        assert saved['optimizer']['lr'] == float(row['optimizer.lr'])
+        assert saved['data']['batch_size'] == int(row['vars.batch_size'])
+        with open(os.path.join(row['experiment_dir'], 'command_line.txt')) as f:
+            assert f'optimizer.lr={row["optimizer.lr"]}' in f.read()
+    best = min(rows, key=lambda r: float(r['value']))
+    assert f'best trial {best["number"]}: val_loss={best["value"]} (min)' in printed
+    assert f'  optimizer.lr={best["optimizer.lr"]}\n  vars.batch_size={best["vars.batch_size"]}\n' in printed
+    assert (out / 'history.png').stat().st_size > 0
+
+    # best.yaml is the recipe with the best values: training it gives the best trial's value again, exactly.
+    best_recipe = Recipe.load(out / 'best.yaml', [f'vars.output_dir={tmp_path / "best_run"}'])
+    assert best_recipe.config['optimizer']['lr'] == float(best['optimizer.lr'])
+    run = best_recipe.build()
+    run.fit()
+    assert run.loop.train_history['val_loss'][-1] == float(best['value'])
+
+    # The same command with --trials 3 continues the study: the two trials stay, one more runs.
+    result = tune(digits_recipe, digits_overrides, params=PARAMS, trials=3, monitor='val_loss', mode='min',
+                  output=out)
+    rows_again = read_csv(out / 'trials.csv')
+    assert rows_again[:2] == rows
+    assert [(r['number'], r['state']) for r in rows_again[2:]] == [('2', 'COMPLETE')]
+    assert [t.number for t in result.trials] == [0, 1, 2]
+    study = optuna.load_study(study_name='digits', storage=f'sqlite:///{out}/study.db')
+    assert len(study.trials) == 3
+    # ... and a study that has its trials runs none.
+    tune(digits_recipe, digits_overrides, params=PARAMS, trials=3, monitor='val_loss', mode='min', output=out)
+    assert len(read_csv(out / 'trials.csv')) == 3
+    # A continued study searches what it searched: another monitor is refused before any trial.
+    with pytest.raises(TuneInputError, match="--monitor: the study 'digits' searched 'val_loss', not 'loss'"):
+        tune(digits_recipe, digits_overrides, params=PARAMS, trials=4, monitor='loss', mode='min', output=out)
+    assert len(optuna.load_study(study_name='digits', storage=f'sqlite:///{out}/study.db').trials) == 3
+
+
+def test_a_pruned_trial_stops_cleanly_and_is_recorded_as_pruned(tmp_path, digits_recipe, read_csv):
+    out = tmp_path / 'study'
+    out.mkdir()
+    overrides = ['fit.num_epochs=2', f'vars.output_dir={tmp_path / "runs"}']
+    # A good trial first, then one whose learning rate is far too small: after its first epoch its val_loss is
+    # worse than the median of the finished trials at that epoch.
+    study = optuna.create_study(storage=f'sqlite:///{out}/study.db', study_name='digits')
+    study.enqueue_trial({'optimizer.lr': 3e-3})
+    study.enqueue_trial({'optimizer.lr': 1e-5})
+    tune(digits_recipe, overrides, params=['optimizer.lr=loguniform(1e-5,1e-2)'], trials=2, monitor='val_loss',
+         mode='min', output=out, pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
+
+    good, pruned = read_csv(out / 'trials.csv')
+    assert (good['state'], pruned['state']) == ('COMPLETE', 'PRUNED')
+    history = read_csv(os.path.join(pruned['experiment_dir'], 'results', 'results.csv'))
+    assert [r['Epoch'] for r in history] == ['0']                   # stopped after its first epoch ...
+    assert float(pruned['value']) == float(history[0]['val_loss'])  # ... with that epoch's value
+    # ... cleanly: the epoch's checkpoint is saved and the callbacks' end of training ran (the final plots).
+    assert os.listdir(os.path.join(pruned['experiment_dir'], 'checkpoint_model')) == \
+        [f'model_{os.path.basename(pruned["experiment_dir"])}_E0.pth']
+    assert os.path.isdir(os.path.join(pruned['experiment_dir'], 'results', 'train_end_plots_epoch_0'))
+    # best.yaml comes from completed trials only.
+    assert Recipe.load(out / 'best.yaml').config['optimizer']['lr'] == 3e-3
+
+
+def test_a_failing_trial_is_recorded_with_its_error_and_the_study_goes_on(tmp_path, digits_recipe,
+                                                                          digits_overrides, read_csv):
+    out = tmp_path / 'study'
+    out.mkdir()
+    study = optuna.create_study(storage=f'sqlite:///{out}/study.db', study_name='digits')
+    study.enqueue_trial({'vars.batch_size': 0})          # DataLoader refuses it when the trial builds the data
+    study.enqueue_trial({'vars.batch_size': 64})
+    result = tune(digits_recipe, digits_overrides, params=['vars.batch_size=choice(0,64)'], trials=2,
+                  monitor='val_loss', mode='min', output=out)
+    failed, completed = read_csv(out / 'trials.csv')
+    assert (failed['state'], failed['value'], failed['experiment_dir']) == ('FAIL', '', '')
+    assert completed['state'] == 'COMPLETE'
+    assert result.trials[0].error.startswith('ValueError: batch_size should be a positive integer')
+    trial = optuna.load_study(study_name='digits', storage=f'sqlite:///{out}/study.db').trials[0]
+    assert trial.user_attrs['error'] == result.trials[0].error
+    assert f'  trial 0 failed: {result.trials[0].error}' in result.summary()
+
+
+def test_a_trial_interrupted_by_the_death_of_its_process_is_fail_and_not_counted(tmp_path, digits_recipe,
+                                                                                 digits_overrides, read_csv):
+    out = tmp_path / 'study'
+    out.mkdir()
+    # What a search killed in the middle of a trial leaves in its storage: a trial that is still RUNNING.
+    study = optuna.create_study(storage=f'sqlite:///{out}/study.db', study_name='digits')
+    killed = study.ask()
+    killed.suggest_float('optimizer.lr', 1e-4, 1e-2, log=True)
+    killed.report(2.0, 0)
+
+    result = tune(digits_recipe, digits_overrides, params=PARAMS[:1], trials=1, monitor='val_loss', mode='min',
+                  output=out)
+    assert [(r['number'], r['state']) for r in read_csv(out / 'trials.csv')] == [('0', 'FAIL'), ('1', 'COMPLETE')]
+    assert result.trials[0].error == 'interrupted: the process running it stopped'
+
+
+def test_a_wrong_search_fails_before_anything_trains(tmp_path, digits_recipe, digits_overrides):
+    out = tmp_path / 'study'
+    with pytest.raises(TuneInputError) as error:
+        tune(digits_recipe, digits_overrides, params=['optimizr.lr=loguniform(1e-4,1e-2)',
+                                                      'vars.batch_size=choice(64,32,64)'],
+             trials=0, monitor='val_loss', mode='min', output=out)
+    # Everything at once: the arguments, the SPECs, the PATHs.
+    assert error.value.errors == [
+        '--trials: expected an int >= 1, got 0',
+        '--param vars.batch_size=choice(64,32,64): 64 is given twice',
+        '--param optimizr.lr: unknown key path of the recipe; did you mean optimizer.lr?',
+    ]
+    with pytest.raises(BackendNotAvailable, match='--backend ray: not available yet'):
+        tune(digits_recipe, digits_overrides, params=PARAMS, trials=2, monitor='val_loss', mode='min', output=out,
+             backend='ray')
+    assert not out.exists() and not (tmp_path / 'runs').exists()
+
+
+def test_a_monitor_the_first_epoch_did_not_record_stops_the_search_with_the_names_it_has(tmp_path, digits_recipe,
+                                                                                         digits_overrides):
+    # The digits recipe's own callback could record anything, so only the first epoch can tell.
+    with pytest.raises(MonitorNotRecorded) as error:
+        tune(digits_recipe, digits_overrides, params=PARAMS[:1], trials=2, monitor='val_acuracy', mode='max',
+             output=tmp_path / 'study')
+    assert error.value.errors[0].startswith('--monitor val_acuracy: the first epoch recorded no val_acuracy; did you '
+                                            'mean val_Accuracy')
+    assert 'val_worst_class_errors' in error.value.errors[0]
+    assert not (tmp_path / 'study' / 'trials.csv').exists()
+
+
+def test_concurrent_trials_run_in_as_many_processes(tmp_path, digits_recipe, digits_overrides, read_csv):
+    out = tmp_path / 'study'
+    result = tune(digits_recipe, digits_overrides, params=PARAMS, trials=2, monitor='val_loss', mode='min', output=out,
+                  concurrent=2)
+    assert [r['state'] for r in read_csv(out / 'trials.csv')] == ['COMPLETE', 'COMPLETE']
+    assert result.best is not None and os.path.isfile(out / 'best.yaml')
+    study = optuna.load_study(study_name='digits', storage=f'sqlite:///{out}/study.db')
+    workers = {trial.user_attrs['worker'] for trial in study.trials}
+    assert len(workers) == 2 and f':{os.getpid()}' in ' '.join(workers)
