@@ -9,7 +9,8 @@ or from Python, :func:`tune`. The pieces, so that another backend (Ray Tune) reu
 - :mod:`.space`: the ``PATH=SPEC`` parameters, checked against the recipe before any trial;
 - :mod:`.trial`: :func:`run_trial`, one trial whatever runs it (report callback in, outcome out);
 - :mod:`.results`: trials.csv, best.yaml and history.png from a list of :class:`TrialRecord`;
-- :mod:`.optuna_backend`: the study in an Optuna storage, continued by running the same command again.
+- :mod:`.optuna_backend`: the study in an Optuna storage, continued by running the same command again;
+- :mod:`.ray_backend`: the same study, its trials run by Ray Tune on a Ray cluster (``--backend ray``).
 
 :class:`OptunaPruning` (in :mod:`aitoolbox_like.integrations.optuna`) is the callback for an objective of your own
 around ``TrainLoop.fit``. Nothing here imports Optuna until a search runs (``pip install 'aitoolbox_like[tune]'``).
@@ -34,7 +35,7 @@ __all__ = ['tune', 'TuneResult', 'OptunaPruning', 'run_trial', 'TrialOutcome', '
 #: The search backends: name -> the module whose ``run_study(settings) -> (records, storage)`` runs a search.
 BACKENDS: Dict[str, Optional[str]] = {
     'optuna': 'aitoolbox_like.tuning.optuna_backend',
-    'ray': None,                # Ray Tune: not written yet
+    'ray': 'aitoolbox_like.tuning.ray_backend',
 }
 #: The pruners the command line names (the Python API also takes a backend's pruner object).
 PRUNERS = ('median', 'none')
@@ -71,8 +72,11 @@ class TuneResult:
                 *summary_lines(self.trials, self.best, self.monitor, self.mode, self.files)]
 
 
-def _argument_errors(trials: Any, concurrent: Any, backend: Any, pruner: Any, output: Any) -> List[str]:
+def _argument_errors(trials: Any, concurrent: Any, backend: Any, pruner: Any, output: Any,
+                     address: Any = None) -> List[str]:
     errors = []
+    if address is not None and backend != 'ray':
+        errors.append(f'--address {address}: a Ray cluster is used only with --backend ray')
     for flag, value in (('--trials', trials), ('--concurrent', concurrent)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             errors.append(f'{flag}: expected an int >= 1, got {value!r}')
@@ -89,7 +93,7 @@ def tune(recipe: Union[str, 'os.PathLike[str]'], overrides: Sequence[str] = (), 
          params: Union[Mapping[str, str], Sequence[str]], trials: int, monitor: str, mode: str = 'min',
          output: Union[str, 'os.PathLike[str]'], pruner: Any = 'median', storage: Optional[str] = None,
          study_name: Optional[str] = None, backend: str = 'optuna', concurrent: int = 1, sampler: Any = None,
-         command: Optional[str] = None) -> TuneResult:
+         command: Optional[str] = None, address: Optional[str] = None) -> TuneResult:
     """Search hyper-parameters of a recipe: what ``aitoolbox-like tune`` runs.
 
     Everything is checked before any trial (the recipe, each PATH and SPEC, every value the recipe will get, the
@@ -110,10 +114,13 @@ def tune(recipe: Union[str, 'os.PathLike[str]'], overrides: Sequence[str] = (), 
         pruner: ``'median'`` (default), ``'none'``, or an Optuna pruner object.
         storage: the study's storage URL (default ``sqlite:///<output>/study.db``).
         study_name: the study's name in the storage (default: the recipe file's name without its extension).
-        backend: ``'optuna'`` (``'ray'``: not available yet).
-        concurrent: trials run at once (in as many processes).
+        backend: ``'optuna'`` (trials in this process, or ``concurrent`` processes of this machine) or ``'ray'``
+            (trials run by Ray Tune on a Ray cluster; the same study, pruning and results).
+        concurrent: trials run at once (in as many processes; under Ray, each with its share of the cluster).
         sampler: an Optuna sampler object (default: Optuna's, TPE).
         command: the command line that started the search, saved with every trial (None from Python).
+        address: ``backend='ray'``: the Ray cluster's address (None: the cluster this process is connected to, or a
+            new local one).
 
     Returns:
         TuneResult: every trial of the study, the best, the files written.
@@ -122,12 +129,13 @@ def tune(recipe: Union[str, 'os.PathLike[str]'], overrides: Sequence[str] = (), 
         RecipeError: the recipe does not check.
         TuneInputError: a problem of the search (a PATH, a SPEC, the monitor, an argument), found before any trial;
             also (MonitorNotRecorded) when the first epoch of the first trial did not record the monitor.
-        BackendNotAvailable: ``backend='ray'``.
+        BackendNotAvailable: a backend that is named but not available.
+        ImportError: the backend's package is missing (the message names the extra to install).
     """
     if backend in BACKENDS and BACKENDS[backend] is None:
         raise BackendNotAvailable([f'--backend {backend}: not available yet; use --backend optuna'])
     recipe_path = os.path.abspath(os.fspath(recipe))
-    errors = _argument_errors(trials, concurrent, backend, pruner, output)
+    errors = _argument_errors(trials, concurrent, backend, pruner, output, address)
     parsed, param_errors = parse_params_and_errors(params)
     errors.extend(param_errors)
     try:
@@ -142,7 +150,7 @@ def tune(recipe: Union[str, 'os.PathLike[str]'], overrides: Sequence[str] = (), 
     name = study_name or os.path.splitext(os.path.basename(recipe_path))[0]
     settings = StudySettings(recipe=recipe_path, overrides=list(overrides), params=parsed, monitor=monitor, mode=mode,
                              trials=trials, output_dir=output_dir, study_name=name, storage=storage, pruner=pruner,
-                             concurrent=concurrent, sampler=sampler, command=command)
+                             concurrent=concurrent, sampler=sampler, command=command, address=address)
     backend_module = importlib.import_module(module_name)
     records, storage_url = backend_module.run_study(settings)
     best = best_trial(records, mode)

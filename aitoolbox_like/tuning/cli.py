@@ -2,7 +2,7 @@
 
     aitoolbox-like tune RECIPE [key.path=value ...] --trials N --param PATH=SPEC [--param ...] --monitor NAME
                         --mode min|max [--pruner median|none] [--storage URL] [--study-name NAME]
-                        [--backend optuna|ray] [--concurrent K] --output DIR
+                        [--backend optuna|ray] [--concurrent K] [--address ADDRESS] --output DIR
 
 :func:`add_tune_parser` adds the subcommand to the ``aitoolbox-like`` parser; its handler is :func:`cmd_tune`.
 """
@@ -23,7 +23,7 @@ def add_tune_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``tune`` subcommand to the ``aitoolbox-like`` parser's subparsers; returns its parser (its handler,
     :func:`cmd_tune`, is set as ``handler``)."""
     tune = subparsers.add_parser(
-        'tune', help='search hyper-parameters of a recipe (Optuna)',
+        'tune', help='search hyper-parameters of a recipe (Optuna, or Ray Tune)',
         description='Train the recipe once per trial with sampled values (each trial as `train` would: its own '
                     'experiment folder, recipe and hyperparameters saved with it), prune trials doing worse than '
                     'the others, and write trials.csv, best.yaml and history.png into --output. The study lives in '
@@ -49,9 +49,14 @@ def add_tune_parser(subparsers: Any) -> argparse.ArgumentParser:
     tune.add_argument('--study-name', default=None, metavar='NAME',
                       help="the study's name in the storage (default: the recipe file's name)")
     tune.add_argument('--backend', default='optuna', choices=['optuna', 'ray'],
-                      help='optuna (default); ray: not available yet')
+                      help='optuna (default): trials run on this machine; ray: Ray Tune runs them on a Ray cluster '
+                           '(the same study, pruning and results)')
     tune.add_argument('--concurrent', type=int, default=1, metavar='K',
-                      help='trials run at once, in K processes (default 1)')
+                      help='trials run at once, in K processes (default 1); under --backend ray each gets 1/K of '
+                           "the cluster's CPUs and GPUs")
+    tune.add_argument('--address', default=None, metavar='ADDRESS',
+                      help='--backend ray: the Ray cluster to run on (e.g. ray://head:10001 or auto); default: a '
+                           'local one started for the search')
     tune.add_argument('--output', required=True, metavar='DIR', help='the results folder (and the study\'s '
                                                                       'default storage)')
     tune.set_defaults(handler=cmd_tune)
@@ -64,7 +69,8 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     command = f'{PROG} {shlex.join(argv)}'       # noted in every trial's command_line.txt
     result = tune(args.recipe, args.overrides, params=args.params, trials=args.trials, monitor=args.monitor,
                   mode=args.mode, output=args.output, pruner=args.pruner, storage=args.storage,
-                  study_name=args.study_name, backend=args.backend, concurrent=args.concurrent, command=command)
+                  study_name=args.study_name, backend=args.backend, concurrent=args.concurrent, command=command,
+                  address=args.address)
     for line in result.summary():
         print(line, flush=True)
     return 0

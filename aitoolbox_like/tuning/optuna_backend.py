@@ -21,7 +21,7 @@ import os
 import socket
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from ..integrations.optuna import import_optuna
 from .results import TrialRecord
@@ -115,10 +115,19 @@ def open_study(settings: StudySettings) -> 'optuna.Study':
     return study
 
 
+def load_study(settings: StudySettings) -> 'optuna.Study':
+    """The study that :func:`open_study` opened, loaded in another process that runs some of its trials (with the
+    search's pruner and sampler)."""
+    optuna = import_optuna()
+    url = settings.storage or default_storage(settings.output_dir)
+    return optuna.load_study(study_name=settings.study_name, storage=_storage(url),
+                             pruner=make_pruner(settings.pruner), sampler=settings.sampler)
+
+
 # ---------------------------------------------------------------------------------------------- interrupted trials
 
 
-class _FolderLock:
+class FolderLock:
     """A lock file in the results folder: every search process holds it shared; one that gets it exclusively knows
     that no other search process works in the folder, so the trials its storage shows running were interrupted."""
 
@@ -194,9 +203,12 @@ def suggest(trial: 'optuna.trial.Trial', param: Param) -> Any:
     return trial.suggest_categorical(param.path, list(param.choices))
 
 
-def objective(settings: StudySettings) -> Any:
+def objective(settings: StudySettings, also_report: Optional[Callable[[int, float, int], None]] = None) -> Any:
     """The Optuna objective of a search: sample, :func:`run_trial`, hand the outcome to Optuna (a pruned trial raises
-    ``optuna.TrialPruned``, a failed one records its error and raises :class:`TrialFailed`)."""
+    ``optuna.TrialPruned``, a failed one records its error and raises :class:`TrialFailed`).
+
+    ``also_report(epoch, value, trial_number)``: called with every epoch's value before the pruner decides (Ray Tune's
+    report, under ``--backend ray``)."""
     pruned = import_optuna().TrialPruned
 
     def run(trial: 'optuna.trial.Trial') -> float:
@@ -205,6 +217,8 @@ def objective(settings: StudySettings) -> Any:
         values = {param.path: suggest(trial, param) for param in settings.params}
 
         def report(epoch: int, value: float) -> bool:
+            if also_report is not None:
+                also_report(epoch, value, trial.number)
             trial.report(value, epoch)
             return bool(trial.should_prune())
 
@@ -307,7 +321,7 @@ def run_study(settings: StudySettings) -> Tuple[List[TrialRecord], str]:
     """Run the search (see the module's documentation); returns every trial of the study and the storage URL."""
     os.makedirs(settings.output_dir, exist_ok=True)
     url = settings.storage or default_storage(settings.output_dir)
-    lock = _FolderLock(settings.output_dir)
+    lock = FolderLock(settings.output_dir)
     try:
         alone = lock.acquire()
         study = open_study(settings)

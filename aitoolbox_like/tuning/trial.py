@@ -69,6 +69,7 @@ class StudySettings:
         concurrent: how many trials run at once.
         sampler: a backend's own sampler object (None: its default).
         command: the command line that started the search, for the trials' command_line.txt (None: from Python).
+        address: the Ray cluster of ``--backend ray`` (None: a local one, or the one this process is connected to).
     """
 
     recipe: str
@@ -84,6 +85,7 @@ class StudySettings:
     concurrent: int = 1
     sampler: Any = None
     command: Optional[str] = None
+    address: Optional[str] = None
 
 
 @dataclasses.dataclass

@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 from aitoolbox_like.recipes import Recipe
-from aitoolbox_like.tuning import BackendNotAvailable, MonitorNotRecorded, TuneInputError, tune
+from aitoolbox_like.tuning import MonitorNotRecorded, TuneInputError, tune
 from aitoolbox_like.tuning.cli import add_tune_parser
 
 PARAMS = ['optimizer.lr=loguniform(1e-4,1e-2)', 'vars.batch_size=choice(32,64)']
@@ -147,9 +147,9 @@ def test_a_wrong_search_fails_before_anything_trains(tmp_path, digits_recipe, di
         '--param vars.batch_size=choice(64,32,64): 64 is given twice',
         '--param optimizr.lr: unknown key path of the recipe; did you mean optimizer.lr?',
     ]
-    with pytest.raises(BackendNotAvailable, match='--backend ray: not available yet'):
+    with pytest.raises(TuneInputError, match='--address auto: a Ray cluster is used only with --backend ray'):
         tune(digits_recipe, digits_overrides, params=PARAMS, trials=2, monitor='val_loss', mode='min', output=out,
-             backend='ray')
+             address='auto')
     assert not out.exists() and not (tmp_path / 'runs').exists()
 
 

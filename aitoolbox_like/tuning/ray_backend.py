@@ -1,0 +1,170 @@
+"""The Ray Tune backend of ``aitoolbox-like tune`` (``--backend ray``): Ray Tune runs the trials, ``--concurrent K`` at
+a time, on a Ray cluster (a local one started for the search, or ``--address``'s); the study is the same Optuna
+study as under ``--backend optuna``, in the same storage.
+
+Why the study stays Optuna's (and not Ray Tune's own search and schedulers):
+
+- **The same pruning.** Each trial reports every epoch's value to its Optuna trial and asks the study's pruner
+  (median by default) whether to stop, exactly as under ``--backend optuna``: ``--pruner median`` means one rule
+  whichever backend runs it. A pruned trial stops cleanly, after its epoch (its checkpoint, the end-of-training
+  evaluation and every callback's ``on_train_end`` run), which a Ray Tune scheduler cannot do: it stops a trial by
+  ending its process, between two reports. Ray's ASHA scheduler would also be another rule (it compares trials only
+  at rungs 1, 2, 4... epochs).
+- **The same sampler** (Optuna's TPE, or ``sampler=``), fed with every earlier trial of the study, this run's
+  concurrent ones included.
+- **Nothing lost, the same way.** The study lives in ``--storage``; the same command continues it; a trial whose
+  worker or machine died is FAIL (interrupted) and not counted; trials.csv and best.yaml come from the study, so
+  they are the same files with the same meaning. The study can even be continued by the other backend.
+
+Ray Tune contributes what it is good at: placing ``K`` trials at once on the cluster's machines, each with its share
+of the CPUs and GPUs, and its own record of the trials (under ``DIR/ray``). Every trial's epoch values are reported
+to Ray Tune too (``tune.report``), so its console and logs follow the search.
+
+On a cluster of several machines every worker must reach the storage: give ``--storage`` a database server URL
+(``postgresql://...``, ``mysql://...``); the default SQLite file in DIR works only where every machine sees DIR
+(a shared file system). The recipe, its data and the experiment folders must be reachable from every machine as
+well (a shared file system, or an S3 results folder).
+"""
+import functools
+import logging
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+from .optuna_backend import (FolderLock, counts, default_storage, load_study, mark_interrupted, objective,
+                             open_study, records)
+from .results import TrialRecord
+from .trial import MonitorNotRecorded, StudySettings, TrialFailed
+
+logger = logging.getLogger(__name__)
+
+_INSTALL_HINT = "pip install 'aitoolbox_like[ray,tune]'"
+#: Ray Tune's own record of the search's trials, inside the results folder.
+RAY_FOLDER = 'ray'
+
+
+def import_ray_tune() -> Any:
+    """The ``ray.tune`` module, or an ImportError that names the install command when Ray Tune is missing."""
+    try:
+        import ray.tune
+    except ImportError as exc:
+        raise ImportError(f'--backend ray needs Ray Tune: {_INSTALL_HINT}') from exc
+    return ray.tune
+
+
+def trial_resources(cluster: Dict[str, float], concurrent: int) -> Dict[str, float]:
+    """Each trial's share of the cluster when ``concurrent`` trials run at once: its CPUs split evenly (at least one
+    each), and its GPUs too when it has some (a fraction of one when trials outnumber them), so that trials use the
+    cluster's GPUs instead of Ray's default of none."""
+    cpus = max(1, int(cluster.get('CPU', 1) // concurrent))
+    resources: Dict[str, float] = {'cpu': cpus}
+    gpus = float(cluster.get('GPU', 0))
+    if gpus >= 1:
+        resources['gpu'] = float(gpus // concurrent) if gpus >= concurrent else 1.0 / -(-concurrent // int(gpus))
+    return resources
+
+
+def run_one_trial(config: Dict[str, Any], settings: StudySettings, cwd: str) -> None:
+    """What each Ray Tune trial runs, in a Ray worker: one trial of the Optuna study (sampled, trained, told), every
+    epoch's value reported to Ray Tune as well. ``config`` is Ray's (empty: the study samples); ``cwd``: the search's
+    working folder, where the recipe's relative paths point (Ray starts a trial in a folder of its own)."""
+    import torch
+
+    tune = import_ray_tune()
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+    cpus = tune.get_context().get_trial_resources().required_resources.get('CPU')
+    if cpus:
+        torch.set_num_threads(max(1, int(cpus)))
+
+    def report_to_ray(epoch: int, value: float, number: int) -> None:
+        tune.report({settings.monitor: value, 'epoch': epoch, 'optuna_trial': number})
+
+    study = load_study(settings)
+    # Exactly one trial: Ray Tune decides how many run, and where.
+    study.optimize(objective(settings, also_report=report_to_ray), n_trials=1, catch=(TrialFailed,),
+                   gc_after_trial=True)
+
+
+def _connect(settings: StudySettings) -> bool:
+    """Connect to the Ray cluster (``settings.address``, or a new local one); True when this call started Ray (so the
+    search shuts it down at its end)."""
+    import ray
+    if ray.is_initialized():
+        if settings.address:
+            logger.warning('--address %s is not used: this process is already connected to a Ray cluster',
+                           settings.address)
+        return False
+    if settings.address and settings.storage is None:
+        logger.warning('--address %s with the default storage (%s): every machine of the cluster must see that '
+                       'file (a shared file system); otherwise give --storage a database URL', settings.address,
+                       default_storage(settings.output_dir))
+    ray.init(address=settings.address, include_dashboard=False, logging_level=logging.WARNING,
+             log_to_driver=True)
+    return True
+
+
+def _run_trials(settings: StudySettings, number: int) -> None:
+    """Run ``number`` trials with Ray Tune, ``settings.concurrent`` at a time."""
+    import ray
+    tune = import_ray_tune()
+    resources = trial_resources(ray.cluster_resources(), settings.concurrent)
+    trainable = tune.with_resources(functools.partial(run_one_trial, settings=settings, cwd=os.getcwd()), resources)
+    logger.info('Ray Tune: %d trials, %d at a time, each with %s', number, settings.concurrent,
+                describe_resources(resources))
+    tuner = tune.Tuner(trainable,
+                       tune_config=tune.TuneConfig(num_samples=number, max_concurrent_trials=settings.concurrent),
+                       run_config=tune.RunConfig(name=settings.study_name, verbose=0,
+                                                 storage_path=os.path.join(settings.output_dir, RAY_FOLDER)))
+    results = tuner.fit()
+    for error in results.errors:
+        # Failures of a trial's own training are FAIL trials of the study (caught in the trial); what reaches Ray is
+        # a mistake of the search (the monitor) or a worker that died.
+        if isinstance(error, TrialFailed):
+            continue
+        cause = getattr(error, 'cause', None) or error
+        if isinstance(cause, MonitorNotRecorded) or isinstance(error, MonitorNotRecorded):
+            raise cause
+        logger.warning('A Ray Tune trial ended with an error (its Optuna trial is marked FAIL, interrupted): %s',
+                       error)
+
+
+def run_study(settings: StudySettings) -> Tuple[List[TrialRecord], str]:
+    """Run the search with Ray Tune (see the module's documentation); returns every trial of the study and the
+    storage URL."""
+    import_ray_tune()
+    os.makedirs(settings.output_dir, exist_ok=True)
+    url = settings.storage or default_storage(settings.output_dir)
+    lock = FolderLock(settings.output_dir)
+    started = False
+    try:
+        alone = lock.acquire()
+        study = open_study(settings)
+        if alone and settings.storage is None:
+            mark_interrupted(study)
+        lock.share()
+        finished, running = counts(study)
+        if finished:
+            logger.info('Study %r in %s has %d finished trials; running until it has %d', settings.study_name, url,
+                        finished, settings.trials)
+        # A trial whose worker died leaves a FAIL (interrupted) trial that does not count: run the missing ones
+        # again, as long as each round finishes some.
+        while finished + running < settings.trials:
+            started = _connect(settings) or started
+            _run_trials(settings, settings.trials - finished - running)
+            if alone and settings.storage is None:
+                mark_interrupted(study)     # no trial of this search runs any more
+            before = finished
+            finished, running = counts(study)
+            if finished == before:
+                break
+    finally:
+        lock.release()
+        if started:
+            import ray
+            ray.shutdown()
+    return records(study, settings), url
+
+
+def describe_resources(resources: Optional[Dict[str, float]]) -> str:
+    """``'2 CPU, 0.5 GPU'``: a trial's resources, for messages."""
+    return ', '.join(f'{v:g} {k.upper()}' for k, v in (resources or {}).items())

@@ -1,0 +1,72 @@
+"""``--backend ray``: Ray Tune runs the trials of the same Optuna study on a local Ray cluster, two at a time, with
+the same pruning and the same result files as ``--backend optuna``."""
+import os
+
+import optuna
+import ray
+import pytest
+
+from aitoolbox_like.recipes import Recipe
+from aitoolbox_like.tuning import tune
+from aitoolbox_like.tuning.ray_backend import trial_resources
+
+
+
+
+def test_ray_tune_runs_two_trials_at_once_prunes_like_optuna_and_writes_the_same_files(tmp_path, digits_recipe,
+                                                                                       read_csv, monkeypatch):
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')          # Ray's workers inherit it: one thread per trial on 2 cores
+    monkeypatch.delenv('DIGITS_OUTPUT_DIR', raising=False)
+    out = tmp_path / 'study'
+    out.mkdir()
+    overrides = ['fit.num_epochs=2', f'vars.output_dir={tmp_path / "runs"}']
+    # Two good trials run at once; the third, whose learning rate is far too small, starts when one of them has
+    # finished, and the median pruner stops it after its first epoch, as under --backend optuna.
+    study = optuna.create_study(storage=f'sqlite:///{out}/study.db', study_name='digits')
+    for lr in (3e-3, 2e-3, 1e-5):
+        study.enqueue_trial({'optimizer.lr': lr})
+    result = tune(digits_recipe, overrides, params=['optimizer.lr=loguniform(1e-5,1e-2)'], trials=3,
+                  monitor='val_loss', mode='min', output=out, backend='ray', concurrent=2,
+                  pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
+
+    rows = read_csv(out / 'trials.csv')
+    assert list(rows[0]) == ['number', 'state', 'value', 'optimizer.lr', 'experiment_dir']
+    assert [(r['state'], float(r['optimizer.lr'])) for r in rows] in (
+        [('COMPLETE', 3e-3), ('COMPLETE', 2e-3), ('PRUNED', 1e-5)],
+        [('COMPLETE', 2e-3), ('COMPLETE', 3e-3), ('PRUNED', 1e-5)])
+    for row in rows:
+        # Each trial is a train run of its own, and its value is its last epoch's val_loss.
+        history = read_csv(os.path.join(row['experiment_dir'], 'results', 'results.csv'))
+        assert float(row['value']) == float(history[-1]['val_loss'])
+        assert len(history) == (1 if row['state'] == 'PRUNED' else 2)
+    pruned = rows[2]
+    # Stopped cleanly: its end of training ran (the final plots), which a Ray scheduler's stop would skip.
+    assert os.path.isdir(os.path.join(pruned['experiment_dir'], 'results', 'train_end_plots_epoch_0'))
+
+    # The first two ran at the same time, in Ray's worker processes.
+    first, second, _ = optuna.load_study(study_name='digits', storage=f'sqlite:///{out}/study.db').trials
+    assert first.datetime_start < second.datetime_complete and second.datetime_start < first.datetime_complete
+    assert {t.user_attrs['worker'].split(':')[1] for t in (first, second)}.isdisjoint({str(os.getpid())})
+    assert (out / 'ray' / 'digits').is_dir()        # Ray Tune's own record of the search
+
+    best = min(rows[:2], key=lambda r: float(r['value']))
+    assert result.best is not None and result.best.number == int(best['number'])
+    assert Recipe.load(out / 'best.yaml').config['optimizer']['lr'] == float(best['optimizer.lr'])
+    assert (out / 'history.png').stat().st_size > 0
+    assert not ray.is_initialized()                 # the local cluster started for the search is shut down
+
+    # The same command continues the study: it has its three trials, so nothing runs (and no cluster starts).
+    again = tune(digits_recipe, overrides, params=['optimizer.lr=loguniform(1e-5,1e-2)'], trials=3,
+                 monitor='val_loss', mode='min', output=out, backend='ray', concurrent=2)
+    assert [t.number for t in again.trials] == [0, 1, 2] and read_csv(out / 'trials.csv') == rows
+
+
+@pytest.mark.parametrize('cluster, concurrent, expected', [
+    ({'CPU': 16.0}, 4, {'cpu': 4}),
+    ({'CPU': 2.0}, 4, {'cpu': 1}),
+    ({'CPU': 16.0, 'GPU': 8.0}, 4, {'cpu': 4, 'gpu': 2.0}),
+    ({'CPU': 16.0, 'GPU': 1.0}, 2, {'cpu': 8, 'gpu': 0.5}),
+    ({'CPU': 16.0, 'GPU': 2.0}, 3, {'cpu': 5, 'gpu': 0.5}),
+])
+def test_each_trial_gets_its_share_of_the_cluster_gpus_included(cluster, concurrent, expected):
+    assert trial_resources(cluster, concurrent) == expected
