@@ -112,7 +112,9 @@ def _run_trials(settings: StudySettings, number: int) -> None:
     logger.info('Ray Tune: %d trials, %d at a time, each with %s', number, settings.concurrent,
                 describe_resources(resources))
     tuner = tune.Tuner(trainable,
-                       tune_config=tune.TuneConfig(num_samples=number, max_concurrent_trials=settings.concurrent),
+                       tune_config=tune.TuneConfig(num_samples=number, max_concurrent_trials=settings.concurrent,
+                                                   # a worker process (torch imported) serves trial after trial
+                                                   reuse_actors=True),
                        run_config=tune.RunConfig(name=settings.study_name, verbose=0,
                                                  storage_path=os.path.join(settings.output_dir, RAY_FOLDER)))
     results = tuner.fit()
