@@ -4,6 +4,9 @@ cleanly and is recorded as PRUNED, a failing or interrupted trial is FAIL and th
 fails before anything trains."""
 import argparse
 import os
+import subprocess
+import sys
+import time
 
 import optuna
 import pytest
@@ -119,20 +122,34 @@ def test_a_failing_trial_is_recorded_with_its_error_and_the_study_goes_on(tmp_pa
     assert f'  trial 0 failed: {result.trials[0].error}' in result.summary()
 
 
-def test_a_trial_interrupted_by_the_death_of_its_process_is_fail_and_not_counted(tmp_path, digits_recipe,
-                                                                                 digits_overrides, read_csv):
+def test_a_trial_interrupted_by_the_death_of_its_process_is_fail_and_not_counted(tmp_path, digits_recipe, read_csv):
     out = tmp_path / 'study'
-    out.mkdir()
-    # What a search killed in the middle of a trial leaves in its storage: a trial that is still RUNNING.
-    study = optuna.create_study(storage=f'sqlite:///{out}/study.db', study_name='digits')
-    killed = study.ask()
-    killed.suggest_float('optimizer.lr', 1e-4, 1e-2, log=True)
-    killed.report(2.0, 0)
+    runs = tmp_path / 'runs'
+    # A search whose process is killed (SIGKILL: nothing of it can clean up) in the middle of its first trial.
+    argv = [sys.executable, '-m', 'aitoolbox_like', 'tune', digits_recipe, 'fit.num_epochs=50',
+            f'vars.output_dir={runs}', '--trials', '3', '--param', PARAMS[0], '--monitor', 'val_loss', '--mode',
+            'min', '--output', str(out)]
+    search = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and search.poll() is None:
+            time.sleep(0.2)
+            # The trial's history file has its first epoch: it is training the next.
+            if list(runs.glob('digits/*/results/results.csv')):
+                break
+        else:
+            raise AssertionError('the search did not reach its first trial\'s second epoch')
+    finally:
+        search.kill()
+        search.wait()
 
-    result = tune(digits_recipe, digits_overrides, params=PARAMS[:1], trials=1, monitor='val_loss', mode='min',
-                  output=out)
+    # The same command again (shorter trials here): the killed trial is FAIL, not counted, and the study goes on.
+    result = tune(digits_recipe, ['fit.num_epochs=1', f'vars.output_dir={runs}'], params=PARAMS[:1], trials=1,
+                  monitor='val_loss', mode='min', output=out)
     assert [(r['number'], r['state']) for r in read_csv(out / 'trials.csv')] == [('0', 'FAIL'), ('1', 'COMPLETE')]
     assert result.trials[0].error == 'interrupted: the process running it stopped'
+    assert 'trial 0 failed: interrupted: the process running it stopped' in '\n'.join(result.summary())
 
 
 def test_a_wrong_search_fails_before_anything_trains(tmp_path, digits_recipe, digits_overrides):
