@@ -15,13 +15,14 @@ Nothing is lost:
 ``--concurrent K`` runs K trials at once, in K processes (this one and K-1 started for it) sharing the storage;
 the study may then end with up to K-1 more trials than N.
 """
+import contextlib
 import logging
 import multiprocessing
 import os
 import socket
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..integrations.optuna import import_optuna
 from .results import TrialRecord
@@ -317,29 +318,40 @@ def records(study: 'optuna.Study', settings: StudySettings) -> List[TrialRecord]
     return records
 
 
-def run_study(settings: StudySettings) -> Tuple[List[TrialRecord], str]:
-    """Run the search (see the module's documentation); returns every trial of the study and the storage URL."""
+@contextlib.contextmanager
+def opened_study(settings: StudySettings) -> Iterator[Tuple['optuna.Study', bool]]:
+    """Open the search's study for the duration of a search (any backend): with the results folder's lock held
+    shared, and the trials an earlier search left running marked FAIL when no other search works in the folder.
+    Yields ``(study, alone)``: ``alone`` says that this process may mark interrupted trials again later."""
     os.makedirs(settings.output_dir, exist_ok=True)
     url = settings.storage or default_storage(settings.output_dir)
     lock = FolderLock(settings.output_dir)
     try:
-        alone = lock.acquire()
+        alone = lock.acquire() and settings.storage is None
         study = open_study(settings)
-        if alone and settings.storage is None:
+        if alone:
             mark_interrupted(study)
         lock.share()
-        finished, running = counts(study)
+        finished, _ = counts(study)
         if finished:
             logger.info('Study %r in %s has %d finished trials; running until it has %d', settings.study_name, url,
                         finished, settings.trials)
+        yield study, alone
+    finally:
+        lock.release()
+
+
+def run_study(settings: StudySettings) -> Tuple[List[TrialRecord], str]:
+    """Run the search (see the module's documentation); returns every trial of the study and the storage URL."""
+    url = settings.storage or default_storage(settings.output_dir)
+    with opened_study(settings) as (study, _):
+        finished, running = counts(study)
         # No more processes than trials left to run.
         workers = min(settings.concurrent, settings.trials - finished - running)
         if workers > 1:
             _work_concurrently(settings, study, workers)
         else:
             work(settings, study)
-    finally:
-        lock.release()
     finished, running = counts(study)
     if finished < settings.trials and running:
         logger.warning('The study has %d finished trials of %d; %d are running in other processes (or were '

@@ -30,8 +30,8 @@ import logging
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from .optuna_backend import (FolderLock, counts, default_storage, load_study, mark_interrupted, objective,
-                             open_study, records)
+from .optuna_backend import (counts, default_storage, load_study, mark_interrupted, objective, opened_study,
+                             records)
 from .results import TrialRecord
 from .trial import MonitorNotRecorded, StudySettings, TrialFailed
 
@@ -134,33 +134,23 @@ def run_study(settings: StudySettings) -> Tuple[List[TrialRecord], str]:
     """Run the search with Ray Tune (see the module's documentation); returns every trial of the study and the
     storage URL."""
     import_ray_tune()
-    os.makedirs(settings.output_dir, exist_ok=True)
     url = settings.storage or default_storage(settings.output_dir)
-    lock = FolderLock(settings.output_dir)
     started = False
     try:
-        alone = lock.acquire()
-        study = open_study(settings)
-        if alone and settings.storage is None:
-            mark_interrupted(study)
-        lock.share()
-        finished, running = counts(study)
-        if finished:
-            logger.info('Study %r in %s has %d finished trials; running until it has %d', settings.study_name, url,
-                        finished, settings.trials)
-        # A trial whose worker died leaves a FAIL (interrupted) trial that does not count: run the missing ones
-        # again, as long as each round finishes some.
-        while finished + running < settings.trials:
-            started = _connect(settings) or started
-            _run_trials(settings, settings.trials - finished - running)
-            if alone and settings.storage is None:
-                mark_interrupted(study)     # no trial of this search runs any more
-            before = finished
+        with opened_study(settings) as (study, alone):
             finished, running = counts(study)
-            if finished == before:
-                break
+            # A trial whose worker died leaves a FAIL (interrupted) trial that does not count: run the missing ones
+            # again, as long as each round finishes some.
+            while finished + running < settings.trials:
+                started = _connect(settings) or started
+                _run_trials(settings, settings.trials - finished - running)
+                if alone:
+                    mark_interrupted(study)     # no trial of this search runs any more
+                before = finished
+                finished, running = counts(study)
+                if finished == before:
+                    break
     finally:
-        lock.release()
         if started:
             import ray
             ray.shutdown()
