@@ -31,7 +31,7 @@ import random
 import shutil
 import tempfile
 
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, cast
 
 import torch
 
@@ -139,17 +139,44 @@ def _losses_over_ranks(losses, gathered=None):
     of batches (a loader not sharded evenly): each keeps its own."""
     if gathered is None:
         gathered = _gather_losses(losses)
-    own = gathered[distributed.get_rank()]
+    means = _mean_over_ranks(gathered)
+    return losses if means is None else means
+
+
+def _mean_over_ranks(gathered):
+    """Every rank's running losses (lists of tensors or dicts of them) averaged batch by batch; None when they cannot
+    be (lists of different lengths, or values of another kind)."""
     if len({len(rank_losses) for rank_losses in gathered}) != 1 or any(
             not isinstance(loss, (torch.Tensor, dict)) for rank_losses in gathered for loss in rank_losses):
-        return losses
+        return None
 
     def mean(values):
         if isinstance(values[0], dict):
             return {k: mean([v[k] for v in values]) for k in values[0]}
         return torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in values]).mean().to(values[0].dtype)
 
-    return [mean([rank_losses[i] for rank_losses in gathered]) for i in range(len(own))]
+    # Every list has the same length here.
+    return [mean([rank_losses[i] for rank_losses in gathered]) for i in range(len(gathered[0]))]
+
+
+class LossesOverRanks:
+    """The collective part of an FSDP checkpoint's train state (``build_checkpoint`` without ``all_ranks``): the
+    mean over ranks of the epoch's running losses (see _losses_over_ranks), kept apart by :func:`begin_checkpoint`
+    so that a save may run it later, in another thread and over another process group (an asynchronous sharded
+    save runs it in its background writer), from this rank's losses as they were when the checkpoint was built."""
+
+    def __init__(self, losses: List[Any]) -> None:
+        # A copy (one stacked tensor, or a new list of detached tensors): batches trained meanwhile change nothing.
+        self._sent = _pack_losses([_losses_to_cpu(loss) for loss in losses])
+
+    def complete(self, checkpoint: Optional[Dict[str, Any]], group: Any = None) -> None:
+        """Gather every rank's losses (a collective over ``group``, None: the default group; every rank calls it at
+        the same point) and put their means into ``checkpoint`` (the one begin_checkpoint built on this rank, or a
+        copy of it; None where it is not kept). Losses that cannot be averaged leave the rank's own in place."""
+        gathered = [_unpack_losses(rank_losses) for rank_losses in _gather(self._sent, group)]
+        means = _mean_over_ranks(gathered)
+        if checkpoint is not None and means is not None:
+            checkpoint['data_position']['loss_batch_accum'] = _pack_losses(means)
 
 
 def _pack_losses(losses):
@@ -183,9 +210,9 @@ def _json_safe(hyperparams):
     return text, json.loads(text)
 
 
-def _gather(value):
-    gathered: List[Any] = [None] * distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, value)
+def _gather(value, group=None):
+    gathered: List[Any] = [None] * torch.distributed.get_world_size(group)
+    torch.distributed.all_gather_object(gathered, value, group=group)
     return gathered
 
 
@@ -227,6 +254,24 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True, all_
             continues with its own random stream and the epoch's loss counts every rank. False (a save by rank 0
             alone, e.g. while fit is failing): rank 0's own, and a resumed run gives them to every rank.
     """
+    checkpoint, losses = begin_checkpoint(loop, hyperparams, mid_epoch, weights, all_ranks)
+    if losses is not None:
+        losses.complete(checkpoint)
+    return checkpoint
+
+
+def begin_checkpoint(loop: 'TrainLoop', hyperparams: Any = None, mid_epoch: bool = False, weights: bool = True,
+                     all_ranks: bool = False, snapshot: Optional[Callable[[Any], Any]] = None
+                     ) -> Tuple[Dict[str, Any], Optional[LossesOverRanks]]:
+    """:func:`build_checkpoint`'s dict, and what is left of it: the mean over ranks of the running losses of an FSDP
+    fit's mid-epoch checkpoint without ``all_ranks`` (a collective, which build_checkpoint runs at once), or None.
+    Until ``losses.complete(checkpoint)`` has run, the dict holds this rank's own running losses there. The same
+    arguments and collectives otherwise: every rank calls it where build_checkpoint would be called, and completes
+    the losses at the same point as the others (an asynchronous sharded save: in its background writer).
+
+    ``snapshot`` (``AsyncCheckpointWriter.snapshot``): the dict returned is then a copy that training does not
+    change, for a write in the background: what may be shared with the loop, its callbacks or its optimizer is
+    copied by ``snapshot``; the RNG states are not (see _copy_but_rng_states)."""
     model = loop.model
     optimizer = loop.optimizer
     fsdp = distributed.is_fsdp_model(model)
@@ -239,8 +284,9 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True, all_
         optimizer_state = optimizer.state_dict() if callable(getattr(optimizer, 'state_dict', None)) else None
     hyperparams_json, hyperparams_plain = _json_safe(hyperparams)
     handler = loop.callbacks_handler
-    data_position = {'epoch': loop.epoch, 'batches_done': None, 'epoch_start_rng': None,
-                     'loss_batch_accum': [], 'grads': None}
+    data_position: Dict[str, Any] = {'epoch': loop.epoch, 'batches_done': None, 'epoch_start_rng': None,
+                                     'loss_batch_accum': [], 'grads': None}
+    losses: Optional[LossesOverRanks] = None
     gather = all_ranks and distributed.is_distributed() and loop.world_size > 1
     if mid_epoch:
         data_position.update(batches_done=loop.iteration + 1,
@@ -259,7 +305,7 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True, all_
             data_position['loss_batch_accum'] = _losses_over_ranks(data_position['loss_batch_accum'], every_rank)
             data_position['epoch_start_rng_ranks'] = _gather(loop.epoch_start_rng)
         elif fsdp and loop.world_size > 1:
-            data_position['loss_batch_accum'] = _losses_over_ranks(data_position['loss_batch_accum'])
+            losses = LossesOverRanks(data_position['loss_batch_accum'])
         if not loop.should_execute_optimizer_update():
             # Inside a gradient-accumulation window: the accumulated gradients are part of the state.
             if fsdp:
@@ -299,10 +345,44 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True, all_
     # One tensor per list, not one record per batch: a checkpoint late in a long epoch stays small.
     data_position['loss_batch_accum'] = _pack_losses(data_position['loss_batch_accum'])
     if 'loss_batch_accum_ranks' in data_position:
-        data_position['loss_batch_accum_ranks'] = [_pack_losses(losses)
-                                                   for losses in data_position['loss_batch_accum_ranks']]
-    check_weights_only_safe(checkpoint)
-    return checkpoint
+        data_position['loss_batch_accum_ranks'] = [_pack_losses(rank_losses)
+                                                   for rank_losses in data_position['loss_batch_accum_ranks']]
+    _check_weights_only_safe_but_rng_states(checkpoint)
+    if snapshot is not None:
+        checkpoint = _copy_but_rng_states(checkpoint, snapshot)
+    return checkpoint, losses
+
+
+# The keys of a checkpoint, and of its 'data_position', that hold RNG states (capture_rng_state's dicts).
+_RNG_KEYS = ('rng', 'rng_ranks')
+_POSITION_RNG_KEYS = ('epoch_start_rng', 'epoch_start_rng_ranks')
+
+
+def _without_rng_states(checkpoint: Dict[str, Any]) -> Dict[str, Any]:
+    """``checkpoint`` with None in place of its RNG states (shallow copies of it and of its 'data_position'; the
+    keys and their order the same)."""
+    position = checkpoint['data_position']
+    return {**checkpoint, **{key: None for key in _RNG_KEYS if key in checkpoint},
+            'data_position': {**position, **{key: None for key in _POSITION_RNG_KEYS if key in position}}}
+
+
+def _check_weights_only_safe_but_rng_states(checkpoint: Dict[str, Any]) -> None:
+    """check_weights_only_safe(checkpoint), less the RNG states: capture_rng_state makes them of tensors, numbers
+    and strings only, and walking their Python RNG state (625 numbers each) was a good part of the time a save
+    holds the training thread. Errors name the same places as check_weights_only_safe(checkpoint)."""
+    check_weights_only_safe(_without_rng_states(checkpoint))
+
+
+def _copy_but_rng_states(checkpoint: Dict[str, Any], snapshot: Callable[[Any], Any]) -> Dict[str, Any]:
+    """``snapshot(checkpoint)``, but the RNG states kept as they are: capture_rng_state made them anew for this
+    checkpoint (nothing else holds them), or the loop holds them and replaces them rather than changing them
+    (``epoch_start_rng``, and every rank's, gathered), so a background write may read them while training goes on.
+    Copying them would walk the 625 numbers of each Python RNG state on the training thread."""
+    copied = snapshot(_without_rng_states(checkpoint))
+    position = checkpoint['data_position']
+    copied.update({key: checkpoint[key] for key in _RNG_KEYS if key in checkpoint})
+    copied['data_position'].update({key: position[key] for key in _POSITION_RNG_KEYS if key in position})
+    return copied
 
 
 # ---------------------------------------------------------------------------------------------- restore

@@ -20,9 +20,12 @@ Asynchronous saves (the saving callbacks' ``async_save=True``): :func:`begin_sav
 memory (:class:`HostStager`: into the buffers of the previous save); :meth:`ShardedSave.finish`, run by the
 callback's background writer thread, writes that copy with ``torch.distributed.checkpoint.save`` over a gloo process
 group of its own (:func:`checkpoint_process_group`: DCP's planning collectives run there, off the training thread)
-and completes the folder. For a mid-epoch checkpoint followed by another training step (``until_step=True``) the
-copy of the parameters and of the optimizer state goes on in the stager's thread during that step's forward and
-backward, and each optimizer's ``step()`` waits for it (a step pre-hook) before it changes them.
+and completes the folder. The save's other collectives run there too (rank 0 tells the other ranks the folder's
+names; the train state's running losses are averaged over the ranks): after the first save, which makes the group,
+the training thread of an asynchronous save runs no collective of its own. For a mid-epoch checkpoint followed by
+another training step (``until_step=True``) the copy of the parameters and of the optimizer state goes on in the
+stager's thread during that step's forward and backward, and each optimizer's ``step()`` waits for it (a step
+pre-hook) before it changes them.
 
 Model and optimizer go through ``torch.distributed.checkpoint.state_dict.get_state_dict`` / ``set_state_dict``:
 keys are parameter names (FQNs), values DTensors. DCP reshards on load, so a checkpoint written by N processes
@@ -45,6 +48,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict, set_state_dict)
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 
 from . import distributed
@@ -88,11 +92,12 @@ def _optimizers(loop: TrainLoop) -> list[Any]:
     return list(loop.optimizers) if loop.optimizer is not None else []
 
 
-def _broadcast(value: Any) -> Any:
+def _broadcast(value: Any, group: Any = None) -> Any:
+    """Rank 0's ``value`` on every rank (a collective over ``group``, None: the default group)."""
     if not distributed.is_distributed():
         return value
     holder = [value]
-    dist.broadcast_object_list(holder, src=0)
+    dist.broadcast_object_list(holder, src=0, group=group)
     return holder[0]
 
 
@@ -158,6 +163,11 @@ class HostStager:
         buffers: dict[tuple[Any, ...], torch.Tensor] = {}
         devices: set[torch.device] = set()
         deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if later is not None and self._worker is None:
+            # Started by the first save that may leave copies to it (it allocates the buffers, and leaves nothing):
+            # starting a thread waits until it runs, which on busy cores can take milliseconds of a later save.
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix='checkpoint-staging')
+            self._worker.submit(_started)
         with torch.no_grad():
             staged = self._copy(state, (), buffers, devices, deferred, later)
         for device in devices:
@@ -167,8 +177,7 @@ class HostStager:
             done: Future[Any] = Future()
             done.set_result(staged)
             return done
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix='checkpoint-staging')
+        assert self._worker is not None     # made above: copies are left only where ``later`` is given
         return self._worker.submit(_copy_deferred, staged, deferred, type(self).before_copy)
 
     def hold_steps(self, optimizers: list[Any], copying: Future[Any]) -> None:
@@ -243,6 +252,10 @@ class HostStager:
         return kept
 
 
+def _started() -> None:
+    """The first task of a stager's thread: makes the executor start it."""
+
+
 def _copy_deferred(staged: Any, deferred: list[tuple[torch.Tensor, torch.Tensor]],
                    before_copy: Callable[[], None] | None) -> Any:
     """The stager thread's part of :meth:`HostStager.start`: the copies it was left."""
@@ -296,16 +309,23 @@ class ShardedSave:
     an asynchronous save; already written by a synchronous one), then on rank 0 writes ``train_state.pt`` and renames
     the folder into place. Once ``finish`` returned on rank 0, every rank's shards are written (DCP's ``.metadata``
     is written by rank 0 after every rank reported its files) and the folder has its final name.
+
+    ``folder``, ``tmp`` and ``marker`` are rank 0's names. On other ranks an asynchronous save learns them in
+    :meth:`finish` (``share_names``: rank 0 broadcasts them there, over the save's group); they are None until then.
     """
 
-    def __init__(self, folder: str, tmp: str, train_state: dict[str, Any] | None,
-                 copying: Future[Any] | None = None, group: Any = None) -> None:
+    def __init__(self, folder: str | None, tmp: str | None, train_state: dict[str, Any] | None,
+                 copying: Future[Any] | None = None, group: Any = None,
+                 complete_train_state: Callable[[dict[str, Any] | None, Any], None] | None = None,
+                 share_names: bool = False) -> None:
         self.folder = folder
         self.tmp = tmp
-        self.marker = os.path.join(folder, MARKER)
+        self.marker = os.path.join(folder, MARKER) if folder is not None else None
         self._train_state = train_state
         self._copying = copying
         self._group = group
+        self._complete_train_state = complete_train_state
+        self._share_names = share_names
 
     def finish(self) -> str:
         """Complete the checkpoint (every rank: its shards, if not written yet; rank 0: ``train_state.pt``, fsync,
@@ -315,30 +335,41 @@ class ShardedSave:
         previous checkpoints are untouched."""
         main = distributed.is_main_process()
         try:
+            # The collectives first: they run while the copy of the shards to host memory may still go on.
+            if self._share_names:
+                self._share_names = False
+                self.folder, self.tmp = _broadcast((self.folder, self.tmp), self._group)
+                self.marker = os.path.join(self.folder, MARKER)
+            folder, tmp, marker = self.folder, self.tmp, self.marker
+            assert folder is not None and tmp is not None and marker is not None    # rank 0's, on every rank now
+            if self._complete_train_state is not None:
+                complete, self._complete_train_state = self._complete_train_state, None
+                complete(self._train_state, self._group)
             if self._copying is not None:
                 copying, self._copying = self._copying, None
-                dcp.save(copying.result(), checkpoint_id=self.tmp, process_group=self._group)
+                dcp.save(copying.result(), checkpoint_id=tmp, process_group=self._group)
             if main:
                 # After DCP's files: the folder only counts once renamed, whatever the order inside.
-                atomic_torch_save(self._train_state, os.path.join(self.tmp, TRAIN_STATE_FILE), temp_dir=self.tmp)
+                atomic_torch_save(self._train_state, os.path.join(tmp, TRAIN_STATE_FILE), temp_dir=tmp)
                 self._train_state = None
-                fsync_directory(self.tmp)       # DCP fsyncs its files; this makes their names durable too
-                if os.path.isdir(self.folder):
-                    remove_folder(self.folder)      # a checkpoint of the same name saved again
-                os.replace(self.tmp, self.folder)
-                fsync_directory(os.path.dirname(self.folder))
+                fsync_directory(tmp)       # DCP fsyncs its files; this makes their names durable too
+                if os.path.isdir(folder):
+                    remove_folder(folder)      # a checkpoint of the same name saved again
+                os.replace(tmp, folder)
+                fsync_directory(os.path.dirname(folder))
         except BaseException:
-            if main:
+            if main and self.tmp is not None:
                 shutil.rmtree(self.tmp, ignore_errors=True)
             raise
         finally:
-            if main:
+            if main and self.tmp is not None:
                 mark_temp_live(self.tmp, False)
-        return self.marker
+        return marker
 
 
 def begin_save(loop: TrainLoop, folder: str | None, train_state: dict[str, Any] | None, stager: Any = None,
-               until_step: bool = False) -> ShardedSave:
+               until_step: bool = False,
+               complete_train_state: Callable[[dict[str, Any] | None, Any], None] | None = None) -> ShardedSave:
     """Start writing the loop's sharded checkpoint into ``folder`` (``....dcp``); every process must call it, at
     the same point. Complete it with :meth:`ShardedSave.finish`.
 
@@ -351,16 +382,36 @@ def begin_save(loop: TrainLoop, folder: str | None, train_state: dict[str, Any] 
     ``until_step`` (asynchronous only): return without waiting for the copy of the parameters and optimizer state;
     each of the loop's optimizers waits for it at its next ``step()``. Only where a training step comes next
     (:func:`next_step_follows`), whose forward and backward change neither (code that changes weights in place
-    before that optimizer step, e.g. a callback's on_batch_begin, would make the checkpoint inconsistent)."""
+    before that optimizer step, e.g. a callback's on_batch_begin, would make the checkpoint inconsistent).
+
+    ``complete_train_state`` (every rank gives one, or none does): a collective that completes ``train_state``
+    before it is written (``loop_state.begin_checkpoint``'s ``losses.complete``), called with this rank's
+    ``train_state`` and the process group to run over: asynchronous, in :meth:`ShardedSave.finish` over
+    :func:`checkpoint_process_group` (off the training thread); else before this call returns."""
+    if stager is None and complete_train_state is not None:
+        complete_train_state(train_state, None)
+        complete_train_state = None
     model_state, optimizer_state = _sharded_state_dicts(loop)
     state = {'model': model_state, 'optim': optimizer_state}
     optimizers = _optimizers(loop)
     into_step = stager is not None and until_step and bool(optimizers) and all(
         isinstance(optimizer, torch.optim.Optimizer) for optimizer in optimizers)
     copying = stager.start(state) if stager is not None and not into_step else None     # complete on return
-    folder, tmp = _names(folder)
+    names: tuple[str | None, str | None]
+    if stager is None:
+        names = _names(folder)
+    elif distributed.is_main_process():
+        # Asynchronous: rank 0 names the folder now, and the other ranks learn the names in finish (a collective
+        # of the background writers, not of the training thread).
+        if not isinstance(folder, str):
+            raise ValueError(_NO_FOLDER)
+        names = _choose_names(folder)
+    else:
+        names = (None, None)
+    folder, tmp = names
     try:
         if stager is None:
+            assert tmp is not None      # _names gives every rank rank 0's names
             dcp.save(state, checkpoint_id=tmp)
             return ShardedSave(folder, tmp, train_state)
         # Making the group is a collective of the training thread (once per process group).
@@ -371,11 +422,11 @@ def begin_save(loop: TrainLoop, folder: str | None, train_state: dict[str, Any] 
             # change) now.
             copying = stager.start(state, _changed_by_steps_only(loop, model_state))
             stager.hold_steps(optimizers, copying)
-        return ShardedSave(folder, tmp, train_state, copying, group)
+        return ShardedSave(folder, tmp, train_state, copying, group, complete_train_state, share_names=True)
     except BaseException:
         if copying is not None:
             copying.exception()     # nothing may read the shards once this call returned
-        if distributed.is_main_process():
+        if distributed.is_main_process() and tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
             mark_temp_live(tmp, False)
         raise
@@ -409,19 +460,28 @@ def next_step_follows(loop: TrainLoop) -> bool:
     return not loop.num_iterations or loop.total_iteration_idx + 1 < loop.num_iterations
 
 
+_NO_FOLDER = 'sharded_checkpoint.begin_save: rank 0 must give the checkpoint folder'
+
+
 def _names(folder: str | None) -> tuple[str, str]:
     """(folder, temporary folder): rank 0's, on every rank (a collective)."""
     names = None
     if distributed.is_main_process() and isinstance(folder, str):
-        # Written under a hidden temporary name next to the final one (a killed write leaves only a folder that
-        # remove_stray_temp_files deletes when the experiment is resumed), renamed once complete.
-        tmp = os.path.join(os.path.dirname(folder), temp_name_for(os.path.basename(folder)))
-        mark_temp_live(tmp)
-        names = (folder, tmp)
+        names = _choose_names(folder)
     names = _broadcast(names)
     if names is None:
-        raise ValueError('sharded_checkpoint.begin_save: rank 0 must give the checkpoint folder')
+        raise ValueError(_NO_FOLDER)
     return names[0], names[1]
+
+
+def _choose_names(folder: str) -> tuple[str, str]:
+    """Rank 0's (folder, temporary folder) of a checkpoint to be written into ``folder``; the temporary folder is
+    marked live (storage.local.mark_temp_live) until the save is complete or failed."""
+    # Written under a hidden temporary name next to the final one (a killed write leaves only a folder that
+    # remove_stray_temp_files deletes when the experiment is resumed), renamed once complete.
+    tmp = os.path.join(os.path.dirname(folder), temp_name_for(os.path.basename(folder)))
+    mark_temp_live(tmp)
+    return folder, tmp
 
 
 def _sharded_state_dicts(loop: TrainLoop) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -439,12 +499,36 @@ def _sharded_state_dicts(loop: TrainLoop) -> tuple[dict[str, Any], dict[str, Any
         for optimizer, entry in zip(optimizers, known):
             for group, fqns in zip(optimizer.param_groups, entry[1]):    # type: ignore[index]  # checked above
                 groups.append({**{k: v for k, v in group.items() if k != 'params'}, 'params': list(fqns)})
-        return get_model_state_dict(loop.model), {'state': {}, 'param_groups': groups}
+        return _model_state_dict(loop.model), {'state': {}, 'param_groups': groups}
     fills = [not optimizer.state and all(p.grad is None for g in optimizer.param_groups for p in g['params'])
              for optimizer in optimizers]
     model_state, optimizer_state = get_state_dict(loop.model, optimizers)
     _learn_stateless(optimizers, fills, optimizer_state)
     return model_state, optimizer_state
+
+
+def _model_state_dict(model: Any) -> dict[str, Any]:
+    """``get_model_state_dict(model)``: this rank's part of the model state, keyed by parameter name. DCP's helper
+    takes the module's own ``state_dict()`` and maps each key to its name over the whole model (a walk of every
+    module and parameter at each call, a millisecond or more per save); once the two were seen to have the same keys
+    (no wrapper prefix to strip, no FSDP1 module whose state_dict DCP would switch to sharded), the module's own is
+    the same dict, and is taken as long as its keys stay those."""
+    keys = _PLAIN_STATE_KEYS.get(model)
+    if keys is not None:
+        own = model.state_dict()
+        if tuple(own) == keys:
+            return own
+    state = get_model_state_dict(model)
+    if tuple(model.state_dict()) == tuple(state) and not any(
+            isinstance(module, FullyShardedDataParallel) for module in model.modules()):
+        _PLAIN_STATE_KEYS[model] = tuple(state)
+    else:
+        _PLAIN_STATE_KEYS.pop(model, None)
+    return state
+
+
+# Models whose own state_dict() was seen to be get_model_state_dict's -> its keys (see _model_state_dict).
+_PLAIN_STATE_KEYS: weakref.WeakKeyDictionary[Any, tuple[str, ...]] = weakref.WeakKeyDictionary()
 
 
 # Optimizers known to hold no per-parameter state even after a step (DCP's helper stepped them with zero gradients

@@ -167,14 +167,18 @@ class ExperimentSaverBase(AbstractCallback):
         return path
 
 
-    def _save_sharded_state(self, subdir, folder_name, mid_epoch=False, pointer=None, after_write=None, wait=False):
+    def _save_sharded_state(self, subdir, folder_name, mid_epoch=False, pointer=None, after_write=None, wait=False,
+                            named=None):
         """FSDP: every rank writes its shards into the folder ``<experiment>/<subdir>/<folder_name>`` (DCP, see
         aitoolbox_like/sharded_checkpoint.py); rank 0 then points ``pointer`` at its marker file, queues the
-        upload (marker last, the cloud pointer set after it) and runs ``after_write``. Returns the folder's path.
+        upload (marker last, the cloud pointer set after it) and runs ``after_write``. Returns the folder's path
+        (rank 0's name); None on the other ranks of an asynchronous save, which learn it in the background and then
+        call ``named(path)``.
 
         With ``async_save`` the training thread waits for the previous save and copies this rank's shards (and, on
         rank 0, the train state) to host memory; DCP's write, the rename, the pointer and the upload follow in the
-        background (``wait=True``: all of it on this thread, before returning)."""
+        background, and so do the save's collectives (rank 0's folder name to the other ranks, the running losses'
+        mean over ranks) (``wait=True``: all of it on this thread, before returning)."""
         loop = self.train_loop_obj
         main = loop.is_main_process()
         self.wait_for_pending_save()
@@ -182,44 +186,53 @@ class ExperimentSaverBase(AbstractCallback):
         if main:
             self.save_hyperparams()
             folder = os.path.join(self.experiment.subdir(subdir), folder_name)
-        # On every rank: a callback's state may gather sharded tensors (a collective).
-        train_state = loop_state.build_checkpoint(loop, self.hyperparams, mid_epoch=mid_epoch, weights=False)
         # wait=True (a preemption or on_exception save): the caller waits for the whole save anyway, so it is
         # written on this thread, without a host copy of the shards or a stager (on_exception comes after the
         # stager was closed).
         writer = self.async_writer if not wait else None
-        if writer is not None:
-            train_state = writer.snapshot(train_state) if main else None
-            if self._stager is None:
-                self._stager = sharded_checkpoint.new_stager()
+        # Rank 0's train state of an asynchronous save: a copy that training does not change (the writer's
+        # snapshot); other ranks' is not written.
+        snapshot = writer.snapshot if writer is not None and main else None
+        # On every rank: a callback's state may gather sharded tensors (a collective). The mean of the running
+        # losses over ranks, another collective, is left to the save (in the background when it is asynchronous).
+        state, losses = loop_state.begin_checkpoint(loop, self.hyperparams, mid_epoch=mid_epoch, weights=False,
+                                                    snapshot=snapshot)
+        train_state: Optional[dict] = state if writer is None or main else None
+        if writer is not None and self._stager is None:
+            self._stager = sharded_checkpoint.new_stager()
         # Mid-epoch, with another training step next: the copy of the parameters and optimizer state goes on
         # during its forward and backward, and its optimizer step waits for it.
         until_step = writer is not None and mid_epoch and sharded_checkpoint.next_step_follows(loop)
         save = sharded_checkpoint.begin_save(loop, folder, train_state,
-                                             self._stager if writer is not None else None, until_step)
+                                             self._stager if writer is not None else None, until_step,
+                                             losses.complete if losses is not None else None)
         experiment_dir = self.experiment.dir_path
         uploader = self.uploader
 
         def complete(_):
             marker = save.finish()
+            written = os.path.dirname(marker)       # rank 0's folder, known on every rank once finish returned
             if not main:
+                if named is not None:
+                    named(written)
                 return
             if pointer:
                 write_pointer(experiment_dir, pointer, marker)     # every rank's shards are written by now
             if uploader is not None:
-                files = sharded_checkpoint.upload_order(save.folder)
+                files = sharded_checkpoint.upload_order(written)
                 # The marker last: in the bucket a sharded checkpoint counts once its marker is there.
                 for path in files:
                     uploader.upload_experiment_file(path)
             if after_write is not None:
-                after_write(save.folder)
+                after_write(written)
 
         if writer is None:
             complete(None)
             if distributed.is_distributed():
                 dist.barrier()      # synchronous: the checkpoint is complete on every rank on return
         else:
-            writer.submit(save.folder, complete, None)
+            # Ranks other than 0 do not know rank 0's name yet: their writes are described by the file name.
+            writer.submit(save.folder or folder_name, complete, None)
         return save.folder
 
     def _close_stager(self):
@@ -373,7 +386,9 @@ class ModelCheckpoint(ExperimentSaverBase):
 
     def save_checkpoint(self, iteration_idx=None, wait=False, all_ranks=None):
         """Save the full training state (after batch ``iteration_idx`` when given, else at the epoch's end) and
-        return the checkpoint's path (None on ranks other than 0, which write nothing). With ``async_save`` the file
+        return the checkpoint's path (None on ranks other than 0, which write nothing; under FSDP they write their
+        shards, and return the folder's path, except with ``async_save`` and ``wait=False``, where they learn it in
+        the background: ``latest_checkpoint_path`` has it once the save is complete). With ``async_save`` the file
         is written in the background; ``wait=True`` returns only once it is complete (its pointers written, its
         upload queued).
 
@@ -412,12 +427,21 @@ class ModelCheckpoint(ExperimentSaverBase):
                 self._remove_suboptimal(folder, file_name, best)
 
         if sharded:
-            path = self._save_sharded_state(CHECKPOINT_DIR, file_name, mid_epoch, LATEST_POINTER, after_write, wait)
+            path = self._save_sharded_state(CHECKPOINT_DIR, file_name, mid_epoch, LATEST_POINTER, after_write, wait,
+                                            named=self._named_latest)
+            if path is None:
+                # Another rank than 0, saving asynchronously: _named_latest sets the path once the save knows it.
+                return None
         else:
             path = self._save_state(CHECKPOINT_DIR, file_name, mid_epoch=mid_epoch, pointer=LATEST_POINTER,
                                     after_write=after_write, wait=wait, all_ranks=all_ranks)
         self.latest_checkpoint_path = path
         return path
+
+    def _named_latest(self, path):
+        # Called by the background writer of an asynchronous sharded save on ranks other than 0, once rank 0's
+        # folder name is known there (before the save counts as complete: wait_for_pending_save sees it set).
+        self.latest_checkpoint_path = path
 
     def _ranking_known(self, best):
         if best:
