@@ -12,17 +12,16 @@ import logging
 import math
 import os
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sized
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ContextManager, cast
+from typing import TYPE_CHECKING, Any, ContextManager, TypeGuard, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
@@ -30,6 +29,7 @@ from torch.utils.data.distributed import DistributedSampler
 from .parallel import TTDistributedDataParallel  # noqa: F401
 
 if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
     from torch.nn.parallel import DistributedDataParallel
 
     from .model import AbstractModelFeedDefinition, BatchFeed
@@ -493,28 +493,38 @@ def _concat_metadata(metadatas: list[dict[str, Any]]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- FSDP (sharded tensors)
 
-def is_dtensor(value: Any) -> bool:
+# torch.distributed.tensor and torch.distributed.fsdp take most of a second to import; a process that never shards
+# anything should not pay it at `import aitoolbox_like` (each restart of a run would). No DTensor or FSDP module can
+# exist before its module is imported, so until then the answer is "no" without importing it.
+def _loaded_class(module_name: str, class_name: str) -> Any:
+    module = sys.modules.get(module_name)
+    return getattr(module, class_name, None) if module is not None else None
+
+
+def is_dtensor(value: Any) -> TypeGuard[DTensor]:
     """True for a ``torch.distributed.tensor.DTensor``: what FSDP2 (``gpu_mode='fsdp'``) turns parameters,
     gradients and optimizer state into (each process holds one shard)."""
-    return isinstance(value, DTensor)
+    dtensor = _loaded_class('torch.distributed.tensor', 'DTensor')
+    return dtensor is not None and isinstance(value, dtensor)
 
 
 def full_tensor(value: torch.Tensor) -> torch.Tensor:
     """The whole value of ``value``: gathered from every process for a DTensor (a collective: every rank must
     call it), ``value`` itself otherwise."""
-    return value.full_tensor() if isinstance(value, DTensor) else value
+    return value.full_tensor() if is_dtensor(value) else value
 
 
 def local_tensor(value: torch.Tensor) -> torch.Tensor:
     """This process's shard of a DTensor (no communication), ``value`` itself otherwise. What rank-restricted
     callbacks (histograms, printed statistics) may read under FSDP without a collective."""
-    return value.to_local() if isinstance(value, DTensor) else value
+    return value.to_local() if is_dtensor(value) else value
 
 
 def copy_full_into(target: torch.Tensor, source: torch.Tensor) -> None:
     """``target.copy_(source)`` where ``target`` may be a DTensor shard and ``source`` the whole (plain) value:
     each process keeps the part of ``source`` that its shard holds. No communication."""
-    if isinstance(target, DTensor) and not isinstance(source, DTensor):
+    if is_dtensor(target) and not is_dtensor(source):
+        from torch.distributed.tensor import distribute_tensor
         source = distribute_tensor(source.to(target.device), target.device_mesh, target.placements,
                                    src_data_rank=None)
     target.copy_(source)
@@ -534,7 +544,9 @@ def average_over_processes_(tensors: Iterable[torch.Tensor]) -> None:
 
 def is_fsdp_model(model: Any) -> bool:
     """True when ``model`` (or one of its sub-modules) was sharded with FSDP2's ``fully_shard``."""
-    return isinstance(model, torch.nn.Module) and any(isinstance(m, FSDPModule) for m in model.modules())
+    fsdp_module = _loaded_class('torch.distributed.fsdp', 'FSDPModule')
+    return fsdp_module is not None and isinstance(model, torch.nn.Module) and any(
+        isinstance(m, fsdp_module) for m in model.modules())
 
 
 def rebuild_optimizer(optimizer: Any, old_names: dict[int, str], new_params: dict[str, torch.nn.Parameter]) -> Any:

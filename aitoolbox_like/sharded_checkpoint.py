@@ -44,12 +44,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict, set_state_dict)
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.fsdp import FullyShardedDataParallel
-from torch.distributed.tensor import DTensor
 
 from . import distributed
 from .checkpoint import CheckpointError, atomic_torch_save, fsync_directory, load_checkpoint
@@ -60,6 +54,19 @@ if TYPE_CHECKING:
     from .train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
+
+
+# torch.distributed.checkpoint, and the DTensor and FSDP modules it imports, take about a second to import: every
+# process of a run that never writes a sharded checkpoint (each restart of one) would pay it at `import
+# aitoolbox_like`. They are imported at the first sharded save or load instead.
+def _dcp() -> Any:
+    import torch.distributed.checkpoint as dcp
+    return dcp
+
+
+def _state_dict_api() -> Any:
+    import torch.distributed.checkpoint.state_dict as state_dict_api
+    return state_dict_api
 
 SUFFIX = '.dcp'
 MARKER = '.metadata'             # DCP's own metadata file: written last, so its presence means complete
@@ -233,6 +240,7 @@ class HostStager:
                      later: Callable[[tuple[Any, ...]], bool] | None) -> torch.Tensor:
         kept = self._buffers.get(path)
         if kept is None or not _same_layout(kept, value):
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
             fresh = DefaultStager(StagingOptions(use_pinned_memory=self._pinned, use_shared_memory=False,
                                                  use_async_staging=False, use_non_blocking_copy=False))
             try:
@@ -280,9 +288,9 @@ def step_wait_seconds() -> float:
 
 def _same_layout(kept: torch.Tensor, value: torch.Tensor) -> bool:
     """Whether the host copy ``kept`` can take ``value``'s data: the same sharding and local shape, dtype, strides."""
-    if isinstance(value, DTensor) != isinstance(kept, DTensor):
+    if distributed.is_dtensor(value) != distributed.is_dtensor(kept):
         return False
-    if isinstance(value, DTensor) and isinstance(kept, DTensor) and (
+    if distributed.is_dtensor(value) and distributed.is_dtensor(kept) and (
             value.placements != kept.placements or value.shape != kept.shape or value.stride() != kept.stride()
             or (value.device_mesh is not kept.device_mesh and value.device_mesh != kept.device_mesh)):
         return False
@@ -347,7 +355,7 @@ class ShardedSave:
                 complete(self._train_state, self._group)
             if self._copying is not None:
                 copying, self._copying = self._copying, None
-                dcp.save(copying.result(), checkpoint_id=tmp, process_group=self._group)
+                _dcp().save(copying.result(), checkpoint_id=tmp, process_group=self._group)
             if main:
                 # After DCP's files: the folder only counts once renamed, whatever the order inside.
                 atomic_torch_save(self._train_state, os.path.join(tmp, TRAIN_STATE_FILE), temp_dir=tmp)
@@ -412,7 +420,7 @@ def begin_save(loop: TrainLoop, folder: str | None, train_state: dict[str, Any] 
     try:
         if stager is None:
             assert tmp is not None      # _names gives every rank rank 0's names
-            dcp.save(state, checkpoint_id=tmp)
+            _dcp().save(state, checkpoint_id=tmp)
             return ShardedSave(folder, tmp, train_state)
         # Making the group is a collective of the training thread (once per process group).
         group = checkpoint_process_group() if distributed.is_distributed() else None
@@ -502,7 +510,7 @@ def _sharded_state_dicts(loop: TrainLoop) -> tuple[dict[str, Any], dict[str, Any
         return _model_state_dict(loop.model), {'state': {}, 'param_groups': groups}
     fills = [not optimizer.state and all(p.grad is None for g in optimizer.param_groups for p in g['params'])
              for optimizer in optimizers]
-    model_state, optimizer_state = get_state_dict(loop.model, optimizers)
+    model_state, optimizer_state = _state_dict_api().get_state_dict(loop.model, optimizers)
     _learn_stateless(optimizers, fills, optimizer_state)
     return model_state, optimizer_state
 
@@ -518,13 +526,18 @@ def _model_state_dict(model: Any) -> dict[str, Any]:
         own = model.state_dict()
         if tuple(own) == keys:
             return own
-    state = get_model_state_dict(model)
+    state = _state_dict_api().get_model_state_dict(model)
     if tuple(model.state_dict()) == tuple(state) and not any(
-            isinstance(module, FullyShardedDataParallel) for module in model.modules()):
+            isinstance(module, _fsdp1_class()) for module in model.modules()):
         _PLAIN_STATE_KEYS[model] = tuple(state)
     else:
         _PLAIN_STATE_KEYS.pop(model, None)
     return state
+
+
+def _fsdp1_class() -> Any:
+    from torch.distributed.fsdp import FullyShardedDataParallel     # imported by DCP's state_dict module already
+    return FullyShardedDataParallel
 
 
 # Models whose own state_dict() was seen to be get_model_state_dict's -> its keys (see _model_state_dict).
@@ -646,11 +659,12 @@ def load_model_and_optimizer(loop: TrainLoop, folder: str, source: str) -> None:
     process must call it; DCP reads each rank's part, whatever the number of processes that wrote it) or a plain
     module in a single process."""
     optimizers = _optimizers(loop)
-    model_state, optimizer_state = get_state_dict(loop.model, optimizers)
+    model_state, optimizer_state = _state_dict_api().get_state_dict(loop.model, optimizers)
     try:
         # dcp.load fills the tensors of these dicts in place, reading this rank's part from every file needed.
-        dcp.load({'model': model_state, 'optim': optimizer_state}, checkpoint_id=folder)
-        set_state_dict(loop.model, optimizers, model_state_dict=model_state, optim_state_dict=optimizer_state)
+        _dcp().load({'model': model_state, 'optim': optimizer_state}, checkpoint_id=folder)
+        _state_dict_api().set_state_dict(loop.model, optimizers, model_state_dict=model_state,
+                                         optim_state_dict=optimizer_state)
     except (RuntimeError, ValueError, KeyError) as error:
         raise CheckpointError(f'{source}: its sharded model / optimizer state does not fit this TrainLoop '
                               f'({error}); was it saved with a different model or optimizer?') from error
@@ -659,19 +673,19 @@ def load_model_and_optimizer(loop: TrainLoop, folder: str, source: str) -> None:
 def full_state(loop: TrainLoop) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The whole model state dict and optimizer state (keyed by parameter name), gathered to rank 0 on the CPU
     (other ranks get empty dicts); a collective under FSDP: every process must call it."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    options = _state_dict_api().StateDictOptions(full_state_dict=True, cpu_offload=True)
     optimizers = _optimizers(loop)
     if not optimizers:
-        return get_model_state_dict(loop.model, options=options), None
-    return get_state_dict(loop.model, optimizers, options=options)
+        return _state_dict_api().get_model_state_dict(loop.model, options=options), None
+    return _state_dict_api().get_state_dict(loop.model, optimizers, options=options)
 
 
 def load_full_state(loop: TrainLoop, model_state: dict[str, Any], optimizer_state: Any) -> None:
     """Load a whole (unsharded) model state dict, and optimizer state, into the loop's model, which may be sharded
     (each rank keeps its part) or plain. ``optimizer_state`` is keyed by parameter name (as :func:`full_state`
     returns it) or by index (a plain ``optimizer.state_dict()``, e.g. from a single-process checkpoint)."""
-    options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(loop.model, model_state, options=options)
+    options = _state_dict_api().StateDictOptions(full_state_dict=True)
+    _state_dict_api().set_model_state_dict(loop.model, model_state, options=options)
     optimizers = _optimizers(loop)
     if optimizer_state is None or not optimizers:
         return
@@ -679,7 +693,7 @@ def load_full_state(loop: TrainLoop, model_state: dict[str, Any], optimizer_stat
         optimizer_state = _merge_by_name(loop, optimizers, optimizer_state)
     elif not _keyed_by_name(optimizer_state):
         optimizer_state = _merge_by_name(loop, optimizers, [optimizer_state])
-    set_optimizer_state_dict(loop.model, optimizers, optimizer_state, options=options)
+    _state_dict_api().set_optimizer_state_dict(loop.model, optimizers, optimizer_state, options=options)
 
 
 def index_keyed(loop: TrainLoop, optimizer_state: dict[str, Any]) -> Any:
