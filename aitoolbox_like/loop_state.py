@@ -130,15 +130,13 @@ def _rebuild_losses(losses):
     return [MultiLoss(loss['multiloss']) if isinstance(loss, dict) else loss for loss in losses]
 
 
-def _losses_over_ranks(losses, gathered=None):
-    """The running losses of every rank averaged batch by batch (a collective unless ``gathered``, every rank's
-    list, is given): under FSDP every rank builds the checkpoint, and rank 0's own losses alone would make each rank
-    of the resumed run count rank 0's. Every rank of a resumed run with another number of ranks restores these
-    means (one with the same number its own list, ``loss_batch_accum_ranks``), and the epoch's 'accumulated_loss'
-    (the mean over ranks of each rank's mean) comes out as in the uninterrupted run. Ranks with different numbers
-    of batches (a loader not sharded evenly): each keeps its own."""
-    if gathered is None:
-        gathered = _gather_losses(losses)
+def _losses_over_ranks(losses, gathered):
+    """The running losses of every rank (``gathered``, every rank's list) averaged batch by batch: under FSDP and DDP
+    every rank builds the checkpoint, and rank 0's own losses alone would make each rank of the resumed run count
+    rank 0's. Every rank of a resumed run with another number of ranks restores these means (one with the same number
+    its own list, ``loss_batch_accum_ranks``), and the epoch's 'accumulated_loss' (the mean over ranks of each rank's
+    mean) comes out as in the uninterrupted run. Ranks with different numbers of batches (a loader not sharded
+    evenly): each keeps its own ``losses``."""
     means = _mean_over_ranks(gathered)
     return losses if means is None else means
 
@@ -167,14 +165,13 @@ class LossesOverRanks:
 
     def __init__(self, losses: List[Any]) -> None:
         # A copy (one stacked tensor, or a new list of detached tensors): batches trained meanwhile change nothing.
-        self._sent = _pack_losses([_losses_to_cpu(loss) for loss in losses])
+        self._sent = _losses_to_send(losses)
 
     def complete(self, checkpoint: Optional[Dict[str, Any]], group: Any = None) -> None:
         """Gather every rank's losses (a collective over ``group``, None: the default group; every rank calls it at
         the same point) and put their means into ``checkpoint`` (the one begin_checkpoint built on this rank, or a
         copy of it; None where it is not kept). Losses that cannot be averaged leave the rank's own in place."""
-        gathered = [_unpack_losses(rank_losses) for rank_losses in _gather(self._sent, group)]
-        means = _mean_over_ranks(gathered)
+        means = _mean_over_ranks(_gather_losses(self._sent, group))
         if checkpoint is not None and means is not None:
             checkpoint['data_position']['loss_batch_accum'] = _pack_losses(means)
 
@@ -192,11 +189,16 @@ def _unpack_losses(losses):
     return losses
 
 
-def _gather_losses(losses):
-    """Every rank's running losses (a collective), each rank's list sent as one stacked tensor when it can be: a
-    list of 0-d tensors would be pickled and loaded tensor by tensor, a cost growing with the epoch's batches."""
-    return [_unpack_losses(rank_losses)
-            for rank_losses in _gather(_pack_losses([_losses_to_cpu(loss) for loss in losses]))]
+def _losses_to_send(losses):
+    """This rank's running losses as :func:`_gather_losses` sends them: on the CPU, detached, and as one stacked tensor
+    when they can be (a list of 0-d tensors would be pickled and loaded tensor by tensor, a cost growing with the
+    epoch's batches)."""
+    return _pack_losses([_losses_to_cpu(loss) for loss in losses])
+
+
+def _gather_losses(sent, group=None):
+    """Every rank's running losses, from each rank's :func:`_losses_to_send` (a collective over ``group``)."""
+    return [_unpack_losses(rank_losses) for rank_losses in _gather(sent, group)]
 
 
 def _losses_to_cpu(value):
@@ -300,7 +302,7 @@ def begin_checkpoint(loop: 'TrainLoop', hyperparams: Any = None, mid_epoch: bool
             logger.warning('Mid-epoch checkpoint taken outside fit: the RNG state of the epoch start is unknown, so '
                            'a run resumed from it skips %d batches of a new data order', loop.iteration + 1)
         if gather:
-            every_rank = _gather_losses(_plain_losses(loop.loss_batch_accum))
+            every_rank = _gather_losses(_losses_to_send(_plain_losses(loop.loss_batch_accum)))
             data_position['loss_batch_accum_ranks'] = every_rank
             data_position['loss_batch_accum'] = _losses_over_ranks(data_position['loss_batch_accum'], every_rank)
             data_position['epoch_start_rng_ranks'] = _gather(loop.epoch_start_rng)

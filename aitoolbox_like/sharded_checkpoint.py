@@ -68,6 +68,7 @@ def _state_dict_api() -> Any:
     import torch.distributed.checkpoint.state_dict as state_dict_api
     return state_dict_api
 
+
 SUFFIX = '.dcp'
 MARKER = '.metadata'             # DCP's own metadata file: written last, so its presence means complete
 TRAIN_STATE_FILE = 'train_state.pt'

@@ -352,12 +352,13 @@ class PreemptionCheckpoint(AbstractCallback):
                                'checkpoint is written (the last one is the resume point)', type(self).__name__,
                                type(exception).__name__)
             return
-        if distributed.is_fsdp_model(loop.model) and not self._sharded_save_agreed(loop, exception):
+        fsdp = distributed.is_fsdp_model(loop.model)
+        if fsdp and not self._sharded_save_agreed(loop, exception):
             return
         try:
             # DDP: the exception may not have reached the other ranks, so rank 0 saves alone (no gather). FSDP: every
             # rank agreed to take part above.
-            self.checkpoint_path = self._save(loop, all_ranks=None if distributed.is_fsdp_model(loop.model) else False)
+            self.checkpoint_path = self._save(loop, all_ranks=None if fsdp else False)
             if self.checkpoint_path:
                 logger.warning('%s: fit failed with %s; saved a checkpoint after batch %d: %s', type(self).__name__,
                                type(exception).__name__, loop.total_iteration_idx, self.checkpoint_path)
