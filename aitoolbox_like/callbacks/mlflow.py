@@ -25,10 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
-import torch
-
 from ..experiment import BEST_POINTER, CHECKPOINT_DIR, HYPERPARAMS_JSON, LATEST_POINTER, MODEL_DIR
-from ._common import BatchLossReader, check_int, is_number
+from ._common import BatchLossReader, as_number, check_int, is_number
 from .abstract import AbstractExperimentCallback
 from .performance_eval import history_series
 
@@ -51,15 +49,6 @@ def import_mlflow(who: str = 'MLflowTracking') -> Any:
         return importlib.import_module('mlflow')
     except ImportError as exc:
         raise ImportError(f'{who} needs the mlflow package: {_INSTALL_HINT}') from exc
-
-
-def _to_number(value: Any) -> Optional[float]:
-    """A plain float for a numeric history value (one-element tensors included), else None."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            return None
-        value = value.item()
-    return float(value) if is_number(value) else None
 
 
 def _flatten_params(params: Dict[str, Any], prefix: str = '') -> Dict[str, str]:
@@ -646,7 +635,7 @@ class MLflowTracking(AbstractExperimentCallback):
                  and (wanted is None or n in wanted or n[len('train_end_'):] in wanted)]
         final: Dict[str, float] = {}
         for name, (_, series) in history_series(history, names).items():
-            value = _to_number(series[-1]) if series else None
+            value = as_number(series[-1]) if series else None
             if value is not None:
                 final[name] = value
         timestamp = int(time.time() * 1000)
@@ -658,7 +647,7 @@ class MLflowTracking(AbstractExperimentCallback):
         for name, (epochs, series) in history_series(self.train_loop_obj.train_history, list(metric_names)).items():
             if not series or epochs[-1] != epoch:
                 continue
-            value = _to_number(series[-1])
+            value = as_number(series[-1])
             if value is not None:
                 values[name] = value
         return values

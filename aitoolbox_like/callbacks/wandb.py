@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence,
 import torch
 
 from ..experiment import get_experiment
-from ._common import BatchLossReader, check_int, is_number
+from ._common import BatchLossReader, as_number, check_int, is_number
 from .abstract import AbstractExperimentCallback
 from .performance_eval import history_series
 from .tensorboard import unwrap_model
@@ -60,15 +60,6 @@ class AlertConfig:
     threshold_value: float
     objective: str = 'maximize'
     wandb_alert_level: Any = None
-
-
-def _to_number(value: Any) -> Optional[float]:
-    """A plain float for a numeric history value (one-element tensors included), else None."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            return None
-        value = value.item()
-    return float(value) if is_number(value) else None
 
 
 def _json_safe(hyperparams: Dict[str, Any]) -> Any:
@@ -384,7 +375,7 @@ class WandBTracking(AbstractExperimentCallback):
         for name, (epochs, values) in history_series(loop.train_history, list(metric_names)).items():
             if not values or epochs[-1] != loop.epoch:
                 continue
-            value = _to_number(values[-1])
+            value = as_number(values[-1])
             if value is not None:
                 metrics_log[self.logged_metric_name(name)] = value
         if self.run is not None:
@@ -399,7 +390,7 @@ class WandBTracking(AbstractExperimentCallback):
                  and (wanted is None or n in wanted or n[len('train_end_'):] in wanted)]
         final: Dict[str, float] = {}
         for name, (_, values) in history_series(history, names).items():
-            value = _to_number(values[-1]) if values else None
+            value = as_number(values[-1]) if values else None
             if value is not None:
                 final[name] = value
         if final and self.run is not None:

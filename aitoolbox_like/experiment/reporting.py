@@ -14,6 +14,8 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import torch
+
 from ..storage.base import join_key
 from ..storage.local import write_atomically
 from . import (HYPERPARAMS_TXT, SOURCE_ZIP, copy_experiment_script, write_hyperparams_text, zip_source_dirs)
@@ -62,6 +64,16 @@ def new_figure(**kwargs: Any) -> Figure:
 def is_number(value: object) -> bool:
     """A real number, not a bool (the values a metric plot can draw)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def as_number(value: object) -> Optional[float]:
+    """A history value as a plain float (a one-element tensor's value included), for the trackers and searches that
+    take numbers only; None when it is not a number."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            return None
+        value = value.item()
+    return float(value) if is_number(value) else None    # type: ignore[arg-type]  # a real number here
 
 
 def lower_is_better(metric_name: str) -> bool:

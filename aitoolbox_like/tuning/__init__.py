@@ -30,19 +30,15 @@ if TYPE_CHECKING:
 
 __all__ = ['tune', 'TuneResult', 'OptunaPruning', 'run_trial', 'TrialOutcome', 'TrialReport', 'TrialRecord',
            'StudySettings', 'Param', 'parse_param', 'parse_params', 'TuneInputError', 'MonitorNotRecorded',
-           'BackendNotAvailable', 'BACKENDS', 'COMPLETE', 'PRUNED', 'FAIL']
+           'BACKENDS', 'COMPLETE', 'PRUNED', 'FAIL']
 
 #: The search backends: name -> the module whose ``run_study(settings) -> (records, storage)`` runs a search.
-BACKENDS: Dict[str, Optional[str]] = {
+BACKENDS: Dict[str, str] = {
     'optuna': 'aitoolbox_like.tuning.optuna_backend',
     'ray': 'aitoolbox_like.tuning.ray_backend',
 }
 #: The pruners the command line names (the Python API also takes a backend's pruner object).
 PRUNERS = ('median', 'none')
-
-
-class BackendNotAvailable(TuneInputError, NotImplementedError):
-    """A backend that is named but not implemented yet."""
 
 
 @dataclasses.dataclass
@@ -129,11 +125,8 @@ def tune(recipe: Union[str, 'os.PathLike[str]'], overrides: Sequence[str] = (), 
         RecipeError: the recipe does not check.
         TuneInputError: a problem of the search (a PATH, a SPEC, the monitor, an argument), found before any trial;
             also (MonitorNotRecorded) when the first epoch of the first trial did not record the monitor.
-        BackendNotAvailable: a backend that is named but not available.
         ImportError: the backend's package is missing (the message names the extra to install).
     """
-    if backend in BACKENDS and BACKENDS[backend] is None:
-        raise BackendNotAvailable([f'--backend {backend}: not available yet; use --backend optuna'])
     recipe_path = os.path.abspath(os.fspath(recipe))
     errors = _argument_errors(trials, concurrent, backend, pruner, output, address)
     parsed, param_errors = parse_params_and_errors(params)
@@ -144,14 +137,12 @@ def tune(recipe: Union[str, 'os.PathLike[str]'], overrides: Sequence[str] = (), 
         errors.extend(error.errors)
     if errors:
         raise TuneInputError(errors, recipe_path)
-    module_name = BACKENDS[backend]
-    assert module_name is not None
     output_dir = os.path.abspath(os.path.expanduser(os.fspath(output)))
     name = study_name or os.path.splitext(os.path.basename(recipe_path))[0]
     settings = StudySettings(recipe=recipe_path, overrides=list(overrides), params=parsed, monitor=monitor, mode=mode,
                              trials=trials, output_dir=output_dir, study_name=name, storage=storage, pruner=pruner,
                              concurrent=concurrent, sampler=sampler, command=command, address=address)
-    backend_module = importlib.import_module(module_name)
+    backend_module = importlib.import_module(BACKENDS[backend])
     records, storage_url = backend_module.run_study(settings)
     best = best_trial(records, mode)
     files = write_results(output_dir, records, [p.path for p in parsed], recipe_path, overrides, monitor, mode, name)

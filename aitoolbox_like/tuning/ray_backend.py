@@ -120,11 +120,9 @@ def _run_trials(settings: StudySettings, number: int) -> None:
     results = tuner.fit()
     for error in results.errors:
         # Failures of a trial's own training are FAIL trials of the study (caught in the trial); what reaches Ray is
-        # a mistake of the search (the monitor) or a worker that died.
-        if isinstance(error, TrialFailed):
-            continue
+        # a mistake of the search (the monitor) or a worker that died. Ray wraps the first (its ``cause``).
         cause = getattr(error, 'cause', None) or error
-        if isinstance(cause, MonitorNotRecorded) or isinstance(error, MonitorNotRecorded):
+        if isinstance(cause, MonitorNotRecorded):
             raise cause
         logger.warning('A Ray Tune trial ended with an error (its Optuna trial is marked FAIL, interrupted): %s',
                        error)

@@ -15,11 +15,11 @@ import io
 import logging
 import math
 import os
-import tempfile
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..recipes.recipe import Recipe
-from .space import override_text
+from ..storage.local import write_atomically
+from .space import override
 from .trial import COMPLETE, FAIL, PRUNED, PROG, trial_overrides
 
 logger = logging.getLogger(__name__)
@@ -64,18 +64,7 @@ def best_trial(records: Sequence[TrialRecord], mode: str) -> Optional[TrialRecor
 
 
 def _write_atomically(path: str, data: bytes) -> None:
-    folder = os.path.dirname(path) or '.'
-    fd, temporary = tempfile.mkstemp(prefix=f'.{os.path.basename(path)}.', dir=folder)
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            f.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.remove(temporary)
-        except OSError:
-            pass
-        raise
+    write_atomically(path, lambda f: f.write(data))
 
 
 def _cell(value: Any) -> str:
@@ -102,7 +91,7 @@ def best_recipe_text(recipe_path: str, overrides: Sequence[str], best: TrialReco
     """best.yaml: the recipe with the search's overrides and ``best``'s values, resolved, under a header saying where
     it comes from."""
     recipe = Recipe.load(recipe_path, trial_overrides(overrides, best.params))
-    values = ', '.join(f'{path}={override_text(value)}' for path, value in best.params.items())
+    values = ', '.join(override(path, value) for path, value in best.params.items())
     header = [f'# The best trial of study {study_name!r}: trial {best.number}, {monitor}={best.value!r} ({mode}),',
               f'# with {values}.',
               f'# Recipe {recipe_path} with these values filled in; train it: {PROG} train <this file>']
@@ -188,7 +177,7 @@ def summary_lines(records: Sequence[TrialRecord], best: Optional[TrialRecord], m
         lines.append('no trial completed')
     else:
         lines.append(f'best trial {best.number}: {monitor}={best.value!r} ({mode})')
-        lines.extend(f'  {path}={override_text(value)}' for path, value in best.params.items())
+        lines.extend(f'  {override(path, value)}' for path, value in best.params.items())
         if best.experiment_dir:
             lines.append(f'  experiment folder: {best.experiment_dir}')
     lines.extend(f'{name}: {path}' for name, path in files.items())

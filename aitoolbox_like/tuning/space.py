@@ -24,6 +24,7 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..callbacks.abstract import AbstractScheduler
+from ..experiment.reporting import is_number
 from ..recipes.recipe import Call, Recipe, RecipeError
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ class Param:
 
     def override(self, value: Any) -> str:
         """``PATH=value`` as a recipe override."""
-        return f'{self.path}={override_text(value)}'
+        return override(self.path, value)
 
 
 def override_text(value: Any) -> str:
@@ -122,9 +123,9 @@ def override_text(value: Any) -> str:
     raise TypeError(f'a sampled value must be a number, text, a bool or None, got {type(value).__qualname__}')
 
 
-def value_overrides(params: Sequence[Param], values: Mapping[str, Any]) -> List[str]:
-    """The overrides that set each parameter's sampled value (``values``: PATH -> value)."""
-    return [p.override(values[p.path]) for p in params if p.path in values]
+def override(path: str, value: Any) -> str:
+    """``path=value`` as a recipe override that gives exactly ``value`` back (:func:`override_text`)."""
+    return f'{path}={override_text(value)}'
 
 
 def _parse_values(text: str) -> List[Any]:
@@ -135,10 +136,6 @@ def _parse_values(text: str) -> List[Any]:
     if not isinstance(values, list):
         raise ValueError(f'cannot read the values {text!r}')
     return values
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def parse_param(text: str) -> Param:
@@ -203,7 +200,7 @@ def _range(path: str, spec: str, kind: str, values: List[Any]) -> Param:
     if kind == 'int':
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             raise ValueError(f'{where}: the bounds of int(a,b) are integers, got {low!r} and {high!r}')
-    elif not all(_is_number(v) and math.isfinite(v) for v in values):
+    elif not all(is_number(v) and math.isfinite(v) for v in values):
         raise ValueError(f'{where}: the bounds are numbers, got {low!r} and {high!r}')
     if low > high:
         raise ValueError(f'{where}: the bounds are the wrong way round (low {low!r} > high {high!r}); write '
@@ -364,7 +361,7 @@ def _value_problems(recipe_path: str, overrides: Sequence[str], param: Param) ->
             Recipe.load(recipe_path, [*overrides, param.override(value)]).validate()
         except RecipeError as error:
             for line in error.errors:
-                problems.append(f'--param {param.path}={param.spec}: with {param.path}={override_text(value)}: '
+                problems.append(f'--param {param.path}={param.spec}: with {param.override(value)}: '
                                 f'{line.replace(" (set on the command line)", "")}')
     return problems
 

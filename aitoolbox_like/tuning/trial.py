@@ -24,11 +24,10 @@ import os
 import shlex
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-import torch
-
 from ..callbacks.abstract import AbstractCallback
+from ..experiment.reporting import as_number
 from ..recipes.recipe import COMMAND_LINE_FILE, RECIPE_FILE, Recipe, Run
-from .space import Param, TuneInputError, override_text
+from .space import Param, TuneInputError, override
 
 logger = logging.getLogger(__name__)
 
@@ -99,17 +98,6 @@ class TrialOutcome:
     epochs_reported: int = 0
 
 
-def history_value(value: Any) -> Optional[float]:
-    """A history value as a float (a one-element tensor included), or None when it is not a number."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            return None
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
 class TrialReport(AbstractCallback):
     """After every epoch, hand the epoch's value of ``monitor`` to ``report(epoch, value)``; when it returns True,
     stop training cleanly after this epoch (``stopped``), as early stopping does: the epoch's remaining callbacks run,
@@ -155,7 +143,7 @@ class TrialReport(AbstractCallback):
             if not self.reported and not history.get(self.monitor):
                 raise MonitorNotRecorded([monitor_missing_message(self.monitor, history)])
             return
-        value = history_value(raw)
+        value = as_number(raw)
         if value is None:
             raise TypeError(f'{self.monitor} is not a number in epoch {loop.epoch}: {raw!r}')
         if not math.isfinite(value):
@@ -186,7 +174,7 @@ def command_text(argv: Sequence[str], note: str) -> str:
 
 def trial_overrides(overrides: Sequence[str], values: Mapping[str, Any]) -> List[str]:
     """The overrides of one trial: the search's, then each sampled value (PATH -> value)."""
-    return [*overrides, *(f'{path}={override_text(value)}' for path, value in values.items())]
+    return [*overrides, *(override(path, value) for path, value in values.items())]
 
 
 def _attach_files(run: Run, recipe: Recipe, command_text: str) -> None:
