@@ -18,6 +18,7 @@ from aitoolbox_like.experiment import LATEST_POINTER, read_pointer  # noqa: E402
 from helpers import assert_close_states, experiment_dir, one_thread_per_worker  # noqa: E402,F401  (fixture)
 from ddp_common import Regressor                                   # noqa: E402
 from fsdp_common import callbacks, reference, shard_each_layer, tracked_loop  # noqa: E402
+from fsdp_checkpoint_common import continued_loop                  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FSDP = dict(num_gpus=2, on_gpu=False, fsdp_shard_fn=shard_each_layer)
@@ -68,6 +69,14 @@ def test_fsdp_trains_like_one_process_exports_whole_model_and_resumes_in_one_pro
     assert_close_states(single.model.state_dict(), ref_model.state_dict())
     assert_close_states(single.callbacks_handler.callbacks_state_dict()[EMA_KEY]['ema'], ref_ema)
     assert single.train_history.get_epochs('val_loss') == [0, 1, 2]
+
+    # AIToolbox's way: ModelLoadContinueTraining on a plain loop continues from epoch 0's sharded checkpoint.
+    loop, loader = continued_loop(tmp_path, loop.experiment_timestamp, epoch_num=0)
+    loop.fit(num_epochs=2, callbacks=[loader] + callbacks())
+    ref_model, ref_ema = reference(2)
+    assert_close_states(loop.model.state_dict(), ref_model.state_dict())
+    assert_close_states(loop.callbacks_handler.callbacks_state_dict()[EMA_KEY]['ema'], ref_ema)
+    assert loader.loaded_from.endswith('_E0.dcp/.metadata')
 
 
 @pytest.mark.timeout(240)

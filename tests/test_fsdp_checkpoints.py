@@ -26,7 +26,7 @@ from aitoolbox_like.storage import BackgroundUploader, LocalStorage, UploadJourn
 from aitoolbox_like.storage.s3 import S3Storage  # noqa: E402
 from helpers import assert_close_states, experiment_dir, one_thread_per_worker  # noqa: E402,F401  (fixture)
 from fsdp_checkpoint_common import (BLOCK_WRITE_ENV, RecordStop, SignalSelfOnRank, checkpoint_loop,  # noqa: E402
-                                    reference)
+                                    continued_loop, reference)
 from fsdp_common import callbacks, shard_each_layer  # noqa: E402
 from s3_server import make_bucket, s3_server  # noqa: E402,F401  (pytest fixture)
 
@@ -176,8 +176,22 @@ def test_sharded_checkpoints_in_s3_removal_of_suboptimal_folders_and_resume_from
     assert resumed.experiment_timestamp == ts
     assert checkpoint_names(tmp_path / 'b') == [f'model_exp_{ts}_E{e}.dcp' for e in (1, 2)]   # no temporary left
 
-    # Gone again: a single-process loop resumes 'latest' from S3 (the local folder is missing): 2 -> 1.
+    # Gone again. AIToolbox's way, in one process: ModelLoadContinueTraining finds the newest checkpoint (epoch 2's
+    # folder) in S3, downloads it to its place under its local folder and continues; then epoch 1's, by number.
     shutil.rmtree(tmp_path / 'b')
+    for epoch_num, folder, epochs in ((None, 'd', 4), (1, 'e', 3)):
+        loop, loader = continued_loop(tmp_path / folder, ts, epoch_num, **s3)
+        loop.fit(num_epochs=epochs, callbacks=[loader] + callbacks())
+        ref_model, ref_ema, _ = reference(epochs)
+        assert_close_states(loop.model.state_dict(), ref_model.state_dict())
+        assert_close_states(loop.callbacks_handler.callbacks_state_dict()[EMA_KEY]['ema'], ref_ema)
+        assert loader.loaded_from == f's3://{bucket}/{root}/checkpoint_model/model_exp_{ts}_E{epochs - 2}.dcp'
+        assert checkpoint_names(tmp_path / folder) == [f'model_exp_{ts}_E{epochs - 2}.dcp']
+    loop, loader = continued_loop(tmp_path / 'f', ts, 5, **s3)
+    with pytest.raises(FileNotFoundError, match=r'epoch_num=5 .*model_exp_.*_E5\.pth nor a complete .*_E5\.dcp/'):
+        loop.fit(num_epochs=6, callbacks=[loader])
+
+    # A single-process loop resumes 'latest' from S3 (the local folder is missing): 2 -> 1.
     single = checkpoint_loop(tmp_path / 'c', gpu_mode='single', per_rank_batch=8, **s3)
     single.fit(num_epochs=4, callbacks=callbacks(), resume_from='latest')
     ref_model, ref_ema, _ = reference(4)

@@ -3,9 +3,8 @@ import logging
 import os
 from typing import Any, Dict, Optional, Tuple
 
-from .. import loop_state
-from ..checkpoint import load_checkpoint
-from ..experiment import get_experiment, is_s3_mode, model_file_name
+from .. import loop_state, sharded_checkpoint
+from ..experiment import Experiment, get_experiment, is_s3_mode, model_file_name
 from ..storage.base import join_key
 from .abstract import AbstractExperimentCallback
 
@@ -115,25 +114,51 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
         return model_file_name(self.experiment_name, self.saved_experiment_timestamp, self.epoch_num)
 
     def _load(self) -> Tuple[Dict[str, Any], str]:
+        loop = self.train_loop_obj
         rel_dir = self._relative_path()
         file_name = self._file_name()
         local_dir = os.path.join(self.local_model_result_folder_path, *rel_dir.split('/'))
         path = self._local_file(local_dir, file_name)
         if path is not None:
-            return load_checkpoint(path, map_location=self.map_location,
-                                   allow_unsafe_pickle=self.allow_unsafe_pickle), path
+            return loop_state.load_resume_checkpoint(loop, path, map_location=self.map_location,
+                                                     allow_unsafe_pickle=self.allow_unsafe_pickle)
         if is_s3_mode(self.cloud_save_mode):
-            target = join_key(self.cloud_dir_prefix or '', rel_dir, file_name or '')     # join_key skips empty parts
-            return loop_state.load_resume_checkpoint(self.train_loop_obj, f's3://{self.bucket_name}/{target}',
-                                                     map_location=self.map_location,
-                                                     allow_unsafe_pickle=self.allow_unsafe_pickle,
-                                                     endpoint_url=self.endpoint_url)
+            return self._load_from_s3(rel_dir, file_name)
         raise FileNotFoundError(f'ModelLoadContinueTraining: no checkpoint found in {local_dir} (epoch_num='
                                 f'{self.epoch_num})')
 
+    def _load_from_s3(self, rel_dir: str, file_name: Optional[str]) -> Tuple[Dict[str, Any], str]:
+        loop = self.train_loop_obj
+        target = join_key(self.cloud_dir_prefix or '', rel_dir, file_name or '')     # join_key skips empty parts
+        if file_name is not None:
+            from ..storage.s3 import S3Storage
+            storage = S3Storage(self.bucket_name, endpoint_url=self.endpoint_url)
+            if not storage.exists(target):
+                # A sharded (FSDP) checkpoint of that epoch is a folder: counted once its marker is there.
+                folder = sharded_checkpoint.folder_name(target)
+                if not storage.exists(join_key(folder, sharded_checkpoint.MARKER)):
+                    where = storage.uri(join_key(self.cloud_dir_prefix or '', rel_dir))
+                    raise FileNotFoundError(f'ModelLoadContinueTraining: no checkpoint of epoch_num={self.epoch_num} '
+                                            f'in {where} (neither {file_name} nor a complete '
+                                            f'{sharded_checkpoint.folder_name(file_name)}/)')
+                target = folder
+        # A sharded checkpoint is downloaded to its place under local_model_result_folder_path (the folder this
+        # run continues) before it is read.
+        download_to = get_experiment(loop) or Experiment(loop, self.project_name, self.experiment_name,
+                                                         self.local_model_result_folder_path)
+        return loop_state.load_resume_checkpoint(loop, f's3://{self.bucket_name}/{target}', experiment=download_to,
+                                                 map_location=self.map_location,
+                                                 allow_unsafe_pickle=self.allow_unsafe_pickle,
+                                                 endpoint_url=self.endpoint_url)
+
     @staticmethod
     def _local_file(local_dir: str, file_name: Optional[str]) -> Optional[str]:
-        if file_name is not None:
-            path = os.path.join(local_dir, file_name)
-            return path if os.path.isfile(path) else None
-        return loop_state.find_checkpoint_in_dir(local_dir)
+        """The checkpoint file (or a sharded checkpoint's marker) to load; None when there is none here."""
+        if file_name is None:
+            return loop_state.find_checkpoint_in_dir(local_dir)
+        path = os.path.join(local_dir, file_name)
+        if os.path.isfile(path):
+            return path
+        folder = os.path.join(local_dir, sharded_checkpoint.folder_name(file_name))
+        return os.path.join(folder, sharded_checkpoint.MARKER) if sharded_checkpoint.is_sharded_checkpoint(folder) \
+            else None

@@ -16,7 +16,8 @@ from torch import nn
 from torch.distributed.checkpoint import filesystem
 from torch.utils.data import DataLoader
 
-from aitoolbox_like import AbstractCallback
+from aitoolbox_like import AbstractCallback, TrainLoop
+from aitoolbox_like.callbacks.model_load import ModelLoadContinueTraining
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 from ddp_common import equivalence_setup, reference_loader, regression_data
 from fsdp_common import EMA_DECAY, MAX_NORM
@@ -100,6 +101,19 @@ def checkpoint_loop(folder, gpu_mode='fsdp', per_rank_batch=4, **kwargs):
     kwargs.setdefault('cloud_save_mode', 'local')
     return TrainLoopCheckpoint(model, train, val, None, optimizer, nn.MSELoss(), 'proj', 'exp', str(folder),
                                {'lr': 0.05}, gpu_mode=gpu_mode, progress_bar=False, **kwargs)
+
+
+def continued_loop(folder, experiment_timestamp, epoch_num=None, **cloud):
+    """AIToolbox's way to continue an experiment: a plain single-process TrainLoop of the same run (batches of 8)
+    and a ModelLoadContinueTraining of ``experiment_timestamp`` (``cloud``: its cloud_save_mode and bucket).
+    Returns (loop, the ModelLoadContinueTraining callback), to register at fit."""
+    model, _, val, optimizer = equivalence_setup()
+    train = DataLoader(regression_data(32, 1), batch_size=8, shuffle=False)
+    loop = TrainLoop(model, train, val, None, optimizer, nn.MSELoss(), progress_bar=False)
+    cloud.setdefault('cloud_save_mode', 'local')
+    return loop, ModelLoadContinueTraining(experiment_timestamp, epoch_num=epoch_num, project_name='proj',
+                                           experiment_name='exp', local_model_result_folder_path=str(folder),
+                                           **cloud)
 
 
 def reference(num_epochs, grad_accumulation=1):
