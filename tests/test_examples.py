@@ -4,6 +4,10 @@ import importlib.util
 import os
 
 import matplotlib.image
+import pytest
+
+from aitoolbox_like.checkpoint import load_checkpoint
+from aitoolbox_like.integrations.ray import CHECKPOINT_FILE_NAME
 
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'examples')
 
@@ -55,3 +59,30 @@ def test_gan_example_trains_two_networks_and_resumes(tmp_path):
 def test_sam_example_learns_and_resumes(tmp_path):
     loop = _run_example_and_resume('sam_digits', 'digits_sam', tmp_path)
     assert loop.train_history['val_loss'][1] < loop.train_history['val_loss'][0]
+
+
+@pytest.mark.timeout(600)
+def test_ray_train_example_learns_and_a_second_run_of_the_same_name_continues_it(tmp_path, monkeypatch):
+    import ray
+    from ray.train import Checkpoint
+
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')      # inherited by Ray's workers
+    # Ray's workers import the example's train_fn by its module name.
+    monkeypatch.setenv('PYTHONPATH', os.pathsep.join(p for p in (EXAMPLES_DIR, os.environ.get('PYTHONPATH')) if p))
+    example = load_example('ray_train_digits')
+    args = ['--storage-path', str(tmp_path / 'ray'), '--name', 'digits']
+    ray.init(num_cpus=2, include_dashboard=False)   # one local cluster for both runs (main leaves it running)
+    try:
+        first = example.main(['--epochs', '2'] + args)
+        second = example.main(['--epochs', '3'] + args)
+    finally:
+        ray.shutdown()
+    assert first.metrics['epoch'] == 1 and first.metrics['val_Accuracy'] > 0.8
+    assert second.metrics['epoch'] == 2 and second.metrics['val_Accuracy'] > 0.8
+
+    def history(checkpoint: Checkpoint):
+        with checkpoint.as_directory() as folder:
+            return load_checkpoint(os.path.join(folder, CHECKPOINT_FILE_NAME))['train_history']['train_history']
+
+    # The second run trained only epoch 2, on top of the first run's checkpoint.
+    assert history(second.checkpoint)['val_Accuracy'][:2] == history(first.checkpoint)['val_Accuracy']
