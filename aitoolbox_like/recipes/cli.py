@@ -15,7 +15,6 @@ A recipe that does not check (unknown names or keys, wrong types, missing argume
 """
 import argparse
 import contextlib
-import datetime
 import logging
 import os
 import shlex
@@ -25,33 +24,17 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence,
 
 from .recipe import COMMAND_LINE_FILE, RECIPE_FILE, Recipe, RecipeError, Run, reference_entries
 from .registry import KINDS, UnknownNameError
+from .run_files import PROG, attach_run_files, command_line_text, program_name
 
 if TYPE_CHECKING:
     from ..storage.s3 import S3Storage
 
 logger = logging.getLogger(__name__)
 
-PROG = 'aitoolbox-like'
 #: Exit status of a recipe that does not check (argparse uses it for bad command lines too).
 EXIT_RECIPE_ERROR = 2
 #: Callbacks whose saved state says that they stopped the run (no patience left).
 EARLY_STOPPING_STATE_PREFIXES = ('EarlyStopping', 'ThresholdEarlyStopping')
-
-
-def _program_name() -> str:
-    """How the user started us: the console script, or ``python -m aitoolbox_like``."""
-    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ''
-    return PROG if name.startswith(PROG) else 'python -m aitoolbox_like'
-
-
-def command_line_text(argv: Sequence[str]) -> str:
-    """The block ``command_line.txt`` gets for this command: when and where it ran, then the command itself."""
-    when = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')
-    lines = [f'# {when}, in {os.getcwd()}']
-    if 'WORLD_SIZE' in os.environ and 'RANK' in os.environ:
-        lines.append(f'# started by torchrun (or another launcher) as {os.environ["WORLD_SIZE"]} processes')
-    lines.append(' '.join([_program_name(), shlex.join(argv)]).rstrip())
-    return '\n'.join(lines) + '\n'
 
 
 def _is_main_process() -> bool:
@@ -65,21 +48,6 @@ def _say(message: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- train
-
-
-def _attach_files(run: Run, recipe: Recipe, command_text: str) -> None:
-    loop = run.loop
-    # A run stopped by SIGTERM / Ctrl-C says how to continue it: from here, with this command.
-    loop.resume_hint = f'{_program_name()} resume {{experiment_dir}}'
-    files = getattr(loop, 'experiment_files', None)
-    if not isinstance(files, dict):
-        logger.warning('%s has no experiment_files: the resolved recipe and the command line are not saved with '
-                       'the experiment', type(loop).__qualname__)
-        return
-    # The same header every time: a resume that changes nothing in the recipe leaves the file as it is.
-    files[RECIPE_FILE] = (f'# The resolved recipe of this experiment ({COMMAND_LINE_FILE} says how it was run); '
-                          f'`{PROG} resume <this folder>` continues it.\n' + recipe.to_yaml())
-    files[COMMAND_LINE_FILE] = command_text
 
 
 def _finish(run: Run) -> None:
@@ -109,7 +77,7 @@ def cmd_train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     # script) unless its name is one of the files a recipe run writes there itself.
     script = recipe_path if os.path.basename(recipe_path) not in (RECIPE_FILE, COMMAND_LINE_FILE) else None
     run = recipe.build(hyperparams_defaults={'experiment_file_path': script})
-    _attach_files(run, recipe, command_line_text(argv))
+    attach_run_files(run, recipe, command_line_text(argv))
     run.fit()
     _finish(run)
     return 0
@@ -332,7 +300,7 @@ def _resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
     del checkpoint       # fit loads it again, in every process of a distributed run
     # hyperparams_list.txt and the script copy stay those of the first run; no script to copy now.
     run = recipe.build(hyperparams_defaults={'experiment_file_path': None})
-    _attach_files(run, recipe, previous + command_line_text(argv))
+    attach_run_files(run, recipe, previous + command_line_text(argv))
     run.fit(resume_from=experiment)
     _finish(run)
     return 0
@@ -379,7 +347,7 @@ def cmd_list(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``aitoolbox-like`` (every subcommand has ``--help``)."""
     parser = argparse.ArgumentParser(
-        prog=_program_name(), description='Train, resume and inspect experiments described by YAML recipes '
+        prog=program_name(), description='Train, resume and inspect experiments described by YAML recipes '
                                           '(docs/recipes.md).')
     parser.add_argument('--log-level', default='INFO', choices=['DEBUG', 'INFO', 'WARNING', 'ERROR'],
                         help='logging level of the training run (default INFO)')

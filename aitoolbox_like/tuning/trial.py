@@ -1,4 +1,4 @@
-"""One trial of a search, whatever runs the search (Optuna here, Ray Tune later): the recipe trained with the
+"""One trial of a search, whatever runs the search (Optuna or Ray Tune): the recipe trained with the
 sampled values, as ``aitoolbox-like train`` would, reporting the monitored value after every epoch.
 
 :func:`run_trial` is the whole contract a backend needs::
@@ -16,17 +16,16 @@ mistake of the search itself (:class:`MonitorNotRecorded`: no epoch records the 
 (KeyboardInterrupt, SystemExit) propagate.
 """
 import dataclasses
-import datetime
 import difflib
 import logging
 import math
 import os
-import shlex
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..callbacks.abstract import AbstractCallback
 from ..experiment.reporting import as_number
-from ..recipes.recipe import COMMAND_LINE_FILE, RECIPE_FILE, Recipe, Run
+from ..recipes.run_files import PROG, attach_run_files, command_line_text
+from ..recipes.recipe import Recipe
 from .space import Param, TuneInputError, override
 
 logger = logging.getLogger(__name__)
@@ -35,9 +34,6 @@ logger = logging.getLogger(__name__)
 ReportFn = Callable[[int, float], bool]
 #: The states of a finished trial.
 COMPLETE, PRUNED, FAIL = 'COMPLETE', 'PRUNED', 'FAIL'
-#: The console script, in the commands written for the user. (The recipes command line has the same constant; it
-#: is not imported from there because that module imports this package to add ``tune``.)
-PROG = 'aitoolbox-like'
 
 
 class MonitorNotRecorded(TuneInputError):
@@ -168,25 +164,12 @@ def monitor_missing_message(monitor: str, history: Any) -> str:
 
 def command_text(argv: Sequence[str], note: str) -> str:
     """A command_line.txt block: ``note`` and when and where, as comments, then ``aitoolbox-like <argv>``."""
-    when = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')
-    return f'# {note}\n# {when}, in {os.getcwd()}\n{PROG} {shlex.join(argv)}\n'
+    return f'# {note}\n' + command_line_text(argv, program=PROG)
 
 
 def trial_overrides(overrides: Sequence[str], values: Mapping[str, Any]) -> List[str]:
     """The overrides of one trial: the search's, then each sampled value (PATH -> value)."""
     return [*overrides, *(override(path, value) for path, value in values.items())]
-
-
-def _attach_files(run: Run, recipe: Recipe, command_text: str) -> None:
-    """The files ``aitoolbox-like train`` saves with an experiment: the resolved recipe and the command line."""
-    loop = run.loop
-    loop.resume_hint = f'{PROG} resume {{experiment_dir}}'
-    files = getattr(loop, 'experiment_files', None)
-    if not isinstance(files, dict):
-        return
-    files[RECIPE_FILE] = (f'# The resolved recipe of this experiment ({COMMAND_LINE_FILE} says how it was run); '
-                          f'`{PROG} resume <this folder>` continues it.\n' + recipe.to_yaml())
-    files[COMMAND_LINE_FILE] = command_text
 
 
 def experiment_dir_of(loop: Any) -> Optional[str]:
@@ -233,7 +216,7 @@ def run_trial(recipe_path: Union[str, 'os.PathLike[str]'], overrides: Sequence[s
         run = recipe.build(hyperparams_defaults=defaults)
         loop = run.loop
         command = command_text(['train', recipe_path, *every_override], label)
-        _attach_files(run, recipe, command)
+        attach_run_files(run, recipe, command, program=PROG)
         run.callbacks.append(reporter)
         run.fit()
     except MonitorNotRecorded:
