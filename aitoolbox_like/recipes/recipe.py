@@ -81,14 +81,20 @@ def key_path(*parts: Union[str, int]) -> str:
     return text
 
 
-def normalize_key(key: str) -> str:
-    """An override key as an error path: ``callbacks.2.patience`` and ``callbacks[2].patience`` both become
-    ``callbacks[2].patience``."""
+def key_parts(key: str) -> List[Union[str, int]]:
+    """An override key's parts: ``callbacks.2.patience`` and ``callbacks[2].patience`` both give
+    ``['callbacks', 2, 'patience']``."""
     parts: List[Union[str, int]] = []
     for piece in key.replace('[', '.').replace(']', '').split('.'):
         if piece:
             parts.append(int(piece) if piece.isdigit() else piece)
-    return key_path(*parts)
+    return parts
+
+
+def normalize_key(key: str) -> str:
+    """An override key as an error path: ``callbacks.2.patience`` and ``callbacks[2].patience`` both become
+    ``callbacks[2].patience``."""
+    return key_path(*key_parts(key))
 
 
 def _describe_value(value: Any) -> str:

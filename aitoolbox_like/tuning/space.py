@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..callbacks.abstract import AbstractScheduler
 from ..experiment.reporting import is_number
-from ..recipes.recipe import Call, Recipe, RecipeError
+from ..recipes.recipe import Call, Recipe, RecipeError, key_parts
 
 logger = logging.getLogger(__name__)
 
@@ -253,17 +253,8 @@ def parse_params_and_errors(params: Union[Mapping[str, str], Sequence[str]]) -> 
 # ---------------------------------------------------------------------------------------------- key paths
 
 
-def path_parts(path: str) -> List[Union[str, int]]:
-    """``callbacks.6.patience`` / ``callbacks[6].patience`` -> ``['callbacks', 6, 'patience']``."""
-    parts: List[Union[str, int]] = []
-    for piece in path.replace('[', '.').replace(']', '').split('.'):
-        if piece:
-            parts.append(int(piece) if piece.isdigit() else piece)
-    return parts
-
-
 def _same_path(a: str, b: str) -> bool:
-    return path_parts(a) == path_parts(b)
+    return key_parts(a) == key_parts(b)
 
 
 _MISSING = object()
@@ -298,7 +289,7 @@ def _path_problem(config: Dict[str, Any], param: Param) -> Optional[str]:
     """Why ``param.path`` cannot be searched in ``config`` (None: it can, or it is new and the recipe check
     decides). A new key is fine where the recipe checks it (``optimizer.weight_decay``), not under ``vars``, whose
     keys only matter where something references them."""
-    parts = path_parts(param.path)
+    parts = key_parts(param.path)
     value = _lookup(config, parts)
     if isinstance(value, (dict, list)):
         return f'{param.path} is a {"section" if isinstance(value, dict) else "list"} of the recipe, not a value; ' \
