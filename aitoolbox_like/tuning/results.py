@@ -17,6 +17,7 @@ import math
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from ..experiment.reporting import matplotlib_available, new_figure
 from ..recipes.recipe import Recipe
 from ..storage.local import write_atomically
 from .space import override
@@ -103,14 +104,12 @@ def best_recipe_text(recipe_path: str, overrides: Sequence[str], best: TrialReco
 def plot_history(path: str, records: Sequence[TrialRecord], monitor: str, mode: str) -> bool:
     """Draw history.png: the value of each completed and pruned trial, and the running best of the completed ones.
     Returns False (with a warning) when matplotlib is missing."""
-    try:
-        from matplotlib.figure import Figure
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
+    if not matplotlib_available():
         logger.warning("%s is not drawn: it needs matplotlib (pip install 'aitoolbox_like[plots]')", path)
         return False
+    from matplotlib.ticker import MaxNLocator
     ordered = sorted(records, key=lambda r: r.number)
-    figure = Figure(figsize=(7, 4.5))
+    figure = new_figure(figsize=(7, 4.5))
     axes = figure.subplots()
     for state, marker, color, label in ((COMPLETE, 'o', 'tab:blue', 'completed trials'),
                                         (PRUNED, 'x', 'tab:gray', 'pruned trials (value where they stopped)')):
