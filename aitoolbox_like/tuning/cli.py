@@ -10,6 +10,7 @@ import argparse
 import shlex
 from typing import Any, Sequence
 
+from . import BACKENDS, PRUNERS
 from .trial import PROG
 
 
@@ -40,7 +41,7 @@ def add_tune_parser(subparsers: Any) -> argparse.ArgumentParser:
                            "a trial's value is the one of its last epoch")
     tune.add_argument('--mode', required=True, choices=['min', 'max'], help='whether a smaller or a larger value '
                                                                             'is better')
-    tune.add_argument('--pruner', default='median', choices=['median', 'none'],
+    tune.add_argument('--pruner', default='median', choices=PRUNERS,
                       help='median (default): stop a trial whose value at an epoch is worse than the median of the '
                            'earlier trials at that epoch (once 5 trials have finished); none: never prune')
     tune.add_argument('--storage', default=None, metavar='URL',
@@ -48,7 +49,7 @@ def add_tune_parser(subparsers: Any) -> argparse.ArgumentParser:
                            'other machines sharing it work on the same study')
     tune.add_argument('--study-name', default=None, metavar='NAME',
                       help="the study's name in the storage (default: the recipe file's name)")
-    tune.add_argument('--backend', default='optuna', choices=['optuna', 'ray'],
+    tune.add_argument('--backend', default='optuna', choices=list(BACKENDS),
                       help='optuna (default): trials run on this machine; ray: Ray Tune runs them on a Ray cluster '
                            '(the same study, pruning and results)')
     tune.add_argument('--concurrent', type=int, default=1, metavar='K',

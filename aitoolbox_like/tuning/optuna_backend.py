@@ -48,6 +48,11 @@ def default_storage(output_dir: str) -> str:
     return 'sqlite:///' + os.path.join(os.path.abspath(output_dir), STORAGE_FILE)
 
 
+def storage_url(settings: StudySettings) -> str:
+    """The search's storage URL: ``--storage``, or the default inside the results folder."""
+    return settings.storage or default_storage(settings.output_dir)
+
+
 def make_pruner(pruner: Any) -> Any:
     """``'median'`` (Optuna's MedianPruner with its defaults), ``'none'`` (no pruning), or a pruner object as it is.
     """
@@ -102,7 +107,7 @@ def _check_same_search(study: 'optuna.Study', settings: StudySettings) -> None:
 def open_study(settings: StudySettings) -> 'optuna.Study':
     """Create the study, or load it to continue (checking that it searches the same space, monitor and mode)."""
     optuna = import_optuna()
-    url = settings.storage or default_storage(settings.output_dir)
+    url = storage_url(settings)
     direction = 'minimize' if settings.mode == 'min' else 'maximize'
     study = optuna.create_study(storage=_storage(url), study_name=settings.study_name, direction=direction,
                                 load_if_exists=True, pruner=make_pruner(settings.pruner), sampler=settings.sampler)
@@ -120,7 +125,7 @@ def load_study(settings: StudySettings) -> 'optuna.Study':
     """The study that :func:`open_study` opened, loaded in another process that runs some of its trials (with the
     search's pruner and sampler)."""
     optuna = import_optuna()
-    url = settings.storage or default_storage(settings.output_dir)
+    url = storage_url(settings)
     return optuna.load_study(study_name=settings.study_name, storage=_storage(url),
                              pruner=make_pruner(settings.pruner), sampler=settings.sampler)
 
@@ -324,7 +329,7 @@ def opened_study(settings: StudySettings) -> Iterator[Tuple['optuna.Study', bool
     shared, and the trials an earlier search left running marked FAIL when no other search works in the folder.
     Yields ``(study, alone)``: ``alone`` says that this process may mark interrupted trials again later."""
     os.makedirs(settings.output_dir, exist_ok=True)
-    url = settings.storage or default_storage(settings.output_dir)
+    url = storage_url(settings)
     lock = FolderLock(settings.output_dir)
     try:
         alone = lock.acquire() and settings.storage is None
@@ -343,7 +348,7 @@ def opened_study(settings: StudySettings) -> Iterator[Tuple['optuna.Study', bool
 
 def run_study(settings: StudySettings) -> Tuple[List[TrialRecord], str]:
     """Run the search (see the module's documentation); returns every trial of the study and the storage URL."""
-    url = settings.storage or default_storage(settings.output_dir)
+    url = storage_url(settings)
     with opened_study(settings) as (study, _):
         finished, running = counts(study)
         # No more processes than trials left to run.

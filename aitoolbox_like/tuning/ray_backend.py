@@ -30,8 +30,8 @@ import logging
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from .optuna_backend import (counts, default_storage, load_study, mark_interrupted, objective, opened_study,
-                             records)
+from .optuna_backend import (counts, load_study, mark_interrupted, objective, opened_study, records,
+                             storage_url)
 from .results import TrialRecord
 from .trial import MonitorNotRecorded, StudySettings, TrialFailed
 
@@ -97,7 +97,7 @@ def _connect(settings: StudySettings) -> bool:
     if settings.address and settings.storage is None:
         logger.warning('--address %s with the default storage (%s): every machine of the cluster must see that '
                        'file (a shared file system); otherwise give --storage a database URL', settings.address,
-                       default_storage(settings.output_dir))
+                       storage_url(settings))
     ray.init(address=settings.address, include_dashboard=False, logging_level=logging.WARNING,
              log_to_driver=True)
     return True
@@ -132,7 +132,7 @@ def run_study(settings: StudySettings) -> Tuple[List[TrialRecord], str]:
     """Run the search with Ray Tune (see the module's documentation); returns every trial of the study and the
     storage URL."""
     import_ray_tune()
-    url = settings.storage or default_storage(settings.output_dir)
+    url = storage_url(settings)
     started = False
     try:
         with opened_study(settings) as (study, alone):
