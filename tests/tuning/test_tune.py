@@ -191,3 +191,38 @@ def test_concurrent_trials_run_in_as_many_processes(tmp_path, digits_recipe, dig
     study = optuna.load_study(study_name='digits', storage=f'sqlite:///{out}/study.db')
     workers = {trial.user_attrs['worker'] for trial in study.trials}
     assert len(workers) == 2 and f':{os.getpid()}' in ' '.join(workers)
+
+
+_CLAIM_TRIALS = '''
+import os, sys, time
+import optuna
+from aitoolbox_like.tuning.optuna_backend import load_study
+from aitoolbox_like.tuning.trial import StudySettings
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+settings = StudySettings(recipe='', overrides=[], params=[], monitor='v', mode='min', trials=20,
+                         output_dir=sys.argv[1], study_name='claims')
+study = load_study(settings)
+while not os.path.exists(sys.argv[2]):      # both processes start claiming at the same moment
+    time.sleep(0.01)
+study.optimize(lambda trial: print(trial.number, flush=True) or 0.0, n_trials=20)
+'''
+
+
+def test_two_processes_sharing_the_sqlite_study_never_run_the_same_enqueued_trial(tmp_path):
+    # Optuna claims an enqueued (WAITING) trial with SELECT ... FOR UPDATE, which SQLite ignores: without the
+    # search's claim lock, two processes took the same trial (2 to 6 of these 40 each time) and trained it twice.
+    from aitoolbox_like.tuning.optuna_backend import open_study
+    from aitoolbox_like.tuning.trial import StudySettings
+    settings = StudySettings(recipe='', overrides=[], params=[], monitor='v', mode='min', trials=20,
+                             output_dir=str(tmp_path), study_name='claims')
+    study = open_study(settings)
+    for i in range(40):
+        study.enqueue_trial({'x': i})
+    go = tmp_path / 'go'
+    workers = [subprocess.Popen([sys.executable, '-c', _CLAIM_TRIALS, str(tmp_path), str(go)], stdout=subprocess.PIPE,
+                                text=True) for _ in range(2)]
+    time.sleep(3)       # both have loaded the study (no timing is asserted: a slow start only lowers the overlap)
+    go.touch()
+    ran = [int(n) for worker in workers for n in worker.communicate(timeout=120)[0].split()]
+    assert all(worker.returncode == 0 for worker in workers)
+    assert sorted(ran) == list(range(40))
