@@ -27,7 +27,7 @@ typecheck: $(STAMP)
 # The type check runs first: a type error fails `make test` before the (slower) test suite starts.
 test: $(STAMP)
 	$(PY) -m mypy aitoolbox_like
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 # AIToolbox 1.8.0's own test suite against this checkout (../shared/aitoolbox-suite, see its README): it builds its
 # own venv from the package registry and prints "N passed, M failed" last. Fails when fewer than COMPAT_MIN pass:
