@@ -33,7 +33,6 @@ resumes on M processes, in a single process without a process group included (th
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -48,7 +47,7 @@ import torch.distributed as dist
 from . import distributed
 from .checkpoint import CheckpointError, atomic_torch_save, fsync_directory, load_checkpoint
 from .storage.base import Storage, join_key, validate_key
-from .storage.local import mark_temp_live, remove_folder, temp_name_for
+from .storage.local import exclusive_lock, mark_temp_live, remove_folder, temp_name_for
 
 if TYPE_CHECKING:
     from .train_loop import TrainLoop
@@ -595,7 +594,7 @@ def download(storage: Storage, folder_key: str, local_folder: str) -> str:
     local_folder = os.path.abspath(local_folder)
     parent = os.path.dirname(local_folder)
     os.makedirs(parent, exist_ok=True)
-    with _folder_lock(parent):
+    with exclusive_lock(parent):
         if is_sharded_checkpoint(local_folder):
             logger.info('%s is already here (%s); not downloaded again', storage.uri(folder_key), local_folder)
             return local_folder
@@ -624,22 +623,6 @@ def download(storage: Storage, folder_key: str, local_folder: str) -> str:
             mark_temp_live(tmp, False)
     logger.info('Downloaded %s (%d files) into %s', storage.uri(folder_key), len(names), local_folder)
     return local_folder
-
-
-@contextlib.contextmanager
-def _folder_lock(folder: str) -> Iterator[None]:
-    """An exclusive lock on ``folder`` between processes (flock; none where fcntl does not exist)."""
-    try:
-        import fcntl
-    except ImportError:     # pragma: no cover - Windows
-        yield
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)        # releases the lock
 
 
 def load_train_state(path: str | os.PathLike[str], map_location: Any = 'cpu') -> dict[str, Any]:

@@ -19,18 +19,12 @@ import json
 import logging
 import os
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from .._typing import StrPath
 from .base import Storage
-from .local import LocalStorage, remove_folder, write_text_atomically
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: the in-process lock only
-    fcntl = None  # type: ignore[assignment]
+from .local import LocalStorage, exclusive_lock, remove_folder, write_text_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -114,18 +108,6 @@ class UploadJournal:
 
     # -- file -------------------------------------------------------------------------------------------------
 
-    @contextmanager
-    def _file_lock(self) -> Iterator[None]:
-        if fcntl is None or not os.path.isdir(self.journal_dir):
-            yield
-            return
-        fd = os.open(self.journal_dir, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)        # releases the lock
-
     def _read(self) -> list[dict[str, Any]]:
         try:
             with open(self.path, encoding='utf-8') as f:
@@ -145,7 +127,7 @@ class UploadJournal:
                 if not create:
                     return
                 os.makedirs(self.journal_dir, exist_ok=True)
-            with self._file_lock():
+            with exclusive_lock(self.journal_dir):
                 entries = self._read()
                 before = json.dumps(entries, sort_keys=True)
                 change(entries)

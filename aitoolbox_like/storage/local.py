@@ -7,8 +7,9 @@ import re
 import secrets
 import shutil
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Callable, Iterator
 
 from .._typing import StrPath
 from .base import Storage, validate_key
@@ -83,6 +84,23 @@ def mark_temp_live(path: StrPath, live: bool = True) -> None:
             _live_temp_files.add(path)
         else:
             _live_temp_files.discard(path)
+
+
+@contextmanager
+def exclusive_lock(path: StrPath) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the existing file or folder ``path`` between processes (and threads: each
+    holder opens it itself); no lock where fcntl does not exist (Windows)."""
+    try:
+        import fcntl
+    except ImportError:     # pragma: no cover - Windows
+        yield
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)        # releases the lock
 
 
 def remove_folder(path: StrPath) -> None:

@@ -26,6 +26,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..integrations.optuna import import_optuna
+from ..storage.local import exclusive_lock
 from .results import TrialRecord
 from .space import Param, TuneInputError
 from .trial import COMPLETE, FAIL, PRUNED, StudySettings, TrialFailed, run_trial
@@ -37,8 +38,6 @@ logger = logging.getLogger(__name__)
 
 STORAGE_FILE = 'study.db'
 LOCK_FILE = '.tune.lock'
-#: Beside a SQLite storage's file: held while a worker claims a waiting trial.
-CLAIM_LOCK_SUFFIX = '.claim.lock'
 #: The study's user attribute that records what it searches (checked when a search continues it).
 SEARCH_ATTRIBUTE = 'aitoolbox_like_search'
 #: Seconds between a running trial's heartbeats, and without one before another worker marks it FAIL.
@@ -71,61 +70,49 @@ def make_pruner(pruner: Any) -> Any:
 
 def _storage(url: str) -> Any:
     optuna = import_optuna()
-    claim_lock = _claim_lock_path(url)
-    storage_class = _sqlite_storage_class() if claim_lock else optuna.storages.RDBStorage
+    claim_lock = _sqlite_folder(url)
+    options = {'heartbeat_interval': HEARTBEAT_INTERVAL_S, 'grace_period': HEARTBEAT_GRACE_S}
     with warnings.catch_warnings():
         # Optuna calls heartbeats experimental; the search relies on them only for workers on other machines.
         warnings.simplefilter('ignore', optuna.exceptions.ExperimentalWarning)
-        storage = storage_class(url, heartbeat_interval=HEARTBEAT_INTERVAL_S, grace_period=HEARTBEAT_GRACE_S)
-    if claim_lock:
-        storage.claim_lock_path = claim_lock
-    return storage
+        if claim_lock is None:
+            return optuna.storages.RDBStorage(url, **options)
+        return _sqlite_storage_class()(url, claim_lock, **options)
 
 
-def _claim_lock_path(url: str) -> Optional[str]:
-    """The lock file beside a SQLite storage's database file (None for another database, or one in memory)."""
+def _sqlite_folder(url: str) -> Optional[str]:
+    """The folder of a SQLite storage's database file (None for another database, or one in memory)."""
     import sqlalchemy.engine
     parsed = sqlalchemy.engine.make_url(url)
-    if not parsed.get_backend_name() == 'sqlite' or parsed.database in (None, '', ':memory:'):
+    if parsed.get_backend_name() != 'sqlite' or parsed.database in (None, '', ':memory:'):
         return None
-    return os.path.abspath(parsed.database) + CLAIM_LOCK_SUFFIX
+    return os.path.dirname(os.path.abspath(parsed.database))
 
 
 @functools.lru_cache(maxsize=None)
 def _sqlite_storage_class() -> Any:
-    """Optuna's RDBStorage, claiming a waiting trial under a file lock.
+    """Optuna's RDBStorage, claiming a waiting trial under an exclusive lock on the database's folder.
 
     Optuna hands an enqueued (WAITING) trial to the first worker that sets it RUNNING: it reads the trial's state
     and writes the new one in one transaction, made exclusive by ``SELECT ... FOR UPDATE``, which SQLite ignores.
     Two processes sharing a SQLite study (``--concurrent``, Ray's trials) then both read WAITING, and both train the
     same trial (measured: 2 to 6 of 40 enqueued trials claimed twice by two processes). The lock makes the
-    read-and-write one step across processes; the other storages lock the row themselves."""
+    read-and-write one step across processes; the other storages lock the row themselves. The folder is locked,
+    not the database file, whose own locks are SQLite's."""
     optuna = import_optuna()
 
     class SQLiteStorage(optuna.storages.RDBStorage):  # type: ignore[name-defined]
-        claim_lock_path: Optional[str] = None
+        def __init__(self, url: str, claim_lock: str, **options: Any) -> None:
+            super().__init__(url, **options)
+            self.claim_lock = claim_lock
 
         def set_trial_state_values(self, trial_id: int, state: Any, values: Any = None) -> bool:
-            if state != optuna.trial.TrialState.RUNNING or not self.claim_lock_path:
+            if state != optuna.trial.TrialState.RUNNING:
                 return bool(super().set_trial_state_values(trial_id, state, values))
-            with _file_lock(self.claim_lock_path):
+            with exclusive_lock(self.claim_lock):
                 return bool(super().set_trial_state_values(trial_id, state, values))
 
     return SQLiteStorage
-
-
-@contextlib.contextmanager
-def _file_lock(path: str) -> Iterator[None]:
-    """An exclusive lock on ``path`` between processes (and threads: each holder opens the file itself); without
-    flock (Windows) no lock."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(path, 'a') as file:
-        fcntl.flock(file, fcntl.LOCK_EX)    # released when the file closes
-        yield
 
 
 def _search_record(settings: StudySettings) -> Dict[str, Any]:
