@@ -36,7 +36,7 @@ _RESULT_FILE = 'ddp_result.pt'
 _FAILURE_FILE = 'failure_rank{}.txt'
 # experiment_timestamp: a resumed run moves into its checkpoint's experiment folder inside the processes.
 _LOOP_STATE_ATTRS = ('epoch', 'iteration', 'total_iteration_idx', 'num_epochs', 'num_iterations', 'grad_accumulation',
-                     'early_stop', 'epochs_completed', 'experiment_timestamp')
+                     'early_stop', 'epochs_completed', 'experiment_timestamp', 'interrupted')
 
 
 #: The default FSDP policy shards every child module holding at least this many parameters, then the root.

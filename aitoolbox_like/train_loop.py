@@ -41,7 +41,7 @@ from torch.utils.data import IterableDataset
 from . import distributed, loop_state
 from .amp import AmpPolicy
 from .console import default_console_output
-from .callbacks.abstract import AbstractCallback, AbstractScheduler, StopTraining
+from .callbacks.abstract import AbstractCallback, AbstractScheduler, StopTraining, TrainingInterrupted
 from .callbacks.defaults import add_default_callbacks       # the one place default callbacks come from
 from .callbacks.handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError
 from .history import TrainingHistory
@@ -144,7 +144,10 @@ class TrainLoop:
 
         self.device = self._select_device(cuda_device_idx)
         self._amp = AmpPolicy(use_amp, self.device)
-        self.use_amp = self._amp.mode or False
+        # The user's flag, as AIToolbox keeps it (True for True or a dict of GradScaler arguments), also where it
+        # cannot be honoured (use_amp=True without CUDA trains in full precision): ``precision`` says what is used.
+        self.use_amp: Union[bool, str] = True if isinstance(use_amp, dict) else (use_amp or False)
+        self.amp_scaler_init: Dict[str, Any] = dict(use_amp) if isinstance(use_amp, dict) else {}
         self.amp_scaler = self._amp.scaler
 
         # ---- run state: everything a fit carries is declared here and documented in docs/loop-state.md.
@@ -167,6 +170,10 @@ class TrainLoop:
         self.update_applied: List[bool] = []    # per optimizer: did the last update step change its weights
         self.loss_batch_accum: List[Any] = []
         self.early_stop = False
+        # Why the latest fit stopped before its end, leaving a checkpoint to continue from (e.g. 'received SIGINT'),
+        # or None when it trained to its end (early stopping included). Code after fit reads it before treating the
+        # model as trained; `aitoolbox-like train` exits with status 130 then.
+        self.interrupted: Optional[str] = None
         self.grad_cb_used = False       # AIToolbox callbacks set it; dispatch does not need it
         # distributed run
         self.ddp_training_mode = False
@@ -234,7 +241,7 @@ class TrainLoop:
         choice is kept; the GradScaler is rebuilt when the device type changes."""
         device = torch.device(device)
         if device.type != self.device.type:
-            self._amp = AmpPolicy(self.use_amp or False, device)
+            self._amp = AmpPolicy(self.amp_scaler_init or self.use_amp, device)
             self.amp_scaler = self._amp.scaler
         self.device = device
 
@@ -275,6 +282,13 @@ class TrainLoop:
         return self._epochs_running
 
     @property
+    def precision(self) -> str:
+        """The precision the forward passes actually run in: ``'fp16'`` (float16 autocast with the GradScaler),
+        ``'bf16'`` (bfloat16 autocast) or ``'fp32'`` (full precision: no ``use_amp``, or ``use_amp=True`` on a device
+        without float16 AMP). ``use_amp`` keeps what was asked for."""
+        return self._amp.mode or 'fp32'
+
+    @property
     def num_optimizers(self) -> int:
         """How many optimizers the loop steps (AIToolbox's attribute)."""
         return len(self.optimizers)
@@ -313,6 +327,12 @@ class TrainLoop:
                 checkpoint when there is one (local, else its S3 copy, or a callback's such as Ray Train's), else
                 start from scratch, for scripts that a launcher restarts (docs/distributed.md). 'auto' needs a
                 callback that writes checkpoints.
+
+        Returns:
+            The model. When training stopped before its end with a checkpoint to continue from (Ctrl-C, a
+            scheduler's SIGTERM, a time budget: see PreemptionCheckpoint), fit returns too, and ``loop.interrupted``
+            says why (None after a run that trained to its end, early stopping included): read it before treating
+            the model as trained.
         """
         self._check_fit_keywords(kwargs)
         for name, value in (('num_epochs', num_epochs), ('num_iterations', num_iterations),
@@ -422,6 +442,7 @@ class TrainLoop:
         self.grad_accumulation = grad_accumulation
         self.num_epochs = num_epochs or self._epochs_for_iterations(num_iterations)
         self.early_stop = False
+        self.interrupted = None
         self._eval_cache.clear()
 
         self.register_fit_callbacks(callbacks)
@@ -446,11 +467,15 @@ class TrainLoop:
                 self._check_fit_inputs(final=True, need_train_loader=True)
                 self._train_epochs()
             except StopTraining as stop:
-                logger.info('Training stopped by a callback: %s', stop or 'StopTraining')
+                if isinstance(stop, TrainingInterrupted):
+                    self.interrupted = stop.reason
+                else:
+                    logger.info('Training stopped by a callback: %s', stop or 'StopTraining')
                 for fn in self.callbacks_handler.hook_lists['on_train_stopped']:
                     fn(stop)
             try:
-                self.auto_execute_end_of_training()
+                if self.interrupted is None:    # the end-of-training evaluation belongs to the run's real end
+                    self.auto_execute_end_of_training()
                 self.callbacks_handler.execute_train_end()
             except StopTraining:
                 pass

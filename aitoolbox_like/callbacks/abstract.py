@@ -16,6 +16,23 @@ class StopTraining(Exception):
     """Raise from any hook to end training cleanly: on_train_end still runs and fit returns."""
 
 
+class TrainingInterrupted(StopTraining):
+    """Training stopped before its end with a checkpoint to continue from (a signal such as Ctrl-C or a scheduler's
+    SIGTERM, a time budget): what :class:`~aitoolbox_like.callbacks.preemption.PreemptionCheckpoint` raises. The
+    loop records the reason in ``loop.interrupted`` and skips the end-of-training evaluation; ``on_train_end`` runs
+    (to close and flush), and callbacks that report the end of training skip their reports, which belong to the
+    run's real end.
+
+    Args:
+        reason (str): why, in a few words (``'received SIGINT'``); it becomes ``loop.interrupted``.
+        message (str or None): the whole message (default: ``reason``).
+    """
+
+    def __init__(self, reason: str, message: Optional[str] = None) -> None:
+        super().__init__(message or reason)
+        self.reason = reason
+
+
 # Every hook the loop calls, in the order of a fit. The handler dispatches a hook only to the callbacks that use
 # it (hooks_in_use), so adding hooks here costs nothing per step.
 HOOK_NAMES = (
