@@ -730,6 +730,11 @@ class TrainLoop:
                 if isinstance(loss, torch.Tensor) and loss.dim() > 0 and loss.numel() != 1:
                     raise ValueError(f'{self._get_loss_name()} returned a loss of shape {tuple(loss.shape)}; return '
                                      f'a scalar (e.g. criterion with reduction=\'mean\', or loss.mean())') from error
+                if isinstance(self.loss, torch.Tensor) and not self.loss.requires_grad and torch.is_grad_enabled():
+                    raise RuntimeError(f'{self._get_loss_name()} returned a loss that is not connected to the '
+                                       f'parameters (it does not require grad), so backward() cannot reach them: '
+                                       f'return the loss tensor itself, not loss.detach() or a tensor built from '
+                                       f'loss.item(), and compute it outside torch.no_grad()') from error
                 raise
         for fn in hooks['on_after_backward']:
             fn()

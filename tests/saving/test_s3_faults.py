@@ -251,7 +251,7 @@ def test_three_runs_started_in_the_same_second_on_different_machines_get_their_o
         assert result['dir'] == str(tmp_path / f'machine{i}' / 'proj' / f'exp_{ts}')
         assert sorted(os.listdir(tmp_path / f'machine{i}' / 'proj')) == [f'exp_{ts}']
         with open(os.path.join(bookkeeping_dir(result['dir']), 'run')) as f:
-            assert f.read() == result['run_id']
+            assert f.readline().strip() == result['run_id']
         assert f'who:\t{tmp_path / f"machine{i}"}\n' in storage.read_text(f'proj/exp_{ts}/hyperparams_list.txt')
         local = tmp_path / f'machine{i}' / 'proj' / f'exp_{ts}' / 'checkpoint_model' / f'model_exp_{ts}_E0.pth'
         remote = storage.load_file(f'proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E0.pth', tmp_path / f'r{i}.pth')
