@@ -3,7 +3,7 @@ StopTraining. The loop, the handler and every callback module build on this modu
 the loop (only the experiment helpers, lazily, for uploads)."""
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from ..message_passing import MessageService
@@ -86,6 +86,12 @@ class AbstractCallback:
 
     # The loop, set at registration; hooks only run on registered callbacks, so they may use it unchecked.
     train_loop_obj: 'TrainLoop'
+
+    #: The names this callback adds to the training history each epoch (fnmatch patterns allowed, e.g.
+    #: ``('val_worst_class', 'grad_norm_*')``); ``()``: none. None (the default): not declared, so a hyper-parameter
+    #: search (``aitoolbox-like tune``) can only check its ``--monitor`` against this callback at the end of the first
+    #: epoch instead of before the first trial.
+    history_names: Optional[Tuple[str, ...]] = None
 
     def __init__(self, callback_name: str, execution_order: float = 0,
                  device_idx_execution: Optional[int] = None) -> None:
