@@ -44,7 +44,7 @@ def test_amp_trains_like_hand_written_autocast_and_grad_scaler(device, use_amp, 
     loop.fit(num_epochs=EPOCHS, callbacks=[recorder], grad_accumulation=grad_accumulation)
 
     assert not [w for w in caught if 'full precision' in str(w.message)]       # on CUDA, AMP as asked
-    assert loop.device.type == device.type and loop.use_amp == mode
+    assert loop.device.type == device.type and loop.precision == mode
     assert loop.amp_scaler.is_enabled() == (mode == 'fp16')
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert not differing(weights(model), weights(ref_model)), differing(weights(model), weights(ref_model))
