@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test typecheck bench docs clean compat-check
+.PHONY: install demo test typecheck bench gpu-check docs clean compat-check
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,13 @@ compat-check:
 
 bench: $(STAMP)
 	$(PY) benchmarks/loop_overhead.py
+
+# The GPU check (docs/gpu-check.md): tests/gpu and the loop-overhead benchmark on a ResNet-18 step, on a CUDA GPU.
+# It needs no install: GPU_PYTHON is the venv's python when there is one, else python3 (a GPU machine's own torch).
+# Exit status 0: passed; 1: a check failed; 3: no CUDA device, nothing checked.
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	PYTHONUNBUFFERED=1 $(GPU_PYTHON) benchmarks/gpu_check.py
 
 # The documentation site (mkdocs.yml) into build/site; --strict: a broken link, anchor or API reference fails.
 docs: $(STAMP)

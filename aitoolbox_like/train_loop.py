@@ -822,6 +822,9 @@ class TrainLoop:
                 fn()
             optimizer.zero_grad()
         if uses_scaler:
+            if self._last_amp_scale is None and _any_fused(all_optimizers):
+                # The first update has no earlier scale to compare with: read it before update() (one sync, once).
+                self._last_amp_scale = self.amp_scaler.get_scale()
             self.amp_scaler.update()
             self._mark_fused_skips(all_optimizers, applied)
         self.optimizer_idx = 0
@@ -845,7 +848,7 @@ class TrainLoop:
     def _mark_fused_skips(self, optimizers, applied):
         # A fused optimizer gets the inf flag inside step(), which GradScaler then always calls; a skipped update
         # shows as a lower loss scale after update(). One host sync per update, only for fused optimizers.
-        if not any(getattr(o, 'defaults', {}).get('fused') for o in optimizers):
+        if not _any_fused(optimizers):
             return
         scale = self.amp_scaler.get_scale()
         skipped = self._last_amp_scale is not None and scale < self._last_amp_scale
@@ -1209,6 +1212,10 @@ def launcher_parameters(launcher: Callable[..., Any]) -> List[str]:
     """The keyword arguments a distributed launcher (ddp_launch.fit_ddp / fit_fsdp) takes besides fit's own."""
     skip = {'train_loop_obj', 'num_epochs', 'num_iterations', 'callbacks', 'grad_accumulation'}
     return [name for name in inspect.signature(launcher).parameters if name not in skip and not name.startswith('_')]
+
+
+def _any_fused(optimizers):
+    return any(getattr(o, 'defaults', {}).get('fused') for o in optimizers)
 
 
 def _loss_value(loss):
