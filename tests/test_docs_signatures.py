@@ -1,25 +1,31 @@
 """Documented signatures agree with the code.
 
-README.md, docs/**/*.md and examples/**/*.md show signatures and calls of the public API as inline code, e.g.
-```fit(num_epochs=0, num_iterations=0, callbacks=None, ...)``` or ```TrainLoop(..., compile=True)```. Each such
-span naming something of aitoolbox_like (a public class or function of tests/public_surface.txt, one of their
-methods, ``loop.x`` for a TrainLoop method, a dotted ``aitoolbox_like.x.y`` path) is checked against
-``inspect.signature`` of the real object:
+README.md, docs/**/*.md and examples/**/*.md show signatures and calls of the public API as inline code and in
+headings, e.g. ``fit(num_epochs=0, num_iterations=0, callbacks=None, ...)``, ``TrainLoop(..., compile=True)`` or
+``## EarlyStopping(monitor='val_loss', ...)``. Each one naming something of aitoolbox_like (a public class or
+function: tests/public_surface.txt's names and the public names of its modules; one of their methods; ``loop.x``
+for a TrainLoop method; a dotted ``aitoolbox_like.x.y`` path) is checked against ``inspect.signature`` of the real
+object. A call (``fit(num_epochs=3)``, ``TrainLoop(..., compile=True)``, ``ModelCheckpoint(..., monitor='val_acc')``):
+every keyword it names exists (a ``**kwargs`` of the real signature takes any; ``fit``'s takes what the gpu_mode
+launchers take). A signature, i.e. two or more items all written as parameters (``name``, ``name=default``,
+``*args``, ``**kwargs``, and ``...`` for the ones left out):
 
-* every parameter the span names exists (``**kwargs`` of the real signature accepts any keyword; ``fit``'s
-  accepts what the gpu_mode launchers take), and the names come in the real order;
-* a listed ``name=value`` whose value is a literal or a plain name is the documented default and must be the real
-  one, wherever the span lists two or more parameters (a one-argument span may be a call: ``fit(num_epochs=3)``);
-* a span that lists two or more parameters and no ``...`` claims to be the whole signature: every real parameter
-  must be in it (``*args`` / ``**kwargs`` too). Write ``...`` where a span shows only some of them.
+* every parameter it names exists, in the real order;
+* each ``name=default`` is the real default;
+* without ``...`` it claims to be the whole signature: every real parameter must be in it (``*args`` /
+  ``**kwargs`` too).
+
+A call written with two or more default-looking keywords reads as a signature: write ``...`` in it. A line holding
+``<!-- docs-test: no-signature-check -->`` is left out (a mistake shown on purpose, a method of another class).
 
 Python blocks also override hooks of public classes (``class Net(TTModel): def get_loss(self, batch_data, ...)``):
-an override's parameters must be the base method's, or the loop would call it with other arguments. (The
-blocks themselves run in tests/test_docs.py.) A span whose name is not ours (``torch.load(...)``, ``wandb.init(...)``,
-``fn(loop)``) is not checked.
+an override's parameters must be the base method's, or the loop would call it with other arguments. (The blocks
+themselves run in tests/test_docs.py.) Names that are not ours (``torch.load(...)``, ``wandb.init(...)``,
+``fn(loop)``) are not collected.
 """
 import ast
 import difflib
+import functools
 import importlib
 import inspect
 import re
@@ -345,39 +351,48 @@ def disagreements(obj, items):
     return problems
 
 
-@pytest.fixture(scope='module')
+@functools.lru_cache(maxsize=None)
 def resolver():
     return Resolver()
 
 
 def _documented_calls():
+    """The documented calls and signatures of aitoolbox_like's objects (``torch.load(...)``, ``fn(loop)``,
+    ``type(optimizer)(...)`` are not collected)."""
     calls = []
     for path in doc_files():
         for line, name, arguments in inline_calls(path):
-            calls.append(pytest.param(name, arguments, id=f'{path.relative_to(ROOT).as_posix()}:{line}:{name}'))
+            if resolver().resolve(name) and split_arguments(arguments) is not None:
+                calls.append(pytest.param(name, arguments, id=f'{path.relative_to(ROOT).as_posix()}:{line}:{name}'))
     return calls
 
 
 def test_the_docs_show_signatures():
     names = {param.values[0] for param in _documented_calls()}
-    assert {'TrainLoop', 'fit'} <= names
+    assert {'TrainLoop', 'fit', 'EarlyStopping', 'ModelCheckpoint'} <= names
 
 
 @pytest.mark.parametrize('name, arguments', _documented_calls())
-def test_documented_call_matches_the_code(name, arguments, resolver):
-    candidates = resolver.resolve(name)
-    if not candidates:
-        return                    # not ours (torch.load, wandb.init, fn(loop)): nothing to compare with
-    texts = split_arguments(arguments)
-    if texts is None:
-        return                    # not a single call
-    items = [Item(text) for text in texts]
+def test_documented_call_matches_the_code(name, arguments):
+    candidates = resolver().resolve(name)
+    items = [Item(text) for text in split_arguments(arguments)]
     problems = [disagreements(obj, items) for obj in candidates]
     # A bare method name may mean several classes' methods: documented right when it matches one of them.
     if all(problems):
         where = [f'{getattr(obj, "__module__", "?")}.{getattr(obj, "__qualname__", obj)}' for obj in candidates]
         details = '\n'.join(f'  {w}: ' + '; '.join(p) for w, p in zip(where, problems))
         pytest.fail(f'`{name}({arguments})` disagrees with the code:\n{details}')
+
+
+def _overridden(bases, method):
+    """The public base class method that ``method`` of a class deriving from ``bases`` overrides, or None."""
+    for base in bases:
+        cls = resolver().classes.get(base)
+        if cls is not None and inspect.isfunction(getattr(cls, method, None)):
+            real = real_parameters(getattr(cls, method))
+            if real is not None and not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in real):
+                return cls.__name__, getattr(cls, method)         # not nn.Module.forward(*input): anything goes
+    return None
 
 
 def _overrides():
@@ -392,7 +407,8 @@ def _overrides():
                 if isinstance(node, ast.ClassDef):
                     bases = [ast.unparse(base).rsplit('.', 1)[-1] for base in node.bases]
                     for method in node.body:
-                        if isinstance(method, ast.FunctionDef) and method.name != '__init__':
+                        if isinstance(method, ast.FunctionDef) and method.name != '__init__' and \
+                                _overridden(bases, method.name):
                             line = first_line + method.lineno - 1
                             found.append(pytest.param(bases, method.name, [a.arg for a in method.args.args[1:]],
                                                       id=f'{path.relative_to(ROOT).as_posix()}:{line}:'
@@ -400,15 +416,13 @@ def _overrides():
     return found
 
 
+def test_the_docs_override_hooks():
+    assert {param.values[1] for param in _overrides()} >= {'get_loss', 'get_predictions', 'on_epoch_end'}
+
+
 @pytest.mark.parametrize('bases, method, parameters', _overrides())
-def test_documented_override_has_the_base_methods_parameters(bases, method, parameters, resolver):
-    for base in bases:
-        cls = resolver.classes.get(base)
-        if cls is None or not inspect.isfunction(getattr(cls, method, None)):
-            continue
-        real = real_parameters(getattr(cls, method))
-        if real is None or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in real):
-            continue              # nn.Module.forward(*input): anything goes
-        assert parameters == [p.name for p in real], \
-            f'{base}.{method} takes ({", ".join(p.name for p in real)}), the documentation overrides it with ' \
-            f'({", ".join(parameters)})'
+def test_documented_override_has_the_base_methods_parameters(bases, method, parameters):
+    base, overridden = _overridden(bases, method)
+    real = [p.name for p in real_parameters(overridden)]
+    assert parameters == real, \
+        f'{base}.{method} takes ({", ".join(real)}), the documentation overrides it with ({", ".join(parameters)})'
