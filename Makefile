@@ -58,9 +58,9 @@ bench: $(DEV_STAMP)
 	$(PY) benchmarks/loop_overhead.py
 
 # The GPU check (docs/gpu-check.md): tests/gpu and the loop-overhead benchmark on a ResNet-18 step, on a CUDA GPU.
-# It needs no install: GPU_PYTHON is the venv's python when there is one, else python3 (a GPU machine's own torch).
+# It needs no install: GPU_PYTHON is the venv's python when `make test` has installed it (pytest included), else python3.
 # Exit status 0: passed; 1: a check failed; 3: no CUDA device, nothing checked.
-GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_PYTHON ?= $(if $(wildcard $(DEV_STAMP)),$(PY),python3)
 gpu-check:
 	PYTHONUNBUFFERED=1 $(GPU_PYTHON) benchmarks/gpu_check.py
 
