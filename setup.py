@@ -38,6 +38,7 @@ setup(
         'mlflow': ['mlflow>=3'],
         'ray': ['ray[train]>=2.40'],
         'tune': ['optuna>=4'],
+        'notebook': ['ipywidgets>=8'],     # tqdm's notebook progress bar in Jupyter
         'demo': DEMO,
         # everything the tests use (the demo's packages too: tests/test_examples.py runs it)
         'dev': DEMO + [
@@ -55,6 +56,10 @@ setup(
             'mkdocs>=1.6',
             'mkdocs-material>=9.5',
             'mkdocstrings[python]>=0.27',
+            'ipywidgets>=8',
+            'nbclient>=0.10',       # the notebook tests run a notebook in a real Jupyter kernel
+            'nbformat>=5.9',
+            'ipykernel>=6.29',
         ],
     },
 )

@@ -33,6 +33,14 @@ class DefaultConsoleHandler(logging.StreamHandler):
         super().emit(record)
 
 
+def in_notebook() -> bool:
+    """True when this process is a Jupyter kernel (Jupyter, JupyterLab, VS Code's notebooks, Colab): an IPython shell
+    with a kernel, which shows a notebook progress bar."""
+    ipython = sys.modules.get('IPython')
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, 'get_ipython') else None
+    return shell is not None and getattr(shell, 'kernel', None) is not None
+
+
 def logging_configured() -> bool:
     """True when the program has configured logging that would decide about the library's records."""
     package = logging.getLogger(PACKAGE_LOGGER)

@@ -176,6 +176,7 @@ def _fit_spawned(loop, num_nodes, node_rank, num_gpus, backend, init_method, set
         raise ValueError('training on several machines needs MASTER_ADDR and MASTER_PORT set to the address and a free '
                          'port of the node_rank=0 machine, the same on every machine (or start each machine with '
                          'torchrun, see docs/distributed.md)')
+    start_method = start_method_for(sys.modules.get('__main__'))
     rendezvous = dict(backend=backend, init_method=init_method, master_addr=master_addr or '127.0.0.1',
                       master_port=master_port or str(distributed.find_free_port()), node_rank=node_rank,
                       num_gpus=num_gpus, world_size=num_nodes * num_gpus,
@@ -194,7 +195,8 @@ def _fit_spawned(loop, num_nodes, node_rank, num_gpus, backend, init_method, set
     result_dir = tempfile.mkdtemp(prefix='aitoolbox_like_ddp_')
     try:
         try:
-            mp.spawn(_spawn_entry, args=(payload, rendezvous, result_dir), nprocs=num_gpus, join=True)
+            mp.start_processes(_spawn_entry, args=(payload, rendezvous, result_dir), nprocs=num_gpus, join=True,
+                               start_method=start_method)
         except Exception as exc:
             first = _first_failure(result_dir)
             if first is None:
@@ -206,6 +208,29 @@ def _fit_spawned(loop, num_nodes, node_rank, num_gpus, backend, init_method, set
     finally:
         shutil.rmtree(result_dir, ignore_errors=True)
     return loop.model
+
+
+def start_method_for(main_module) -> str:
+    """How the processes of a fit started as a plain program are started: ``'spawn'`` (fresh interpreters that
+    import the program's ``__main__`` file, safe with CUDA), or ``'fork'`` when ``__main__`` is not a file (a Jupyter
+    notebook, the IPython prompt, ``python -c``), whose classes and functions a spawned process could not import:
+    forked processes have them already. Fork needs CUDA untouched in this process; otherwise, and where there is no
+    fork (Windows), a RuntimeError says why and what to do."""
+    if hasattr(main_module, '__file__'):
+        return 'spawn'
+    where = 'a notebook (or another program whose __main__ is not a file)'
+    if 'fork' not in mp.get_all_start_methods():
+        raise RuntimeError(f"a gpu_mode='ddp'/'fsdp' fit started from {where} needs processes that have the "
+                           f"notebook's classes and functions, which this platform cannot fork: put the model, data "
+                           f"and fit code in a .py file and run it (python train.py, or torchrun)")
+    if torch.cuda.is_initialized():
+        raise RuntimeError(f"a gpu_mode='ddp'/'fsdp' fit started from {where} forks its processes (so that they have "
+                           f"the notebook's classes and functions), and CUDA does not survive a fork once it is "
+                           f"initialised in this process, which it is: something ran on the GPU already (a .cuda() or "
+                           f".to('cuda'), a tensor created on the GPU, a torch.cuda call). Restart the kernel and run "
+                           f"the fit before anything touches the GPU (keep the model on the CPU: each process moves "
+                           f"it to its own GPU), or put the code in a .py file and run it with torchrun")
+    return 'fork'
 
 
 def _first_failure(result_dir):

@@ -40,7 +40,7 @@ from torch.utils.data import IterableDataset
 
 from . import distributed, loop_state
 from .amp import AmpPolicy
-from .console import default_console_output
+from .console import default_console_output, in_notebook
 from .callbacks.abstract import AbstractCallback, AbstractScheduler, StopTraining, TrainingInterrupted
 from .callbacks.defaults import add_default_callbacks       # the one place default callbacks come from
 from .callbacks.handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError
@@ -87,7 +87,8 @@ class TrainLoop:
         cuda_device_idx (int or None): which GPU in 'single' mode (CPU when CUDA is unavailable).
         use_amp: False, True / 'fp16' (CUDA, with GradScaler), 'bf16' (CPU or CUDA), or a dict of
             GradScaler arguments.
-        progress_bar (bool or None): tqdm progress bar; None shows it only when stderr is a terminal.
+        progress_bar (bool or None): tqdm progress bar; None shows it when stderr is a terminal and in a Jupyter
+            notebook (tqdm's notebook bar, with the ``notebook`` extra's ipywidgets), not when output goes to a file.
         compile (bool or dict): ``torch.compile`` the model (True, or a dict of ``torch.compile`` arguments such
             as ``{'mode': 'max-autotune'}``). A model passed already compiled (``torch.compile(model)``) is used
             as it is. Either way ``model`` is the plain module (checkpoints have no ``_orig_mod.`` prefix) and
@@ -140,7 +141,7 @@ class TrainLoop:
         self.print_callbacks = print_callbacks
         self.gpu_mode = gpu_mode
         self.cuda_device_idx = cuda_device_idx
-        self.progress_bar = sys.stderr.isatty() if progress_bar is None else bool(progress_bar)
+        self.progress_bar = (sys.stderr.isatty() or in_notebook()) if progress_bar is None else bool(progress_bar)
 
         self.device = self._select_device(cuda_device_idx)
         self._amp = AmpPolicy(use_amp, self.device)
