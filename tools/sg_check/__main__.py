@@ -73,6 +73,8 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(name)s: %(message)s')
     started = time.monotonic()
+    import torch
+    torch.set_num_threads(1)    # tiny tensors: more threads only add overhead (and the cores may be shared)
 
     wheel = wheel_files.fetch_wheel(args.cache)
     sources = wheel_files.read_sources(wheel)
@@ -113,12 +115,14 @@ def report(classes: List, tally: Tally, import_errors: Dict[str, str], args: arg
     for module, name in classes:
         if name in tally.ran:
             state = 'runs'
+        elif name in NOT_RUN:
+            state = f'not run: {NOT_RUN[name]}'
+            if module.stem in import_errors:
+                state += f' ({import_errors[module.stem]})'
         elif module.stem in import_errors:
             state = f'does not run: {import_errors[module.stem]}'
         elif name in tally.errors:
             state = f'does not run: {tally.errors[name]}'
-        elif name in NOT_RUN:
-            state = f'not run: {NOT_RUN[name]}'
         else:
             state = 'not run: no scenario for it in tools/sg_check/scenarios.py'
         print(f'  {module.stem}.{name}: {state}')
