@@ -48,14 +48,15 @@ class Rewriter:
         copies: dotted SG module -> the dotted name of its copy here (the callback modules and SG's data modules).
         classes_of: class name -> the dotted name of the rewritten callback module defining it.
         can_import: whether a third-party module imports here.
+        numpy_2: whether NumPy here is 2.x (None: the installed one's).
     """
 
     def __init__(self, copies: Dict[str, str], classes_of: Dict[str, str],
-                 can_import: Callable[[str], bool] = importable) -> None:
+                 can_import: Callable[[str], bool] = importable, numpy_2: Optional[bool] = None) -> None:
         self.copies = copies
         self.classes_of = classes_of
         self.can_import = can_import
-        self.numpy_2 = numpy_is_2()
+        self.numpy_2 = numpy_is_2() if numpy_2 is None else numpy_2
 
     def _target_of(self, module: str, name: str) -> str:
         if name in ADAPTER_NAMES and module.startswith(ADAPTER_SOURCES):
