@@ -225,7 +225,8 @@ class Watch:
 # ---- the scenarios -----------------------------------------------------------------------------------------------
 
 class Scenarios:
-    """Each ``scenario_*`` method trains with SG's callbacks and returns the expectations it measured."""
+    """Each ``scenario_*`` method trains with SG's callbacks through ``attempt``, which records the classes that ran
+    and the expectations measured."""
 
     SGD = {'weight_decay': 1e-4, 'momentum': 0.9}
 
@@ -347,9 +348,11 @@ class Scenarios:
     def exponential_warmup_class(self) -> type:
         """A user's warm-up on SG's LRCallbackBase, as the test's: from warmup_initial_lr at epoch 0 to initial_lr
         at epoch lr_warmup_epochs, along exp(epoch)."""
+        phase = self.adapter.Phase.TRAIN_EPOCH_START
+
         class ExponentialWarmup(self.cb.LRCallbackBase):
             def __init__(self, **kwargs: Any) -> None:
-                super().__init__(self_phase(), **kwargs)
+                super().__init__(phase, **kwargs)
                 start = self.training_params.warmup_initial_lr
                 self.start = start if isinstance(start, dict) else {group: start for group in self.lr}
                 self.epochs = self.training_params.lr_warmup_epochs
@@ -362,11 +365,6 @@ class Scenarios:
                 for group in self.lr:
                     self.lr[group] = self.start[group] + (self.initial_lr[group] - self.start[group]) * progress
                 self.update_lr(context.optimizer, context.epoch, None)
-
-        adapter = self.adapter
-
-        def self_phase() -> Any:
-            return adapter.Phase.TRAIN_EPOCH_START
         return ExponentialWarmup
 
     def scenario_custom_lr_warmup(self) -> None:
@@ -426,8 +424,9 @@ class Scenarios:
             def body(watch: Watch, scheduler: str = scheduler, params: Dict[str, Any] = params,
                      epochs: int = epochs, resume: bool = resume, expectation: Expectation = expectation) -> None:
                 dummy = named(ConstantMetric, 'DummyMetric')
+                lr_mode = {scheduler: {**params, 'phase': self.adapter.Phase.TRAIN_EPOCH_END}}
                 run = self.train(watch, {
-                    'max_epochs': epochs, 'lr_mode': {scheduler: {**params, 'phase': self.adapter.Phase.TRAIN_EPOCH_END}},
+                    'max_epochs': epochs, 'lr_mode': lr_mode,
                     'lr_warmup_epochs': 0, 'initial_lr': 0.1, 'optimizer_params': self.SGD,
                     'train_metrics_list': [dummy([1])], 'valid_metrics_list': [dummy([1])],
                     'metric_to_watch': 'DummyMetric', 'greater_metric_to_watch_is_better': True},
