@@ -191,9 +191,9 @@ class PhaseContext:
         self.ema_model: Any = None
         # the adapter's bookkeeping: the training epoch and evaluation pass entered last (SG's trainer sets the
         # meter and the metrics at their start), the latest of them, the built params, collections, results
-        self.state: Dict[str, Any] = {'epoch': None, 'pass': None, 'pass_split': None, 'pass_key': (None, 0),
-                                      'last': None, 'built_params': None, 'collections': {}, 'computed': {},
-                                      'sg': None}
+        self.state: Dict[str, Any] = {'epoch': None, 'train_meter': None, 'pass': None, 'pass_split': None,
+                                      'pass_key': (None, 0), 'pass_meter': None, 'last': None, 'built_params': None,
+                                      'collections': {}, 'computed': {}, 'sg': None}
 
     @property
     def stop_training(self) -> bool:
@@ -240,13 +240,18 @@ class PhaseContext:
             self.loss_log_items = loss
 
     def enter_training_epoch(self) -> None:
-        """SG's trainer at each training epoch's start: a new loss meter and the reset training metrics."""
+        """SG's trainer at each training epoch's start: a new loss meter and the reset training metrics (and back to
+        them after an evaluation pass made in the middle of the epoch)."""
         epoch = self.loop.epoch
         if self.state['epoch'] != epoch:
             self.state['epoch'] = epoch
+            self.state['train_meter'] = EpochLossMeter(self.loop)
+            self.state['last'] = None
+            self.reset_collection('train')
+        if self.state['last'] != 'train':
             self.state['last'] = 'train'
-            self.loss_avg_meter = EpochLossMeter(self.loop)
-            self.metrics_compute_fn = self.reset_collection('train')
+            self.loss_avg_meter = self.state['train_meter']
+            self.metrics_compute_fn = self.metric_collection('train')
 
     def enter_pass(self, dataset_info: Dict[str, Any]) -> None:
         """SG's trainer at each evaluation pass's start (``dataset_info`` is the pass's own dict): a new meter and
@@ -255,7 +260,7 @@ class PhaseContext:
             self.state['pass'] = dataset_info
             self.state['last'] = self.state['pass_split'] = dataset_info.get('type') or ''
             self.state['pass_key'] = (self.loop.epoch, self.state['pass_key'][1] + 1)
-            self.loss_avg_meter = AverageMeter()
+            self.loss_avg_meter = self.state['pass_meter'] = AverageMeter()
             self.metrics_compute_fn = self.reset_collection(self.state['pass_split'])
 
     # ---- SG's per-run objects -------------------------------------------------------------------------------
@@ -294,8 +299,8 @@ class PhaseContext:
         key = (self.loop.epoch, 'train') if split == 'train' else self.state['pass_key']
         names = loss_names(self.loop)
         renamed = sg_names(values, prefix, names)
-        meter = self.loss_avg_meter
-        if isinstance(meter, AverageMeter) and meter.count:
+        meter = self.state['train_meter' if split == 'train' else 'pass_meter']
+        if meter is not None and meter.count:
             average = meter.average
             renamed.update(zip(names, average if isinstance(average, tuple) else (average,)))
         renamed.update(self.computed_metrics(split, key))
