@@ -213,6 +213,17 @@ def test_metrics_compute_fn_gives_sg_names_in_metrics_dict():
         assert metrics['CrossEntropyLoss'] == pytest.approx(loss, rel=1e-6)
 
 
+def test_a_metric_nothing_fed_has_no_value():
+    class Params(Callback):
+        def __init__(self, training_params):
+            self.training_params = training_params
+
+    params = TrainingParams(valid_metrics_list=[Accuracy()])       # and no MetricsUpdate: nothing feeds it
+    seen = Seen(Phase.VALIDATION_EPOCH_END, lambda c: sorted(c.metrics_dict))
+    make_loop().fit(num_epochs=1, callbacks=[Params(params), seen])
+    assert seen.seen == [['CrossEntropyLoss', 'val_loss']]
+
+
 def test_a_field_with_no_counterpart_names_itself_to_the_callback_reading_it():
     seen = Seen(Phase.TRAIN_EPOCH_END, lambda c: c.sg_logger.add_scalar('loss', 1.0))
     with pytest.raises(UnavailableFieldError, match=r"PhaseContext.sg_logger is not available.*SuperGradients' "

@@ -325,7 +325,8 @@ class PhaseContext:
         computed = self.state['computed'].get(split)
         if computed is None or computed[0] != key:
             collection = self.metric_collection(split)
-            computed = self.state['computed'][split] = (key, collection.compute() if len(collection) else {})
+            # a metric nothing fed in this epoch or pass has no value (SG's trainer always feeds its metrics)
+            computed = self.state['computed'][split] = (key, collection.compute() if collection.updates else {})
         return computed[1]
 
     def best_epoch_sg_metrics(self, values: Dict[str, Any]) -> Dict[str, Any]:

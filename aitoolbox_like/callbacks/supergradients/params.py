@@ -178,11 +178,13 @@ class SGMetricCollection:
                     raise ValueError(f'two metrics named {name!r} in the metrics list: SG names metrics by class')
                 named[name] = metric
         self.metrics = named
+        self.updates = 0        # update() calls since the last reset()
 
     def update(self, *args: Any, **fields: Any) -> None:
         """Update every metric with the fields its ``update`` accepts."""
         for metric in self.metrics.values():
             metric.update(*args, **_accepted(metric.update, fields))
+        self.updates += 1
 
     def compute(self) -> Dict[str, Any]:
         """``{name: value}`` of every metric (a dict result gives its entries)."""
@@ -198,6 +200,7 @@ class SGMetricCollection:
     def reset(self) -> None:
         for metric in self.metrics.values():
             metric.reset()
+        self.updates = 0
 
     def to(self, device: Any) -> 'SGMetricCollection':
         for metric in self.metrics.values():
