@@ -21,7 +21,8 @@ from typing import Dict, List
 
 from . import wheel as wheel_files
 from .rewrite import Rewriter
-from .scenarios import NOT_RUN, Scenarios, Tally
+from .scenarios import NOT_RUN, Scenarios
+from .tally import Tally
 from .trainer import Trainer, sg_default_training_params
 
 PACKAGE = 'sg_callbacks'

@@ -15,16 +15,15 @@ import math
 import os
 import tempfile
 from collections import namedtuple
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, List, Sequence
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
-from aitoolbox_like import TTModel
-
+from .fixtures import ConstantMetric, EpochLoss, Net, loader, named
+from .tally import Expectation, Tally, Watch
 from .trainer import Run, Trainer
 
 # SG callback classes the check does not run, and why (docs/callbacks/supergradients.md lists them too).
@@ -50,176 +49,6 @@ NOT_RUN = {
     'WandBDetectionValidationPredictionLoggerCallback': "uploads SG detection-model predictions (SG's prediction "
                                                         'classes) to Weights & Biases',
 }
-
-
-# ---- what the scenarios train: SG's test data (zero images, label 0) and a small classifier -----------------------
-
-class Net(TTModel):
-    """A linear classifier over 3x4x4 images (SG's tests use LeNet / ResNet18 on 3x32x32 zeros; the learning
-    rates and the stopping epochs they assert do not depend on the model)."""
-
-    def __init__(self, num_classes: int = 5) -> None:
-        super().__init__()
-        self.fc = nn.Linear(48, num_classes)
-        self.sliding: List[Any] = []
-
-    def forward(self, x: torch.Tensor) -> Any:
-        return self.fc(x.flatten(1))
-
-    def get_loss(self, batch_data: Any, criterion: Any, device: Any) -> torch.Tensor:
-        x, y = batch_data[0], batch_data[1]
-        return criterion(self(x.to(device)), y.to(device))
-
-    def get_predictions(self, batch_data: Any, device: Any) -> Any:
-        x, y = batch_data[0], batch_data[1]
-        return self(x.to(device)), y, None
-
-
-class ZerosDataset(TensorDataset):
-    """SG's classification_test_dataloader's data, with SG's ``transforms`` attributes the stage switches and the
-    sliding-window callback use."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__(torch.zeros(size, 3, 4, 4), torch.zeros(size, dtype=torch.long))
-        self.transforms = Transforms()
-
-
-class Transforms(list):
-    """A list of transforms (YoloX's stage switch closes them), with SG's ``.transforms`` (sliding window)."""
-
-    def __init__(self) -> None:
-        super().__init__([Closable()])
-        self.transforms: List[Any] = ['default']
-
-
-class Closable:
-    def __init__(self) -> None:
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def loader(batch_size: int, dataset_size: Optional[int] = None) -> DataLoader:
-    """SG's classification_test_dataloader(batch_size, dataset_size)."""
-    return DataLoader(ZerosDataset(dataset_size or batch_size), batch_size=batch_size)
-
-
-class ConstantMetric:
-    """A metric whose compute() gives the next value of ``values`` (SG's tests' DummyMetric: always 1; MetricTest:
-    a list). ``computed`` counts the compute() calls."""
-
-    def __init__(self, values: Sequence[Any]) -> None:
-        self.values = list(values)
-        self.computed = 0
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
-
-    def compute(self) -> Any:
-        value = self.values[min(self.computed, len(self.values) - 1)]
-        self.computed += 1
-        return value
-
-
-class EpochLoss(nn.Module):
-    """SG's early-stop tests' LossTest: the loss of every batch of epoch e is ``values[e]`` (kept differentiable)."""
-
-    def __init__(self, values: Sequence[float]) -> None:
-        super().__init__()
-        self.values = torch.tensor(values)
-        self.loop: Any = None
-
-    def bind(self, loop: Any) -> None:
-        self.loop = loop
-
-    def forward(self, pred: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-        return (pred * 0).sum() + self.values[self.loop.epoch]
-
-
-def named(cls: type, name: str) -> type:
-    """``cls`` under SG's name for it (SG names a loss or metric by its class name)."""
-    return type(name, (cls,), {})
-
-
-# ---- bookkeeping -------------------------------------------------------------------------------------------------
-
-@dataclass
-class Expectation:
-    test: str
-    expected: Any
-    actual: Any = None
-    rtol: Optional[float] = None      # None: equal, as SG's assertListEqual / assertEqual
-    atol: float = 0.0
-    error: Optional[str] = None
-
-    @property
-    def holds(self) -> bool:
-        if self.error is not None or self.actual is None:
-            return False
-        if self.rtol is None and not self.atol:
-            return self.actual == self.expected
-        expected, actual = np.asarray(self.expected, dtype=float), np.asarray(self.actual, dtype=float)
-        return expected.shape == actual.shape and bool(np.allclose(actual, expected, rtol=self.rtol or 0.0,
-                                                                  atol=self.atol))
-
-    def describe(self) -> str:
-        if self.error is not None:
-            return f'{self.test}: failed before its value: {self.error}'
-        state = 'holds' if self.holds else 'does NOT hold'
-        return f'{self.test}: {state} (expected {_short(self.expected)}, got {_short(self.actual)})'
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 160 else text[:150] + '...' + text[-10:]
-
-
-@dataclass
-class Tally:
-    """Which SG classes ran, the first error of each that did not, and the expectations."""
-    sg_modules: Set[str]
-    ran: Set[str] = field(default_factory=set)
-    errors: Dict[str, str] = field(default_factory=dict)
-    expectations: List[Expectation] = field(default_factory=list)
-
-    def sg_classes(self, cls: type) -> List[str]:
-        return [k.__name__ for k in cls.__mro__ if k.__module__ in self.sg_modules]
-
-
-class Watch:
-    """Counts the SG method calls the adapter makes on each SG callback of a fit (instance attributes wrapping
-    the methods: the adapter calls them by name)."""
-
-    def __init__(self, tally: Tally, method_names: Sequence[str]) -> None:
-        self.tally = tally
-        self.method_names = method_names
-        self.calls: Dict[int, int] = {}
-        self.callbacks: List[Any] = []
-
-    def __call__(self, callbacks: List[Any]) -> None:
-        for callback in callbacks:
-            if self.tally.sg_classes(type(callback)):
-                self.callbacks.append(callback)
-                for name in self.method_names:
-                    method = getattr(callback, name, None)
-                    if callable(method):
-                        setattr(callback, name, self._counting(callback, method))
-
-    def _counting(self, callback: Any, method: Callable[..., Any]) -> Callable[..., Any]:
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.calls[id(callback)] = self.calls.get(id(callback), 0) + 1
-            return method(*args, **kwargs)
-        return counted
-
-    def credit(self) -> None:
-        """After a completed fit: every SG class (and SG base) of a callback whose methods were called ran."""
-        for callback in self.callbacks:
-            if self.calls.get(id(callback)):
-                self.tally.ran.update(self.tally.sg_classes(type(callback)))
 
 
 # ---- the scenarios -----------------------------------------------------------------------------------------------
