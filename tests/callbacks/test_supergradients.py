@@ -14,7 +14,7 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from aitoolbox_like import MultiLoss, TrainLoop, TTModel
+from aitoolbox_like import MultiLoss, TrainLoop, TTModel, distributed
 from aitoolbox_like.callbacks.abstract import AbstractCallback
 from aitoolbox_like.callbacks import supergradients as sg
 from aitoolbox_like.callbacks.supergradients import (SG_METHOD_HOOKS, Callback, Phase, PhaseCallback, PhaseContext,
@@ -150,9 +150,11 @@ def test_only_the_hooks_behind_the_used_methods_are_called():
 
     assert OnlyEpochEnd().hooks_in_use() == ['on_train_epoch_end']
     assert PhaseCallback(Phase.TRAIN_EPOCH_START).hooks_in_use() == ['on_epoch_begin']
-    # batch_idx of an evaluation batch is counted from the pass's start
+    # batch_idx of an evaluation batch is counted from the pass's start; the model's output of a loss pass is kept
+    # (a forward hook set at the start of fit)
     assert PhaseCallback(Phase.VALIDATION_BATCH_END).hooks_in_use() == [
-        'on_eval_begin', 'on_eval_batch_begin', 'on_eval_batch_end']
+        'on_train_begin', 'on_eval_begin', 'on_eval_batch_begin', 'on_eval_batch_end', 'on_train_end', 'on_exception']
+    assert PhaseCallback(Phase.VALIDATION_EPOCH_END).hooks_in_use() == ['on_eval_end']
     assert PhaseCallback(Phase.POST_TRAINING).hooks_in_use() == ['on_train_end', 'on_exception']
     # a method after the training forward also keeps the model's output (a forward hook set at the start of fit)
     assert PhaseCallback(Phase.TRAIN_BATCH_STEP).hooks_in_use() == [
@@ -189,7 +191,8 @@ def test_phase_callbacks_run_at_their_phases_with_the_real_tensors():
     assert counts == {'PRE_TRAINING': 1, 'TRAIN_EPOCH_START': 2, 'TRAIN_BATCH_END': 6, 'TRAIN_BATCH_STEP': 6,
                       'TRAIN_EPOCH_END': 2, 'VALIDATION_BATCH_END': 4, 'VALIDATION_EPOCH_END': 2,
                       'VALIDATION_END_BEST_EPOCH': counts['VALIDATION_END_BEST_EPOCH'], 'TEST_BATCH_END': 1,
-                      'TEST_END': 1, 'POST_TRAINING': 1}
+                      'TEST_END': 1, 'POST_TRAINING': 1, 'AVERAGE_BEST_MODELS_VALIDATION_START': 0,
+                      'AVERAGE_BEST_MODELS_VALIDATION_END': 0}     # the loop does not average the best models
     assert 1 <= counts['VALIDATION_END_BEST_EPOCH'] <= 2
 
     model, criterion = loop.model, loop.criterion
@@ -201,7 +204,7 @@ def test_phase_callbacks_run_at_their_phases_with_the_real_tensors():
         assert call['loss'] is call['loop_loss'] and call['requires_grad']
         assert call['preds'].shape == (4, 10)
         assert torch.allclose(criterion(call['preds'], y), call['loss'])
-        assert call['loss_logging_items_names'] == ['loss']
+        assert call['loss_logging_items_names'] == ['CrossEntropyLoss']     # SG's name: the criterion's class
         assert torch.equal(call['loss_log_items'], call['loss'].detach().reshape(1))
     # TRAIN_BATCH_STEP: after the update, same batch and loss
     for i, call in enumerate(calls[Phase.TRAIN_BATCH_STEP]):
@@ -210,7 +213,8 @@ def test_phase_callbacks_run_at_their_phases_with_the_real_tensors():
     for i, call in enumerate(calls[Phase.VALIDATION_BATCH_END]):
         x, y = loop.validation_loader[i % 2]
         assert call['batch_idx'] == i % 2 and call['inputs'] is x and call['target'] is y
-        assert call['preds'] is None      # a loss pass gives no model outputs
+        # the model's output in the loss pass (the adapter's forward hook), of which the batch loss is computed
+        assert torch.allclose(criterion(call['preds'], y), call['loss'])
     final = calls[Phase.VALIDATION_BATCH_END][-1]
     x, y = loop.validation_loader[1]
     with torch.no_grad():
@@ -260,19 +264,29 @@ def expected_calls(loop, phase):
         Phase.TRAIN_EPOCH_START: [(e, None, None, None) for e in epochs],
         Phase.TRAIN_BATCH_END: [(e, i, train[i], None) for e in epochs for i in range(TRAIN_BATCHES)],
         Phase.TRAIN_BATCH_STEP: [(e, i, train[i], None) for e in epochs for i in range(TRAIN_BATCHES)],
-        # SG: the train loss items and metrics of the epoch; ours: the mean batch loss, 'accumulated_loss'
-        Phase.TRAIN_EPOCH_END: [(e, None, None, {'accumulated_loss': recorded(loop, 'accumulated_loss', e)})
+        # SG: the train loss items and metrics of the epoch; ours: the mean batch loss, 'accumulated_loss', beside
+        # SG's name for it (the criterion's class name)
+        Phase.TRAIN_EPOCH_END: [(e, None, None, both('accumulated_loss', recorded(loop, 'accumulated_loss', e)))
                                 for e in epochs],
         Phase.VALIDATION_BATCH_END: [(e, i, val[i], None) for e in epochs for i in range(VAL_BATCHES)],
         # SG: the validation metrics of the pass; the loop records them after the pass, the adapter has them already
-        Phase.VALIDATION_EPOCH_END: [(e, None, None, {'val_loss': val_losses[e]}) for e in epochs],
-        Phase.VALIDATION_END_BEST_EPOCH: [(e, None, None, {'val_loss': val_losses[e]}) for e in best_epochs],
+        Phase.VALIDATION_EPOCH_END: [(e, None, None, both('val_loss', val_losses[e])) for e in epochs],
+        Phase.VALIDATION_END_BEST_EPOCH: [(e, None, None, both('val_loss', val_losses[e])) for e in best_epochs],
         Phase.TEST_BATCH_END: [(last, i, test[i], None) for i in range(TEST_BATCHES)],
         # the end-of-training test loss pass: the loop records it as 'train_end_test_loss'
-        Phase.TEST_END: [(last, None, None, {'test_loss': loop.train_history['train_end_test_loss'][-1]})],
-        Phase.POST_TRAINING: [(last, None, None, {name: recorded(loop, name, last) for name in (
-            'loss', 'accumulated_loss', 'val_loss', 'train_end_test_loss')})],
+        Phase.TEST_END: [(last, None, None, both('test_loss', loop.train_history['train_end_test_loss'][-1]))],
+        # SG's context still holds its last loader end's metrics: the test pass's, beside the history's
+        Phase.POST_TRAINING: [(last, None, None, {**{name: recorded(loop, name, last) for name in (
+            'loss', 'accumulated_loss', 'val_loss', 'train_end_test_loss')},
+            'CrossEntropyLoss': loop.train_history['train_end_test_loss'][-1]})],
+        Phase.AVERAGE_BEST_MODELS_VALIDATION_START: [],
+        Phase.AVERAGE_BEST_MODELS_VALIDATION_END: [],
     }[phase]
+
+
+def both(name, value):
+    """A loss under its history name and under SG's (the criterion's class name, CrossEntropyLoss here)."""
+    return {name: value, 'CrossEntropyLoss': value}
 
 
 def assert_batch_fields(phase, call, batch, criterion):
@@ -284,15 +298,14 @@ def assert_batch_fields(phase, call, batch, criterion):
     x, y = batch
     assert call['inputs'] is x and call['target'] is y and call['additional_batch_items'] is None
     loss = call['loss']
-    assert call['loss_logging_items_names'] == ['loss']
+    assert call['loss_logging_items_names'] == ['CrossEntropyLoss']
     assert torch.equal(call['loss_log_items'], loss.detach().reshape(1))
+    # the model's output of this batch (kept by the adapter's forward hook) and its loss
+    assert call['preds'].shape == (4, 10) and torch.allclose(criterion(call['preds'], y), loss)
     if phase in (Phase.TRAIN_BATCH_END, Phase.TRAIN_BATCH_STEP):
-        # the model's output of this batch (kept by the adapter's forward hook) and the loss being trained
-        assert call['preds'].shape == (4, 10) and loss is call['loop_loss'] and loss.requires_grad
-        assert torch.allclose(criterion(call['preds'], y), loss)
+        assert loss is call['loop_loss'] and loss.requires_grad          # the loss being trained
     else:
-        # the end-of-epoch evaluation is a loss pass: the batch's loss, no model outputs (SG gives both)
-        assert call['preds'] is None and loss.dim() == 0 and not loss.requires_grad
+        assert loss.dim() == 0 and not loss.requires_grad                 # the end-of-epoch loss pass
 
 
 @pytest.mark.parametrize('phase', list(Phase), ids=lambda phase: phase.name)
@@ -329,7 +342,7 @@ def test_validation_epoch_end_has_the_val_loss_the_loop_records_after_it(weighti
                      nn.CrossEntropyLoss(), eval_loss_weighting=weighting)
     record = Record()
     loop.fit(num_epochs=2, callbacks=[record])
-    assert record.ends == [{'val_loss': value} for value in loop.train_history['val_loss']]
+    assert record.ends == [both('val_loss', value) for value in loop.train_history['val_loss']]
     weights = [1, 1] if weighting == 'batch' else [4, 1]
     for epoch, end in enumerate(record.ends):
         losses = record.batch_losses[2 * epoch:2 * epoch + 2]
@@ -370,11 +383,13 @@ def test_metrics_dict_has_what_callbacks_recorded_before_the_phase():
     loop = make_loop(train=2, val=1, test=None)
     loop.fit(num_epochs=1, callbacks=[PredictAndRecord(), record])
     val_loss, accumulated = loop.train_history['val_loss'][0], loop.train_history['accumulated_loss'][0]
+    # beside the history names, SG's: the loss as the criterion's class name, a metric without its split's prefix
     assert record.seen == [
-        ('train_end', {'train_running': 1.0, 'accumulated_loss': accumulated}),
-        ('val_end', {'val_loss': val_loss}),        # the loss pass
-        ('val_end', {'val_loss': val_loss}),        # the predictions pass: 'val_acc' is recorded after it
-        ('best', {'val_loss': val_loss, 'val_acc': 0.5}),
+        ('train_end', {'train_running': 1.0, 'accumulated_loss': accumulated, 'running': 1.0,
+                       'CrossEntropyLoss': accumulated}),
+        ('val_end', both('val_loss', val_loss)),        # the loss pass
+        ('val_end', both('val_loss', val_loss)),        # the predictions pass: 'val_acc' is recorded after it
+        ('best', {'val_loss': val_loss, 'val_acc': 0.5, 'CrossEntropyLoss': val_loss, 'acc': 0.5}),
     ]
 
 
@@ -403,9 +418,12 @@ def test_a_multi_loss_gives_one_entry_per_part_as_the_history():
     record = Record()
     loop.fit(num_epochs=1, callbacks=[record])
     history = loop.train_history
-    assert record.seen == [{name: history[name][0] for name in ('accumulated_loss_ce', 'accumulated_loss_l2',
-                                                                 'accumulated_loss')},
-                           {name: history[name][0] for name in ('val_loss_ce', 'val_loss_l2', 'val_loss')}]
+    # SG's names of the parts: the MultiLoss's names (SG has no entry for their sum)
+    assert record.seen == [{**{name: history[name][0] for name in ('accumulated_loss_ce', 'accumulated_loss_l2',
+                                                                    'accumulated_loss')},
+                            'ce': history['accumulated_loss_ce'][0], 'l2': history['accumulated_loss_l2'][0]},
+                           {**{name: history[name][0] for name in ('val_loss_ce', 'val_loss_l2', 'val_loss')},
+                            'ce': history['val_loss_ce'][0], 'l2': history['val_loss_l2'][0]}]
 
 
 class EpochMetrics(Callback):
@@ -454,9 +472,9 @@ def test_ddp_metrics_dict_is_the_mean_over_processes(tmp_path, monkeypatch):
 
     expected = []
     for epoch in range(2):
-        expected += [('train_end', {'accumulated_loss': history['accumulated_loss'][epoch]}),
-                     ('val_end', {'val_loss': history['val_loss'][epoch]})]
-    expected.append(('test_end', {'test_loss': history['train_end_test_loss'][-1]}))
+        expected += [('train_end', both('accumulated_loss', history['accumulated_loss'][epoch])),
+                     ('val_end', both('val_loss', history['val_loss'][epoch]))]
+    expected.append(('test_end', both('test_loss', history['train_end_test_loss'][-1])))
     # both processes hand the values the loop records: means over the whole data sets
     assert seen('everywhere', 0) == seen('everywhere', 1) == expected
     # a callback on one rank cannot join the reduction: its own process's means, and no hang
@@ -573,22 +591,29 @@ def test_multi_process_safe_runs_only_on_the_main_process(monkeypatch):
 
     assert record(3) == 6 and calls == [3]          # a single process is the main process
     assert record.__name__ == 'record'
-    monkeypatch.setattr(sg.distributed, 'get_rank', lambda: 1)
+    monkeypatch.setattr(distributed, 'get_rank', lambda: 1)
     assert record(4) is None and calls == [3]       # another rank of a DDP run: not called
 
 
 def test_phase_context_has_the_fields_the_sg_pages_name():
     names = ('epoch batch_idx optimizer metrics_dict inputs preds target metrics_compute_fn loss_avg_meter '
-             'loss_log_items criterion device experiment_name ckpt_dir net lr_warmup_epochs sg_logger train_loader '
-             'valid_loader test_loader training_params ddp_silent_mode checkpoint_params architecture arch_params '
-             'metric_to_watch valid_metrics ema_model loss_logging_items_names checkpoints_dir_path '
-             'valid_loaders_dict context_methods stop_training loss').split()
+             'loss_log_items criterion device experiment_name ckpt_dir net lr_warmup_epochs train_loader '
+             'valid_loader test_loader training_params ddp_silent_mode architecture metric_to_watch valid_metrics '
+             'ema_model loss_logging_items_names checkpoints_dir_path valid_loaders_dict stop_training loss').split()
     context = PhaseContext(make_loop())
     missing = [name for name in names if not hasattr(context, name)]
     assert missing == []
-    assert {p.name for p in Phase} == {'PRE_TRAINING', 'TRAIN_EPOCH_START', 'TRAIN_BATCH_END', 'TRAIN_BATCH_STEP',
+    # SG's fields with no counterpart here: reading one names it
+    for name in ('sg_logger', 'checkpoint_params', 'arch_params', 'context_methods', 'metric_idx_in_results_tuple'):
+        with pytest.raises(sg.UnavailableFieldError, match=f'PhaseContext.{name} is not available'):
+            getattr(context, name)
+    context.sg_logger = 'mine'          # assigned, it is the callback's own value
+    assert context.sg_logger == 'mine'
+    assert [p.name for p in Phase] == ['PRE_TRAINING', 'TRAIN_EPOCH_START', 'TRAIN_BATCH_END', 'TRAIN_BATCH_STEP',
                                        'TRAIN_EPOCH_END', 'VALIDATION_BATCH_END', 'VALIDATION_EPOCH_END',
-                                       'VALIDATION_END_BEST_EPOCH', 'TEST_BATCH_END', 'TEST_END', 'POST_TRAINING'}
+                                       'VALIDATION_END_BEST_EPOCH', 'TEST_BATCH_END', 'TEST_END',
+                                       'AVERAGE_BEST_MODELS_VALIDATION_START', 'AVERAGE_BEST_MODELS_VALIDATION_END',
+                                       'POST_TRAINING']
 
 
 # ---- the SG page's SaveFirstBatchCallback, with only its imports changed -----------------------------------------

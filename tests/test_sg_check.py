@@ -1,0 +1,85 @@
+"""make sg-check's own machinery (tools/sg_check), without the network: the import-line rewriting changes nothing
+but import lines and sends each name where it comes from here, and the callback classes of a wheel are found by
+their bases. The check itself (SG's wheel, SG's classes on the TrainLoop) runs in CI as `make sg-check`."""
+import ast
+
+import pytest
+
+from tools.sg_check.rewrite import ADAPTER, STAND_INS, Rewriter
+from tools.sg_check.stand_ins import Unavailable, numpy_1, placeholder
+from tools.sg_check.wheel import BASE_MODULE, find_callback_modules
+
+SG_MODULE = '''import os
+import cv2
+import numpy as np
+from typing import Optional
+from super_gradients.common.abstractions.abstract_logger import get_logger
+from super_gradients.training.utils.callbacks.base_callbacks import (
+    PhaseCallback,
+    Phase,
+)
+from super_gradients.training.utils.callbacks import TrainingStageSwitchCallbackBase, PhaseContext
+
+logger = get_logger(__name__)
+
+
+class Switch(TrainingStageSwitchCallbackBase):
+    def apply_stage_change(self, context: PhaseContext):
+        from super_gradients.training.losses import PPYoloELoss
+        return np.Inf, cv2, PPYoloELoss  # import-looking text in code stays: from x import y
+'''
+
+
+def rewriter():
+    return Rewriter({'super_gradients.training.utils.callbacks.callbacks': 'copies.callbacks'},
+                    {'TrainingStageSwitchCallbackBase': 'copies.callbacks'},
+                    can_import=lambda module: module.split('.')[0] in ('os', 'typing', 'numpy'), numpy_2=True)
+
+
+def test_only_import_lines_change_and_each_name_goes_where_it_comes_from_here():
+    text, edits = rewriter().rewrite(SG_MODULE)
+    before, after = SG_MODULE.splitlines(), text.splitlines()
+    assert len(before) == len(after)            # line numbers kept: tracebacks point at SG's own lines
+    changed = [i + 1 for i, (old, new) in enumerate(zip(before, after)) if old != new]
+    import_lines = sorted({line for node in ast.walk(ast.parse(SG_MODULE))
+                           if isinstance(node, (ast.Import, ast.ImportFrom))
+                           for line in range(node.lineno, node.end_lineno + 1)})
+    assert set(changed) <= set(import_lines)
+    assert [line for line, _ in edits] == [2, 3, 5, 6, 10, 17]
+    new = dict(edits)
+    assert new[2] == f'from {STAND_INS} import cv2 as cv2'                      # not installed here
+    assert new[3] == f'from {STAND_INS} import numpy_1 as np'                   # SG 3.7 needs NumPy 1.x names
+    assert new[5] == f'from {STAND_INS} import get_logger'                      # an SG utility
+    assert new[6] == f'from {ADAPTER} import PhaseCallback, Phase'              # SG's callback API
+    assert new[10] == (f'from copies.callbacks import TrainingStageSwitchCallbackBase; '
+                       f'from {ADAPTER} import PhaseContext')
+    assert after[16] == f'        from {STAND_INS} import PPYoloELoss'          # inside a function too
+    assert after[7:9] == ['', '']                                             # the rest of a multi-line import
+    assert 'import os' in after and 'from typing import Optional' in after    # importable: unchanged
+    assert after[17] == before[17]
+
+
+def test_an_import_sharing_its_line_with_code_is_refused():
+    with pytest.raises(ValueError, match='shares its line'):
+        rewriter().rewrite('x = 1; import cv2\n')
+
+
+def test_placeholders_fail_when_used_and_numpy_1_has_the_old_names():
+    cv2 = placeholder('cv2', 'OpenCV is not installed')
+    with pytest.raises(Unavailable, match=r'cv2.getTickCount: cv2 is not available here \(OpenCV'):
+        cv2.getTickCount()
+    with pytest.raises(Unavailable):
+        cv2()
+    assert numpy_1.Inf == float('inf') and numpy_1.zeros(2).tolist() == [0.0, 0.0]
+
+
+def test_callback_classes_are_found_by_their_bases():
+    sources = {
+        BASE_MODULE: 'class Callback: pass\nclass PhaseCallback(Callback): pass\n',
+        'super_gradients/a.py': ('from super_gradients.training.utils.callbacks import PhaseCallback\n'
+                                 'class Base(PhaseCallback): pass\nclass Other: pass\n'),
+        'super_gradients/b.py': ('from super_gradients.a import Base\nfrom hydra import Callback\n'
+                                 'class Sub(Base): pass\nclass NotSG(Callback): pass\n'),
+    }
+    found = {module.path: module.classes for module in find_callback_modules(sources)}
+    assert found == {'super_gradients/a.py': ['Base'], 'super_gradients/b.py': ['Sub']}

@@ -1,0 +1,453 @@
+"""SG's callback classes, run by SG's trainer (trainer.py) on the TrainLoop, and what SG's own unit tests expect.
+
+Each expected value below is the one SG's test named beside it asserts (tests/unit_tests of
+Deci-AI/super-gradients: lr_warmup_test.py, lr_cooldown_test.py, test_train_with_torch_scheduler.py,
+early_stop_test.py), with the test's training params; the data, models, metrics and losses are ours, of the
+kind the test uses (SG's zero images, a classifier, a metric or loss returning the test's values).
+
+A class *runs* when an instance of it (or, for SG's abstract bases, of a subclass) takes part in a fit that
+completes, and the adapter called its SG methods; each scenario also checks what the class is for (the learning
+rates it sets, the stage it switches, the file it writes). A class with no scenario is listed in NOT_RUN with
+the reason.
+"""
+import csv
+import math
+import os
+import tempfile
+from collections import namedtuple
+from typing import Any, Callable, Dict, List, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from .fixtures import ConstantMetric, EpochLoss, Net, loader, named
+from .tally import Expectation, Tally, Watch
+from .trainer import Run, Trainer
+
+# SG callback classes the check does not run, and why (docs/callbacks/supergradients.md lists them too).
+SG_LOGGER = "writes into SuperGradients' logger object (context.sg_logger), which has no counterpart here"
+NOT_RUN = {
+    'ModelConversionCheckCallback': 'exports the model to ONNX and runs it in onnxruntime (ONNX export is outside '
+                                    'the training loop; SG pins onnx / onnxruntime 1.15)',
+    'DeciLabUploadCallback': "uploads the trained model to Deci's platform (DeciClient)",
+    'DetectionVisualizationCallback': "draws with SG's detection model-zoo utilities (DetectionVisualization, "
+                                      f'a post-prediction callback) and OpenCV; {SG_LOGGER}',
+    'BinarySegmentationVisualizationCallback': "draws with SG's segmentation visualisation and OpenCV; "
+                                               f'{SG_LOGGER}',
+    'TimerCallback': f"times with OpenCV's tick counter; {SG_LOGGER}",
+    'ExtremeBatchCaseVisualizationCallback': f'pads images with OpenCV; {SG_LOGGER}',
+    'ExtremeBatchDetectionVisualizationCallback': "SG's detection model-zoo visualisation and OpenCV; "
+                                                  f'{SG_LOGGER}',
+    'ExtremeBatchSegVisualizationCallback': f"torchvision's draw_segmentation_masks and OpenCV; {SG_LOGGER}",
+    'ExtremeBatchPoseEstimationVisualizationCallback': "SG's pose model-zoo visualisation and OpenCV; "
+                                                       f'{SG_LOGGER}',
+    'PPYoloETrainingStageSwitchCallback': "switches SG's PPYoloELoss (the loss of its PP-YOLOE detection models) to "
+                                          'its task-aligned assigner, and refuses any other criterion',
+    'DEKRVisualizationCallback': f"decodes with SG's DEKR pose model and draws with OpenCV; {SG_LOGGER}",
+    'WandBDetectionValidationPredictionLoggerCallback': "uploads SG detection-model predictions (SG's prediction "
+                                                        'classes) to Weights & Biases',
+}
+
+
+# ---- the scenarios -----------------------------------------------------------------------------------------------
+
+class Scenarios:
+    """Each ``scenario_*`` method trains with SG's callbacks through ``attempt``, which records the classes that ran
+    and the expectations measured."""
+
+    SGD = {'weight_decay': 1e-4, 'momentum': 0.9}
+
+    def __init__(self, sg: Any, adapter: Any, trainer: Trainer, tally: Tally) -> None:
+        self.sg = sg
+        self.cb = sg.callbacks
+        self.adapter = adapter
+        self.trainer = trainer
+        self.tally = tally
+        self.method_names = list(getattr(adapter, 'SG_METHOD_HOOKS', {})) + [
+            'on_average_best_models_validation_start', 'on_average_best_models_validation_end']
+
+    def run_all(self) -> None:
+        for name in sorted(n for n in dir(self) if n.startswith('scenario_')):
+            getattr(self, name)()
+
+    def attempt(self, subjects: Sequence[str], expectations: Sequence[Expectation],
+                body: Callable[['Watch'], None]) -> None:
+        """Run ``body`` (which trains and fills ``expectations``' actual values); an exception is the error of each
+        subject that has not run and of each expectation left without a value."""
+        watch = Watch(self.tally, self.method_names)
+        try:
+            body(watch)
+        except Exception as exc:      # the check reports every failure and goes on
+            message = f'{type(exc).__name__}: {exc}'
+            for subject in subjects:
+                self.tally.errors.setdefault(subject, message)
+            for expectation in expectations:
+                if expectation.actual is None:
+                    expectation.error = message
+        else:
+            watch.credit()
+            for subject in subjects:
+                if subject not in self.tally.ran:
+                    self.tally.errors.setdefault(subject, 'its SG methods were never called')
+        self.tally.expectations.extend(expectations)
+
+    def train(self, watch: Watch, params: Dict[str, Any], train: DataLoader, valid: DataLoader,
+              criterion: Any = None, model: Any = None, test: Any = None) -> Run:
+        return self.trainer.train(params, model or Net(), criterion if criterion is not None else nn.CrossEntropyLoss(),
+                                  train, valid, test, watch=watch)
+
+    # ---- lr_warmup_test.py -------------------------------------------------------------------------------------
+
+    def lr_params(self, **params: Any) -> Dict[str, Any]:
+        return {'initial_lr': 1, 'optimizer_params': self.SGD, **params}
+
+    def scenario_lr_warmup(self) -> None:
+        expectation = Expectation('lr_warmup_test.test_lr_warmup', [0.25, 0.5, 0.75, 1.0, 1.0])
+
+        def body(watch: Watch) -> None:
+            lrs: List[float] = []
+            self.train(watch, self.lr_params(
+                max_epochs=5, lr_updates=[10], lr_decay_factor=0.1, lr_mode='StepLRScheduler', lr_warmup_epochs=3,
+                phase_callbacks=[self.cb.TestLRCallback(lr_placeholder=lrs)], warmup_mode='LinearEpochLRWarmup'),
+                loader(4), loader(4))
+            expectation.actual = lrs
+        self.attempt(['TestLRCallback', 'LinearEpochLRWarmup', 'StepLRScheduler', 'LRCallbackBase'],
+                     [expectation], body)
+
+    def scenario_lr_warmup_with_lr_scheduling(self) -> None:
+        expectation = Expectation('lr_warmup_test.test_lr_warmup_with_lr_scheduling',
+                                  [0.25, 0.5, 0.75, 0.9236067977499791, 0.4763932022500211], rtol=1e-6)
+
+        def body(watch: Watch) -> None:
+            lrs: List[float] = []
+            self.train(watch, self.lr_params(
+                max_epochs=5, cosine_final_lr_ratio=0.2, lr_mode='CosineLRScheduler', lr_warmup_epochs=3,
+                phase_callbacks=[self.cb.TestLRCallback(lr_placeholder=lrs)], warmup_mode='LinearEpochLRWarmup'),
+                loader(4, 5), loader(4, 5))
+            expectation.actual = lrs
+        self.attempt(['CosineLRScheduler'], [expectation], body)
+
+    def collector(self) -> Any:
+        """An SG callback collecting the learning rate after each training batch and at each training epoch end."""
+        class CollectLR(self.adapter.Callback):
+            def __init__(self) -> None:
+                self.per_step: List[float] = []
+                self.per_epoch: List[float] = []
+
+            def on_train_batch_end(self, context: Any) -> None:
+                self.per_step.append(context.optimizer.param_groups[0]['lr'])
+
+            def on_train_loader_end(self, context: Any) -> None:
+                self.per_epoch.append(context.optimizer.param_groups[0]['lr'])
+        return CollectLR()
+
+    def scenario_warmup_linear_batch_step(self) -> None:
+        warmup = Expectation('lr_warmup_test.test_warmup_linear_batch_step (the 100 warm-up steps)',
+                             np.linspace(0.05, 1, 100).tolist(), rtol=1e-4)
+        cosine = Expectation('lr_warmup_test.test_warmup_linear_batch_step (the cosine steps after them)',
+                             None, rtol=1e-4)
+
+        def body(watch: Watch) -> None:
+            collect = self.collector()
+            train = loader(4, 1024)
+            total = 5 * len(train) - 100
+            cosine.expected = self.cb.CosineLRScheduler.compute_learning_rate(
+                step=np.arange(0, total), total_steps=total, initial_lr=1, final_lr_ratio=0.2).tolist()
+            self.train(watch, self.lr_params(
+                max_epochs=5, lr_mode='CosineLRScheduler', cosine_final_lr_ratio=0.2, warmup_initial_lr=0.05,
+                warmup_mode='LinearBatchLRWarmup', lr_warmup_steps=100, phase_callbacks=[collect]),
+                train, loader(4, 5))
+            warmup.actual, cosine.actual = collect.per_step[:100], collect.per_step[100:]
+        self.attempt(['LinearBatchLRWarmup'], [warmup, cosine], body)
+
+    def scenario_warmup_linear_epoch_step(self) -> None:
+        expectation = Expectation('lr_warmup_test.test_warmup_linear_epoch_step', [4.0, 3.0, 2.0, 1.0, 1.0])
+
+        def body(watch: Watch) -> None:
+            collect = self.collector()
+            self.train(watch, self.lr_params(
+                max_epochs=5, lr_updates=[10], lr_decay_factor=0.1, lr_mode='StepLRScheduler', lr_warmup_epochs=3,
+                warmup_initial_lr=4.0, phase_callbacks=[collect], warmup_mode='LinearEpochLRWarmup'),
+                loader(4, 5), loader(4, 5))
+            expectation.actual = collect.per_epoch
+        self.attempt(['LinearEpochLRWarmup'], [expectation], body)
+
+    def exponential_warmup_class(self) -> type:
+        """A user's warm-up on SG's LRCallbackBase, as the test's: from warmup_initial_lr at epoch 0 to initial_lr
+        at epoch lr_warmup_epochs, along exp(epoch)."""
+        phase = self.adapter.Phase.TRAIN_EPOCH_START
+
+        class ExponentialWarmup(self.cb.LRCallbackBase):
+            def __init__(self, **kwargs: Any) -> None:
+                super().__init__(phase, **kwargs)
+                start = self.training_params.warmup_initial_lr
+                self.start = start if isinstance(start, dict) else {group: start for group in self.lr}
+                self.epochs = self.training_params.lr_warmup_epochs
+
+            def is_lr_scheduling_enabled(self, context: Any) -> bool:
+                return context.epoch <= self.epochs
+
+            def perform_scheduling(self, context: Any) -> None:
+                progress = math.expm1(context.epoch) / math.expm1(self.epochs)
+                for group in self.lr:
+                    self.lr[group] = self.start[group] + (self.initial_lr[group] - self.start[group]) * progress
+                self.update_lr(context.optimizer, context.epoch, None)
+        return ExponentialWarmup
+
+    def scenario_custom_lr_warmup(self) -> None:
+        expectation = Expectation('lr_warmup_test.test_custom_lr_warmup',
+                                  [0.1, 0.18102751585334242, 0.40128313980266034, 1.0, 1.0], rtol=1e-6)
+
+        def body(watch: Watch) -> None:
+            lrs: List[float] = []
+            self.train(watch, self.lr_params(
+                max_epochs=5, lr_updates=[10], lr_decay_factor=0.1, lr_mode='StepLRScheduler', lr_warmup_epochs=3,
+                phase_callbacks=[self.cb.TestLRCallback(lr_placeholder=lrs)],
+                warmup_mode=self.exponential_warmup_class(), initial_lr=1.0, warmup_initial_lr=0.1),
+                loader(4), loader(4))
+            expectation.actual = lrs
+        self.attempt(['LRCallbackBase'], [expectation], body)
+
+    # ---- lr_cooldown_test.py -----------------------------------------------------------------------------------
+
+    def scenario_lr_cooldown(self) -> None:
+        expectation = Expectation('lr_cooldown_test.test_lr_cooldown_with_lr_scheduling',
+                                  [0.25, 0.5, 0.75, 0.9236067977499791, 0.4763932022500211, 0.4763932022500211,
+                                   0.4763932022500211], rtol=1e-6)
+
+        def body(watch: Watch) -> None:
+            lrs: List[float] = []
+            self.train(watch, self.lr_params(
+                max_epochs=7, cosine_final_lr_ratio=0.2, lr_mode='CosineLRScheduler', lr_cooldown_epochs=2,
+                lr_warmup_epochs=3, phase_callbacks=[self.cb.TestLRCallback(lr_placeholder=lrs)]),
+                loader(4, 5), loader(4, 5))
+            expectation.actual = lrs
+        self.attempt(['CosineLRScheduler'], [expectation], body)
+
+    # ---- test_train_with_torch_scheduler.py --------------------------------------------------------------------
+
+    TORCH_SCHEDULERS = [
+        # (test, scheduler, its params, expected final lr, epochs, resumed to one more epoch)
+        ('StepLR', 'StepLR', {'gamma': 0.1, 'step_size': 1}, 0.001, 2, False),
+        ('LambdaLR', 'LambdaLR', {'lr_lambda': lambda epoch: 1 / (epoch + 10)}, 0.1 / 12, 2, False),
+        ('MultiStepLR', 'MultiStepLR', {'milestones': [0, 1]}, 0.001, 2, False),
+        ('ConstantLR', 'ConstantLR', {'factor': 0.5, 'total_iters': 4}, 0.05, 2, False),
+        ('CosineAnnealingLR', 'CosineAnnealingLR', {'T_max': 3}, 0.025, 2, False),
+        ('CosineAnnealingWarmRestarts', 'CosineAnnealingWarmRestarts', {'T_0': 2}, 0.1, 4, False),
+        ('CyclicLR', 'CyclicLR', {'base_lr': 0.01, 'max_lr': 0.1}, 0.01018, 4, False),
+        ('ExponentialLR', 'ExponentialLR', {'gamma': 0.01}, 1e-09, 4, False),
+        ('LinearLR', 'LinearLR', {}, 0.08666666666666668, 4, False),
+        ('ReduceLROnPlateau', 'ReduceLROnPlateau', {'patience': 0, 'metric_name': 'DummyMetric'}, 0.01, 2, False),
+        ('resume StepLR', 'StepLR', {'gamma': 0.1, 'step_size': 1}, 0.0001, 2, True),
+        ('resume ReduceLROnPlateau', 'ReduceLROnPlateau', {'patience': 0, 'metric_name': 'DummyMetric'}, 0.001, 2,
+         True),
+    ]
+
+    def scenario_torch_schedulers(self) -> None:
+        for test, scheduler, params, expected, epochs, resume in self.TORCH_SCHEDULERS:
+            name = f'test_train_with_torch_scheduler ({test}{", a second fit continues" if resume else ""})'
+            expectation = Expectation(name, expected, atol=1e-8)
+
+            def body(watch: Watch, scheduler: str = scheduler, params: Dict[str, Any] = params,
+                     epochs: int = epochs, resume: bool = resume, expectation: Expectation = expectation) -> None:
+                dummy = named(ConstantMetric, 'DummyMetric')
+                lr_mode = {scheduler: {**params, 'phase': self.adapter.Phase.TRAIN_EPOCH_END}}
+                run = self.train(watch, {
+                    'max_epochs': epochs, 'lr_mode': lr_mode,
+                    'lr_warmup_epochs': 0, 'initial_lr': 0.1, 'optimizer_params': self.SGD,
+                    'train_metrics_list': [dummy([1])], 'valid_metrics_list': [dummy([1])],
+                    'metric_to_watch': 'DummyMetric', 'greater_metric_to_watch_is_better': True},
+                    loader(10), loader(10))
+                if resume:
+                    run.fit(epochs + 1)
+                expectation.actual = run.lr
+            self.attempt(['LRSchedulerCallback', 'MetricsUpdateCallback'], [expectation], body)
+
+    # ---- early_stop_test.py ------------------------------------------------------------------------------------
+
+    def early_stop_params(self, **params: Any) -> Dict[str, Any]:
+        return {'max_epochs': 10, 'lr_updates': [1], 'lr_decay_factor': 0.1, 'lr_mode': 'StepLRScheduler',
+                'lr_warmup_epochs': 0, 'initial_lr': 0.1, 'optimizer_params': self.SGD, 'train_metrics_list': [],
+                'average_best_models': False, **params}
+
+    def early_stop_on_loss(self, test: str, values: Sequence[float], expected_epochs: int, **stop: Any) -> None:
+        """EarlyStop watching SG's loss name ('LossTest', the criterion's class name) at the validation end."""
+        expectation = Expectation(f'early_stop_test.{test} (epochs trained)', expected_epochs)
+
+        def body(watch: Watch) -> None:
+            criterion = named(EpochLoss, 'LossTest')(values)
+            early_stop = self.sg.early_stopping.EarlyStop(self.adapter.Phase.VALIDATION_EPOCH_END,
+                                                          monitor='LossTest', mode='min', verbose=True, **stop)
+            run = self.trainer.train(self.early_stop_params(phase_callbacks=[early_stop]), Net(), criterion,
+                                     loader(5), loader(5), watch=watch, on_loop=criterion.bind)
+            expectation.actual = run.loop.epochs_completed
+        self.attempt(['EarlyStop'], [expectation], body)
+
+    def early_stop_on_metric(self, test: str, values: Sequence[float], expected_count: int, **stop: Any) -> None:
+        """EarlyStop watching a validation metric ('MetricTest') at the validation end; SG counts its compute()s."""
+        expectation = Expectation(f'early_stop_test.{test} (compute() calls: epochs validated)', expected_count)
+
+        def body(watch: Watch) -> None:
+            metric = named(ConstantMetric, 'MetricTest')(torch.tensor(values))
+            early_stop = self.sg.early_stopping.EarlyStop(self.adapter.Phase.VALIDATION_EPOCH_END,
+                                                          monitor='MetricTest', mode='max', verbose=True, **stop)
+            self.train(watch, self.early_stop_params(phase_callbacks=[early_stop], valid_metrics_list=[metric],
+                                                     metric_to_watch='MetricTest'), loader(5), loader(5))
+            expectation.actual = metric.computed
+        self.attempt(['EarlyStop', 'MetricsUpdateCallback'], [expectation], body)
+
+    def scenario_early_stop(self) -> None:
+        self.early_stop_on_loss('test_min_mode_patience_metric', [1.0, 0.8, 0.81, 0.8, 0.9, 0.2, 0.1, 0.3, 0.05, 0.9],
+                                5, patience=3)
+        self.early_stop_on_metric('test_max_mode_patience_metric',
+                                  [0.2, 0.1, 0.3, 0.28, 0.2, 0.1, 0.33, 0.05, 0.9, 0.99], 6, patience=3)
+        self.early_stop_on_loss('test_min_mode_threshold_metric',
+                                [1.0, 0.8, 0.4, 0.2, 0.09, 0.11, 0.105, 0.3, 0.05, 0.02], 5, threshold=0.1)
+        self.early_stop_on_metric('test_max_mode_threshold_metric',
+                                  [0.2, 0.1, 0.6, 0.8, 0.9, 0.92, 0.95, 0.94, 0.948, 0.99], 7, threshold=0.94)
+        self.early_stop_on_loss('test_no_finite_stoppage (NaN)',
+                                [1.0, float('nan'), 0.81, 0.8, 0.9, 0.2, 0.1, 0.3, 0.05, 0.9], 2, check_finite=True)
+        self.early_stop_on_loss('test_no_finite_stoppage (Inf)',
+                                [1.0, 0.8, float('inf'), 0.8, 0.9, 0.2, 0.1, 0.3, 0.05, 0.9], 3, patience=3)
+        self.early_stop_on_metric('test_min_delta', [0.1, 0.2, 0.305, 0.31, 0.34, 0.42, 0.6, 0.8, 0.9, 0.99], 5,
+                                  patience=2, min_delta=0.1)
+
+    # ---- the other training callbacks: each run with what it is for ------------------------------------------
+
+    def scenario_other_lr_schedulers(self) -> None:
+        for mode, extra in (('ExponentialLRScheduler', {'lr_decay_factor': 0.5}),
+                            ('PolyLRScheduler', {}),
+                            ('FunctionLRScheduler', {'lr_schedule_function': _half_lr})):
+            def body(watch: Watch, mode: str = mode, extra: Dict[str, Any] = extra) -> None:
+                lrs: List[float] = []
+                self.train(watch, self.lr_params(max_epochs=3, lr_mode=mode, lr_warmup_epochs=1,
+                                                 phase_callbacks=[self.cb.TestLRCallback(lr_placeholder=lrs)],
+                                                 **extra), loader(4, 8), loader(4))
+                if not lrs[-1] < 1.0:
+                    raise AssertionError(f'{mode} left the learning rate at {lrs[-1]}')
+            self.attempt([mode], [], body)
+
+    def scenario_phase_context_test(self) -> None:
+        def body(watch: Watch) -> None:
+            keep = self.cb.PhaseContextTestCallback('TRAIN_EPOCH_END')    # a phase as SG's YAML recipes write it
+            self.train(watch, self.lr_params(max_epochs=2, phase_callbacks=[keep]), loader(4), loader(4))
+            context = keep.context      # the run's context, which SG keeps updating after the phase, as here
+            if not isinstance(context, self.adapter.PhaseContext) or context.epoch != 1:
+                raise AssertionError(f'PhaseContextTestCallback kept {context!r}')
+        self.attempt(['PhaseContextTestCallback'], [], body)
+
+    def scenario_kd_metrics_update(self) -> None:
+        class KDNet(Net):
+            """A knowledge-distillation model: its output has the student's and the teacher's predictions."""
+            def forward(self, x: torch.Tensor) -> Any:
+                student = self.fc(x.flatten(1))
+                return KDOutput(student, student.detach() * 0)
+
+            def get_loss(self, batch_data: Any, criterion: Any, device: Any) -> torch.Tensor:
+                x, y = batch_data[0], batch_data[1]
+                return criterion(self(x.to(device)).student_output, y.to(device))
+
+        class StudentPreds:
+            def __init__(self) -> None:
+                self.seen: List[Any] = []
+
+            def update(self, preds: Any, target: Any) -> None:
+                self.seen.append(preds)
+
+            def compute(self) -> float:
+                return float(len(self.seen))
+
+            def reset(self) -> None:
+                pass
+
+        def body(watch: Watch) -> None:
+            metric = StudentPreds()
+            kd_update = self.cb.KDModelMetricsUpdateCallback(self.adapter.Phase.TRAIN_BATCH_END)
+            model = KDNet()
+            built = self.trainer.build(self.lr_params(max_epochs=2, train_metrics_list=[metric]), model, loader(2, 4))
+            built['callbacks'] = [kd_update if type(cb) is self.cb.MetricsUpdateCallback
+                                  and cb.phase == self.adapter.Phase.TRAIN_BATCH_END else cb
+                                  for cb in built['callbacks']]
+            self.trainer.fit(built, model, nn.CrossEntropyLoss(), loader(2, 4), loader(2), watch=watch)
+            if len(metric.seen) != 4 or not all(isinstance(p, torch.Tensor) and p.shape == (2, 5)
+                                                for p in metric.seen):
+                raise AssertionError(f'the metric got {[type(p).__name__ for p in metric.seen]}')
+        self.attempt(['KDModelMetricsUpdateCallback'], [], body)
+
+    def scenario_stage_switch(self) -> None:
+        class SwitchCriterion(self.cb.TrainingStageSwitchCallbackBase):
+            """A user's stage switch on SG's base: a label-smoothing criterion from the next stage on."""
+            def apply_stage_change(self, context: Any) -> None:
+                context.criterion.label_smoothing = 0.1
+
+        def body(watch: Watch) -> None:
+            criterion = named(nn.CrossEntropyLoss, 'YoloXLoss')()
+            criterion.use_l1 = False
+            train = loader(4)
+            yolox = self.cb.YoloXTrainingStageSwitchCallback(next_stage_start_epoch=1)
+            switch = SwitchCriterion(next_stage_start_epoch=2)
+            self.train(watch, self.lr_params(max_epochs=3, phase_callbacks=[yolox, switch]), train, loader(4),
+                       criterion=criterion)
+            if not (criterion.use_l1 and train.dataset.transforms[0].closed and criterion.label_smoothing == 0.1):
+                raise AssertionError('the stage switches did not apply their stage change')
+        self.attempt(['YoloXTrainingStageSwitchCallback', 'TrainingStageSwitchCallbackBase'], [], body)
+
+    def scenario_sliding_window(self) -> None:
+        class SlidingNet(Net):
+            def bind(self, loop: Any) -> None:
+                self.loop = loop
+
+            def enable_sliding_window_validation(self) -> None:
+                self.sliding.append(('enable', self.loop.epoch))
+
+            def disable_sliding_window_validation(self) -> None:
+                self.sliding.append(('disable', self.loop.epoch))
+
+        def body(watch: Watch) -> None:
+            model = SlidingNet()
+            valid, test = loader(4), loader(4)
+            callback = self.cb.SlidingWindowValidationCallback(transforms_for_sliding_window=['sliding'])
+            built = self.trainer.build(self.lr_params(max_epochs=2, phase_callbacks=[callback]), model, loader(4))
+            self.trainer.fit(built, model, nn.CrossEntropyLoss(), loader(4), valid, test, watch=watch,
+                             on_loop=model.bind)
+            # the last epoch's validation and the test pass run with the sliding window (SG leaves the validation
+            # transforms swapped and restores the test ones)
+            expected = [('enable', 1), ('disable', 1), ('enable', 1), ('disable', 1)]
+            if model.sliding != expected or valid.dataset.transforms.transforms != ['sliding'] \
+                    or test.dataset.transforms.transforms != ['default']:
+                raise AssertionError(f'sliding window calls {model.sliding}, transforms '
+                                     f'{valid.dataset.transforms.transforms} / {test.dataset.transforms.transforms}')
+        self.attempt(['SlidingWindowValidationCallback'], [], body)
+
+    def scenario_roboflow_result(self) -> None:
+        class DetectionMetrics:
+            """A metric with components, as SG's detection metrics: compute() gives a dict of them."""
+            def update(self, *args: Any, **kwargs: Any) -> None:
+                pass
+
+            def compute(self) -> Dict[str, torch.Tensor]:
+                return {'mAP@0.50': torch.tensor(0.5), 'mAP@0.50:0.95': torch.tensor(0.25)}
+
+            def reset(self) -> None:
+                pass
+
+        def body(watch: Watch) -> None:
+            with tempfile.TemporaryDirectory() as folder:
+                path = os.path.join(folder, 'results.csv')
+                callback = self.cb.RoboflowResultCallback(dataset_name='digits', output_path=path)
+                self.train(watch, self.lr_params(max_epochs=2, phase_callbacks=[callback],
+                                                 valid_metrics_list=[DetectionMetrics()]), loader(4), loader(4))
+                with open(path, newline='') as file:
+                    rows = list(csv.reader(file))
+            if rows != [['digits', '0.25']]:
+                raise AssertionError(f'results.csv has {rows}')
+        self.attempt(['RoboflowResultCallback'], [], body)
+
+
+KDOutput = namedtuple('KDOutput', ['student_output', 'teacher_output'])
+
+
+def _half_lr(initial_lr: float, epoch: int, iter: int, max_epoch: int, iters_per_epoch: int) -> float:
+    return initial_lr / 2

