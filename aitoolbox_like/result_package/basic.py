@@ -345,7 +345,7 @@ class TorchMetricsPackage(AbstractResultPackage):
 
 
 class HFEvaluateResultPackage(AbstractResultPackage):
-    """Computes a HuggingFace Evaluate metric (any object with ``compute(references, predictions)``)."""
+    """Computes a HuggingFace Evaluate metric (any object whose ``compute`` takes references and predictions)."""
 
     def __init__(self, hf_evaluate_metric: Any, use_models_additional_results: bool = True, **kwargs: Any) -> None:
         """Result package around a `HuggingFace Evaluate <https://huggingface.co/docs/evaluate>`_ metric.
