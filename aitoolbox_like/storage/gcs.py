@@ -66,7 +66,10 @@ class GCSStorage(Storage):
         self.cloud_dir_prefix = prefix
         self.project = project
         self.max_attempts = max_attempts
-        self._explicit_endpoint = endpoint_url
+        # The endpoint the client would find by itself is left to it (an emulator's then comes with anonymous
+        # credentials, as Google's client gives it).
+        default = (DEFAULT_ENDPOINT, os.environ.get('STORAGE_EMULATOR_HOST'))
+        self._explicit_endpoint = endpoint_url if endpoint_url and endpoint_url.rstrip('/') not in default else None
         self._client = client
 
     def __repr__(self) -> str:
