@@ -24,7 +24,7 @@ _TIMEOUT = (10, 60)     # seconds to connect, to read
 
 def _import_client() -> Any:
     try:
-        from google.cloud import storage
+        import google.cloud.storage as storage
     except ImportError as error:
         raise missing_client_error('Google Cloud Storage', 'google-cloud-storage', 'gcs', error) from error
     return storage
