@@ -115,11 +115,6 @@ def open_storage(url: str, endpoint_url: str | None = None, **options: Any) -> S
     return LocalStorage(path)
 
 
-def url_of(scheme: str, bucket: str, key: str = '') -> str:
-    """``<scheme>://<bucket>/<key>`` (no trailing ``/`` for an empty key)."""
-    return f'{scheme}://{bucket}/{key}' if key else f'{scheme}://{bucket}'
-
-
 def storage_for_location(location: dict[str, Any], endpoint_url: str | None = None) -> Storage:
     """The storage an upload-journal entry names (what :meth:`Storage.location` returned): a cloud (``scheme``,
     absent in entries written before Google and Azure storage, meaning S3; ``bucket``, ``prefix``, ``endpoint``;
@@ -148,4 +143,4 @@ def is_transient_backend_error(error: BaseException) -> bool | None:
 
 __all__ = ['CLOUD_SCHEMES', 'CLOUD_SAVE_MODES', 'LOCAL_SAVE_MODES', 'ENDPOINT_VARIABLES', 'CLOUD_NAMES',
            'backend_class', 'cloud_scheme', 'is_cloud_url', 'split_url', 'storage_for_mode', 'open_storage',
-           'url_of', 'storage_for_location', 'is_transient_backend_error']
+           'storage_for_location', 'is_transient_backend_error']
