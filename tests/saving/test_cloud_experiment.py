@@ -1,12 +1,14 @@
 """The guarantees of a cloud experiment, on each cloud against its real server on loopback (the ``cloud`` fixture:
 SeaweedFS for S3, gcp-storage-emulator for Google Cloud Storage, Azurite for Azure Blob Storage): the saved keys,
 resuming on a new machine, kill -9 then resume, an outage mid-run, an outage that outlasts the run and the sync command,
-runs on different machines never sharing a prefix, and a missing bucket named before the first step."""
+runs on different machines never sharing a prefix, and a missing bucket or an unreachable endpoint named before
+the first step."""
 import json
 import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,7 +23,7 @@ from aitoolbox_like.callbacks.train_schedule import StepLRScheduler
 from aitoolbox_like.experiment import PENDING_UPLOADS, ExperimentUploader, bookkeeping_dir, find_cloud_checkpoint
 from aitoolbox_like.experiment.reporting import matplotlib_available
 from aitoolbox_like.result_package.basic import ClassificationResultPackage
-from aitoolbox_like.storage import StorageError
+from aitoolbox_like.storage import StorageError, StorageUnreachableError
 from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave
 from saving_helpers import assert_same_weights, make_parts, weights
 
@@ -262,4 +264,21 @@ def test_a_missing_bucket_fails_before_training_naming_it(cloud, tmp_path):
     message = str(info.value)
     assert "'no-such-bucket-here' does not exist" in message and cloud.endpoint_url in message
     assert 'bucket_name' in message and "cloud_save_mode='local'" in message
+    assert loop.train_history.get_epochs('loss') == []
+
+
+def test_an_unreachable_endpoint_fails_before_training_naming_it(cloud, tmp_path, monkeypatch):
+    with socket.socket() as s:          # a port nobody listens on
+        s.bind(('127.0.0.1', 0))
+        dead = f'http://127.0.0.1:{s.getsockname()[1]}'
+    variable = {'s3': 'AWS_ENDPOINT_URL_S3', 'gs': 'STORAGE_EMULATOR_HOST', 'az': 'AZURE_STORAGE_CONNECTION_STRING'}
+    monkeypatch.setenv(variable[cloud.scheme], dead if cloud.scheme != 'az' else
+                       cloud.server.connection_string.replace(cloud.server.endpoint_url, dead))
+    loop = _loop(tmp_path, cloud, 'any-bucket')
+    with pytest.raises(StorageUnreachableError) as info:
+        loop.fit(num_epochs=1)
+    message = str(info.value)
+    named = {'s3': 'AWS_ENDPOINT_URL_S3', 'gs': 'STORAGE_EMULATOR_HOST', 'az': 'AZURE_STORAGE_ACCOUNT_URL'}
+    assert dead in message and named[cloud.scheme] in message and 'endpoint_url' in message
+    assert "cloud_save_mode='local'" in message and info.value.__cause__ is None
     assert loop.train_history.get_epochs('loss') == []

@@ -3,7 +3,6 @@ loopback). Outages are made by stopping the server and starting it again, a few 
 survives (an outage mid-run, one that outlasts the run, a missing bucket, two machines on one prefix) are tested on
 each cloud in test_cloud_experiment.py."""
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import torch
 
 from aitoolbox_like import AbstractCallback
 from aitoolbox_like.experiment import PENDING_UPLOADS, ExperimentUploader, bookkeeping_dir, find_cloud_checkpoint
-from aitoolbox_like.storage import StorageUnreachableError, UploadsIncompleteError
+from aitoolbox_like.storage import UploadsIncompleteError
 from aitoolbox_like.storage.s3 import S3Storage
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 from s3_server import make_bucket
@@ -131,23 +130,6 @@ def test_a_resumed_run_finishes_the_uploads_its_predecessor_left(s3_env, tmp_pat
     assert resumed.upload_failures == []
     assert set(_checkpoint_keys(ts, range(3))) <= set(_keys(s3_env, bucket))
     assert not _journal_path(tmp_path / 'proj' / f'exp_{ts}').exists()
-
-
-# ---------------------------------------------------------------------------------------------- 4
-
-
-def test_an_unreachable_endpoint_fails_before_training_naming_it(s3_env, tmp_path, monkeypatch):
-    with socket.socket() as s:          # a port nobody listens on
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    endpoint = f'http://127.0.0.1:{port}'
-    monkeypatch.setenv('AWS_ENDPOINT_URL_S3', endpoint)
-    loop = _loop(tmp_path, 'any-bucket')
-    with pytest.raises(StorageUnreachableError) as info:
-        loop.fit(num_epochs=1)
-    message = str(info.value)
-    assert endpoint in message and 'endpoint_url' in message and "cloud_save_mode='local'" in message
-    assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
 # ---------------------------------------------------------------------------------------------- 12
