@@ -1,27 +1,41 @@
-# Self-installing targets: each one builds .venv from nothing when it is missing.
-# torch is pinned to the local CPU build first; any range admitting a newer torch would
-# pull several GB of CUDA packages.
+# Self-installing targets: each one builds .venv from nothing when it is missing, and installs what it uses:
+# `make demo` the demo extra (what examples/digits_cnn.py imports), the other targets the dev extra (what the tests,
+# the type check and the docs use). Each extra has its own stamp, so `make test` after `make demo` installs the rest.
+# torch is pinned to the local CPU build first, and held there by a constraint while the extras install; any range
+# admitting a newer torch would pull several GB of CUDA packages.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+TORCH := torch==2.13.0
+CONSTRAINT := $(VENV)/torch-constraint.txt
+DEMO_STAMP := $(VENV)/.installed-demo
+DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install demo test typecheck bench docs clean compat-check
+.PHONY: install demo test typecheck bench gpu-check docs clean compat-check
 
-$(STAMP): setup.py
+# $(call install-extra,EXTRA): the venv, torch, then the package with EXTRA, torch held at $(TORCH).
+define install-extra
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	echo '$(TORCH)' > $(CONSTRAINT)
+	$(PY) -m pip install --quiet -c $(CONSTRAINT) '$(TORCH)'
+	$(PY) -m pip install --quiet -c $(CONSTRAINT) -e '.[$(1)]'
+	touch $@
+endef
 
-install: $(STAMP)
+$(DEMO_STAMP): setup.py
+	$(call install-extra,demo)
 
-demo: $(STAMP)
+$(DEV_STAMP): setup.py
+	$(call install-extra,dev)
+
+install: $(DEV_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(PY) examples/digits_cnn.py --epochs 8 --output-dir demo_output
 
 # Static type check of the package (configuration: [mypy] in setup.cfg).
-typecheck: $(STAMP)
+typecheck: $(DEV_STAMP)
 	$(PY) -m mypy aitoolbox_like
 
 # Azurite (the Azure Blob Storage emulator the tests run) from npm, into a folder of the checkout; the tests' fixture
@@ -32,7 +46,7 @@ $(AZURITE):
 	npm install --no-audit --no-fund --prefix .test-servers/azurite azurite@3 > /dev/null
 
 # The type check runs first: a type error fails `make test` before the (slower) test suite starts.
-test: $(STAMP) $(AZURITE)
+test: $(DEV_STAMP) $(AZURITE)
 	$(PY) -m mypy aitoolbox_like
 	$(PY) -m pytest -q --durations=30 tests
 
@@ -47,11 +61,18 @@ compat-check:
 		print "compat-check: " $$1 " of AIToolbox 1.8.0 tests passed, fewer than the " min " reached before"; exit 1 } \
 		else print "compat-check: " $$1 " passed (at least " min ")" }'
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(PY) benchmarks/loop_overhead.py
 
+# The GPU check (docs/gpu-check.md): tests/gpu and the loop-overhead benchmark on a ResNet-18 step, on a CUDA GPU.
+# It needs no install: GPU_PYTHON is the venv's python when `make test` has installed it (pytest included), else python3.
+# Exit status 0: passed; 1: a check failed; 3: no CUDA device, nothing checked.
+GPU_PYTHON ?= $(if $(wildcard $(DEV_STAMP)),$(PY),python3)
+gpu-check:
+	PYTHONUNBUFFERED=1 $(GPU_PYTHON) benchmarks/gpu_check.py
+
 # The documentation site (mkdocs.yml) into build/site; --strict: a broken link, anchor or API reference fails.
-docs: $(STAMP)
+docs: $(DEV_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 clean:

@@ -1,20 +1,23 @@
-"""MkDocs hooks (see mkdocs.yml): the home page is README.md, the example page is examples/digits_cnn.py, and the
-recipe reference (recipes-reference.md) lists every name of the recipe registries, generated from the registries.
+"""MkDocs hooks (see mkdocs.yml): the home page is README.md and the example page is examples/digits_cnn.py.
 
-README.md is written for the repository root, so its links are rewritten for the site: ``docs/X`` becomes
-``X``, a link to a folder becomes its README.md page, and ``examples/digits_cnn.py`` becomes the example page.
-Folder links in the docs pages (``callbacks/``, as GitHub shows them) are rewritten to the folder's README.md
-page the same way, so the strict build checks them like every other link.
+The Markdown files are written for the repository's file tree, where people read them too (GitHub renders them;
+tests/test_docs_links.py checks every link there), so their links are rewritten for the site: README's ``docs/X``
+becomes ``X``, a link to a folder becomes its README.md page (``callbacks/``, as GitHub shows them), and a link to
+``examples/digits_cnn.py`` (``../examples/digits_cnn.py`` from docs/) becomes the example page. The strict build then
+checks them like every other link.
+
+The recipe reference, docs/recipes-reference.md, lists every name of the recipe registries. It is generated from
+the registries and committed, so that it reads on GitHub too; ``python mkdocs_hooks.py`` writes it again
+(tests/recipes/test_reference_docs.py fails when it is out of date).
 """
 import html
 import posixpath
 import re
 from pathlib import Path
 
-from mkdocs.structure.files import File
-
 ROOT = Path(__file__).resolve().parent
 EXAMPLE = 'examples/digits_cnn.py'
+RECIPES_REFERENCE = ROOT / 'docs' / 'recipes-reference.md'
 LINK = re.compile(r'\]\(([^)\s#]+)(#[^)\s]*)?\)')
 
 
@@ -36,7 +39,9 @@ def recipes_reference_page():
     from aitoolbox_like.recipes.registry import KINDS
 
     lines = ['# Recipe reference: every registered name', '',
-             'Generated from the registries when the documentation is built: what a recipe can name without '
+             '<!-- Generated from the registries by `python mkdocs_hooks.py`: edit the docstrings, not this file. -->',
+             '',
+             'Generated from the registries: what a recipe can name without '
              'registering anything (see [Recipes](recipes.md)). Each entry shows the arguments a recipe gives, '
              'with their defaults; the recipe fills the ones it builds itself (an optimizer\'s parameters, a '
              'scheduler\'s optimizer, a loop\'s model, loaders, optimizer and criterion). '
@@ -51,24 +56,25 @@ def recipes_reference_page():
         for name, signature, summary in entries:
             lines.append(f'| `{name}` | <code>{_cell(signature)}</code> | {_cell(summary)} |')
         lines.append('')
-    return '\n'.join(lines)
+    return '\n'.join(lines).rstrip('\n') + '\n'
 
 
 def on_files(files, config):
+    from mkdocs.structure.files import File
     files.append(File.generated(config, 'index.md', content=(ROOT / 'README.md').read_text()))
     files.append(File.generated(config, 'example.md', content=_example_page()))
-    files.append(File.generated(config, 'recipes-reference.md', content=recipes_reference_page()))
     return files
 
 
 def _rewrite(target, page_dir, docs_dir, from_readme):
     if '://' in target or target.startswith(('mailto:', '/')):
         return target
-    if from_readme:
-        if target == EXAMPLE:
-            return 'example.md'
-        if target.startswith('docs/'):
-            target = target[len('docs/'):]
+    # Where the link points in the repository: README.md sits at its root, the pages in docs/.
+    in_repository = posixpath.normpath(posixpath.join('' if from_readme else posixpath.join('docs', page_dir), target))
+    if in_repository == EXAMPLE:
+        return posixpath.relpath('example.md', page_dir or '.')
+    if from_readme and target.startswith('docs/'):
+        target = target[len('docs/'):]
     if target.endswith('/'):
         folder = posixpath.normpath(posixpath.join(page_dir, target))
         if (Path(docs_dir) / folder / 'README.md').is_file():
@@ -85,3 +91,8 @@ def on_page_markdown(markdown, page, config, files):
         return f']({target}{match.group(2) or ""})'
 
     return LINK.sub(replace, markdown)
+
+
+if __name__ == '__main__':
+    RECIPES_REFERENCE.write_text(recipes_reference_page())
+    print(f'wrote {RECIPES_REFERENCE.relative_to(ROOT)}')

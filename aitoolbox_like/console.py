@@ -6,11 +6,14 @@ fit runs, :func:`default_console_output` gives the ``aitoolbox_like`` logger a h
 per-epoch values, where the experiment folder is) to stderr, only when nothing is configured: the root logger has
 no handler, and the ``aitoolbox_like`` logger has neither a handler nor a level. A program that configures logging,
 before or during the fit, gets its own configuration untouched (the handler then stays silent).
+
+In a distributed run every process logs: :func:`label_records_with_rank` makes the library say each INFO message
+once (rank 0) and put ``[rank k]`` in front of what the other ranks warn about.
 """
 import contextlib
 import logging
 import sys
-from typing import Iterator
+from typing import Iterator, List
 
 PACKAGE_LOGGER = 'aitoolbox_like'
 
@@ -46,9 +49,37 @@ def default_console_output() -> Iterator[None]:
     handler = DefaultConsoleHandler(sys.stderr)
     handler.setFormatter(_LevelPrefix('%(message)s'))
     package.addHandler(handler)
-    package.setLevel(logging.INFO)
+    package.setLevel(logging.WARNING if _labelled_rank else logging.INFO)
+    _console_level_set.append(handler)
     try:
         yield
     finally:
+        _console_level_set.remove(handler)
         package.removeHandler(handler)
         package.setLevel(logging.NOTSET)
+
+
+_labelled_rank: List[int] = []          # the rank this process's library records are labelled with (set once)
+_console_level_set: List[logging.Handler] = []    # while default_console_output set the package's level
+
+
+def label_records_with_rank(rank: int) -> None:
+    """In one process of a distributed run: the library's INFO messages come from rank 0 only (every rank would say
+    the same), and its warnings and errors of the other ranks start with ``[rank k]``. Applies whatever the
+    program's logging configuration; a level the program set on the ``aitoolbox_like`` logger is kept. Repeated
+    calls (a second fit) change nothing."""
+    if _labelled_rank or rank == 0:
+        return
+    _labelled_rank.append(rank)
+    package = logging.getLogger(PACKAGE_LOGGER)
+    if package.level == logging.NOTSET or _console_level_set:
+        package.setLevel(logging.WARNING)
+    make_record = logging.getLogRecordFactory()
+
+    def labelled_record(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        if record.name == PACKAGE_LOGGER or record.name.startswith(PACKAGE_LOGGER + '.'):
+            record.msg = f'[rank {rank}] {record.msg}'
+        return record
+
+    logging.setLogRecordFactory(labelled_record)

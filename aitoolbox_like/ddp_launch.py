@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from . import distributed, sharded_checkpoint
+from .console import label_records_with_rank
 from .callbacks.abstract import AbstractCallback
 from .model import TTModel
 
@@ -36,7 +37,7 @@ _RESULT_FILE = 'ddp_result.pt'
 _FAILURE_FILE = 'failure_rank{}.txt'
 # experiment_timestamp: a resumed run moves into its checkpoint's experiment folder inside the processes.
 _LOOP_STATE_ATTRS = ('epoch', 'iteration', 'total_iteration_idx', 'num_epochs', 'num_iterations', 'grad_accumulation',
-                     'early_stop', 'epochs_completed', 'experiment_timestamp')
+                     'early_stop', 'epochs_completed', 'experiment_timestamp', 'interrupted')
 
 
 #: The default FSDP policy shards every child module holding at least this many parameters, then the root.
@@ -341,6 +342,7 @@ def _find_unpicklable(loop, settings):
 def _train_worker(loop, local_rank, settings):
     """Everything one rank does, once its process group is up: register the callbacks (so rank gating
     sees the real rank), let them load data, shard the loaders, wrap the model and train."""
+    label_records_with_rank(dist.get_rank())        # the library's messages once, or with their rank
     loop.ddp_training_mode = True
     if settings['on_gpu']:
         loop.move_to_device(torch.device('cuda', local_rank))

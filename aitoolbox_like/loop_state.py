@@ -39,9 +39,10 @@ from . import distributed, sharded_checkpoint
 from .checkpoint import FORMAT_VERSION, CheckpointError, check_weights_only_safe, load_checkpoint, load_model_weights
 from .experiment import BEST_POINTER, CHECKPOINT_DIR, LATEST_POINTER, LEGACY_LATEST_POINTER  # noqa: F401
 from .experiment import find_cloud_checkpoint, find_latest_cloud_checkpoint, get_experiment, is_cloud_mode
-from .experiment import read_pointer  # noqa: F401  (kept importable from this module)
+from .experiment import bookkeeping_dir, read_pointer, run_owner_alive  # noqa: F401  (read_pointer: kept importable)
 from .multi_loss_optim import MultiLoss
 from .storage.base import join_key, validate_key
+from .storage.local import remove_stray_temp_files
 from .storage.urls import is_cloud_url, open_storage, split_url, storage_for_mode
 
 if TYPE_CHECKING:
@@ -942,6 +943,25 @@ def find_latest_local(experiment):
     return None
 
 
+def remove_unfinished_writes_of_dead_runs(experiment):
+    """The temporary files of writes that runs of this experiment's name left when they were killed before their
+    first checkpoint (no checkpoint in their folder): removed where the run is known to be dead (its process, on this
+    machine, is gone); a run still alive, or on another machine, keeps its folder untouched. Returns the removed
+    paths."""
+    project_dir = os.path.join(experiment.root, experiment.project_name)
+    prefix = f'{experiment.experiment_name}_'
+    try:
+        names = [n for n in os.listdir(project_dir) if n.startswith(prefix)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        folder = os.path.join(project_dir, name)
+        if find_checkpoint_in_dir(folder) is None and run_owner_alive(folder) is False:
+            removed += remove_stray_temp_files(folder) + remove_stray_temp_files(bookkeeping_dir(folder))
+    return removed
+
+
 def load_resume_checkpoint(loop, resume_from, experiment=None, callbacks=None, map_location='cpu',
                            allow_unsafe_pickle=False, endpoint_url=None):
     """Load the checkpoint ``resume_from`` names: a file, an experiment folder, a cloud URL (``s3://bucket/key``,
@@ -961,8 +981,13 @@ def load_resume_checkpoint(loop, resume_from, experiment=None, callbacks=None, m
             remote = _find_latest_in_cloud(loop, experiment, callbacks)
             if remote is not None:
                 return remote
+            cleaned = remove_unfinished_writes_of_dead_runs(experiment)
+            note = (f' (removed {len(cleaned)} unfinished write(s) left by runs killed before their first '
+                    f'checkpoint: {", ".join(cleaned)})' if cleaned else '')
             raise FileNotFoundError(f"fit(resume_from='latest'): no checkpoint of experiment "
-                                    f'{experiment.project_name}/{experiment.experiment_name} in {experiment.root}')
+                                    f'{experiment.project_name}/{experiment.experiment_name} in {experiment.root}'
+                                    f'{note}; start the run without resume_from (or with resume_from=\'auto\', '
+                                    f'which starts from scratch when there is no checkpoint)')
     else:
         path = os.path.abspath(os.path.expanduser(resume_from))
         if os.path.isdir(path) and not sharded_checkpoint.is_sharded_checkpoint(path):

@@ -41,7 +41,7 @@ from torch.utils.data import IterableDataset
 from . import distributed, loop_state
 from .amp import AmpPolicy
 from .console import default_console_output
-from .callbacks.abstract import AbstractCallback, AbstractScheduler, StopTraining
+from .callbacks.abstract import AbstractCallback, AbstractScheduler, StopTraining, TrainingInterrupted
 from .callbacks.defaults import add_default_callbacks       # the one place default callbacks come from
 from .callbacks.handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError
 from .history import TrainingHistory
@@ -144,7 +144,10 @@ class TrainLoop:
 
         self.device = self._select_device(cuda_device_idx)
         self._amp = AmpPolicy(use_amp, self.device)
-        self.use_amp = self._amp.mode or False
+        # The user's flag, as AIToolbox keeps it (True for True or a dict of GradScaler arguments), also where it
+        # cannot be honoured (use_amp=True without CUDA trains in full precision): ``precision`` says what is used.
+        self.use_amp: Union[bool, str] = True if isinstance(use_amp, dict) else (use_amp or False)
+        self.amp_scaler_init: Dict[str, Any] = dict(use_amp) if isinstance(use_amp, dict) else {}
         self.amp_scaler = self._amp.scaler
 
         # ---- run state: everything a fit carries is declared here and documented in docs/loop-state.md.
@@ -167,6 +170,10 @@ class TrainLoop:
         self.update_applied: List[bool] = []    # per optimizer: did the last update step change its weights
         self.loss_batch_accum: List[Any] = []
         self.early_stop = False
+        # Why the latest fit stopped before its end, leaving a checkpoint to continue from (e.g. 'received SIGINT'),
+        # or None when it trained to its end (early stopping included). Code after fit reads it before treating the
+        # model as trained; `aitoolbox-like train` exits with status 130 then.
+        self.interrupted: Optional[str] = None
         self.grad_cb_used = False       # AIToolbox callbacks set it; dispatch does not need it
         # distributed run
         self.ddp_training_mode = False
@@ -234,7 +241,7 @@ class TrainLoop:
         choice is kept; the GradScaler is rebuilt when the device type changes."""
         device = torch.device(device)
         if device.type != self.device.type:
-            self._amp = AmpPolicy(self.use_amp or False, device)
+            self._amp = AmpPolicy(self.amp_scaler_init or self.use_amp, device)
             self.amp_scaler = self._amp.scaler
         self.device = device
 
@@ -275,6 +282,13 @@ class TrainLoop:
         return self._epochs_running
 
     @property
+    def precision(self) -> str:
+        """The precision the forward passes actually run in: ``'fp16'`` (float16 autocast with the GradScaler),
+        ``'bf16'`` (bfloat16 autocast) or ``'fp32'`` (full precision: no ``use_amp``, or ``use_amp=True`` on a device
+        without float16 AMP). ``use_amp`` keeps what was asked for."""
+        return self._amp.mode or 'fp32'
+
+    @property
     def num_optimizers(self) -> int:
         """How many optimizers the loop steps (AIToolbox's attribute)."""
         return len(self.optimizers)
@@ -313,6 +327,12 @@ class TrainLoop:
                 run's newest checkpoint when there is one (local, else its cloud copy, or a callback's such as Ray
                 Train's), else start from scratch, for scripts that a launcher restarts (docs/distributed.md). 'auto'
                 needs a callback that writes checkpoints.
+
+        Returns:
+            The model. When training stopped before its end with a checkpoint to continue from (Ctrl-C, a
+            scheduler's SIGTERM, a time budget: see PreemptionCheckpoint), fit returns too, and ``loop.interrupted``
+            says why (None after a run that trained to its end, early stopping included): read it before treating
+            the model as trained.
         """
         self._check_fit_keywords(kwargs)
         for name, value in (('num_epochs', num_epochs), ('num_iterations', num_iterations),
@@ -422,6 +442,7 @@ class TrainLoop:
         self.grad_accumulation = grad_accumulation
         self.num_epochs = num_epochs or self._epochs_for_iterations(num_iterations)
         self.early_stop = False
+        self.interrupted = None
         self._eval_cache.clear()
 
         self.register_fit_callbacks(callbacks)
@@ -446,11 +467,15 @@ class TrainLoop:
                 self._check_fit_inputs(final=True, need_train_loader=True)
                 self._train_epochs()
             except StopTraining as stop:
-                logger.info('Training stopped by a callback: %s', stop or 'StopTraining')
+                if isinstance(stop, TrainingInterrupted):
+                    self.interrupted = stop.reason
+                else:
+                    logger.info('Training stopped by a callback: %s', stop or 'StopTraining')
                 for fn in self.callbacks_handler.hook_lists['on_train_stopped']:
                     fn(stop)
             try:
-                self.auto_execute_end_of_training()
+                if self.interrupted is None:    # the end-of-training evaluation belongs to the run's real end
+                    self.auto_execute_end_of_training()
                 self.callbacks_handler.execute_train_end()
             except StopTraining:
                 pass
@@ -705,6 +730,11 @@ class TrainLoop:
                 if isinstance(loss, torch.Tensor) and loss.dim() > 0 and loss.numel() != 1:
                     raise ValueError(f'{self._get_loss_name()} returned a loss of shape {tuple(loss.shape)}; return '
                                      f'a scalar (e.g. criterion with reduction=\'mean\', or loss.mean())') from error
+                if isinstance(self.loss, torch.Tensor) and not self.loss.requires_grad and torch.is_grad_enabled():
+                    raise RuntimeError(f'{self._get_loss_name()} returned a loss that is not connected to the '
+                                       f'parameters (it does not require grad), so backward() cannot reach them: '
+                                       f'return the loss tensor itself, not loss.detach() or a tensor built from '
+                                       f'loss.item(), and compute it outside torch.no_grad()') from error
                 raise
         for fn in hooks['on_after_backward']:
             fn()
@@ -792,6 +822,9 @@ class TrainLoop:
                 fn()
             optimizer.zero_grad()
         if uses_scaler:
+            if self._last_amp_scale is None and _any_fused(all_optimizers):
+                # The first update has no earlier scale to compare with: read it before update() (one sync, once).
+                self._last_amp_scale = self.amp_scaler.get_scale()
             self.amp_scaler.update()
             self._mark_fused_skips(all_optimizers, applied)
         self.optimizer_idx = 0
@@ -815,7 +848,7 @@ class TrainLoop:
     def _mark_fused_skips(self, optimizers, applied):
         # A fused optimizer gets the inf flag inside step(), which GradScaler then always calls; a skipped update
         # shows as a lower loss scale after update(). One host sync per update, only for fused optimizers.
-        if not any(getattr(o, 'defaults', {}).get('fused') for o in optimizers):
+        if not _any_fused(optimizers):
             return
         scale = self.amp_scaler.get_scale()
         skipped = self._last_amp_scale is not None and scale < self._last_amp_scale
@@ -1179,6 +1212,10 @@ def launcher_parameters(launcher: Callable[..., Any]) -> List[str]:
     """The keyword arguments a distributed launcher (ddp_launch.fit_ddp / fit_fsdp) takes besides fit's own."""
     skip = {'train_loop_obj', 'num_epochs', 'num_iterations', 'callbacks', 'grad_accumulation'}
     return [name for name in inspect.signature(launcher).parameters if name not in skip and not name.startswith('_')]
+
+
+def _any_fused(optimizers):
+    return any(getattr(o, 'defaults', {}).get('fused') for o in optimizers)
 
 
 def _loss_value(loss):

@@ -12,7 +12,12 @@ no-op callbacks on every per-step hook), repeats, and prints median ratios of st
 ``--compile`` compares ``TrainLoop(..., compile=True)`` with a hand-written loop over the same
 ``torch.compile``'d model (compilation is warmed up first and never timed).
 
+``--device cuda --model resnet18`` times a ResNet-18 step (3x224x224 images by default) on the GPU, the data
+already on the device. CUDA runs asynchronously, so every timer waits for the device first
+(``torch.cuda.synchronize``); neither loop reads a value on the host inside an epoch. ``make gpu-check`` runs it.
+
 Usage: python benchmarks/loop_overhead.py [--repeats N] [--tiny] [--compile [--backend B]]
+                                          [--device cuda] [--model resnet18 [--image-size S] [--batch-size B]]
 """
 import argparse
 import statistics
@@ -30,6 +35,9 @@ PER_STEP_HOOKS = ('on_batch_begin', 'on_after_backward', 'on_after_gradient_upda
 
 IN_FEATURES, HIDDEN, BATCH_SIZE = 784, 256, 64      # an MNIST-sized MLP; --tiny shrinks it
 COMPILE = None      # None: eager; a dict of torch.compile kwargs with --compile
+MODEL, IMAGE_SIZE = 'mlp', 224      # --model resnet18: 3 x IMAGE_SIZE x IMAGE_SIZE images, 1000 classes
+DEVICE = torch.device('cpu')
+DISTINCT_BATCHES = 4    # ResNet batches: this many distinct tensors, reused, so the data fits on any GPU
 
 
 class SmallMLP(TTBasicModel):
@@ -39,6 +47,46 @@ class SmallMLP(TTBasicModel):
 
     def forward(self, x):
         return self.net(x)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, in_channels, channels, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_channels != channels:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, channels, 1, stride, bias=False),
+                                          nn.BatchNorm2d(channels))
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet18(TTBasicModel):
+    """torchvision's resnet18 layout (11.7M parameters), written out so the benchmark needs no torchvision."""
+
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+        in_channels = 64
+        for channels, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers += [BasicBlock(in_channels, channels, stride), BasicBlock(channels, channels, 1)]
+            in_channels = channels
+        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.features(x))
+
+
+def sync():
+    """Wait for the device: a CUDA timer must not stop while queued work still runs."""
+    if DEVICE.type == 'cuda':
+        torch.cuda.synchronize(DEVICE)
 
 
 class NoOp(AbstractCallback):
@@ -63,19 +111,25 @@ class NoOp(AbstractCallback):
 
 def make_batches(num_batches):
     g = torch.Generator().manual_seed(0)
-    return [(torch.randn(BATCH_SIZE, IN_FEATURES, generator=g), torch.randint(0, 10, (BATCH_SIZE,), generator=g))
-            for _ in range(num_batches)]
+    if MODEL == 'resnet18':
+        distinct = [(torch.randn(BATCH_SIZE, 3, IMAGE_SIZE, IMAGE_SIZE, generator=g).to(DEVICE),
+                     torch.randint(0, 1000, (BATCH_SIZE,), generator=g).to(DEVICE))
+                    for _ in range(min(num_batches, DISTINCT_BATCHES))]
+        return [distinct[i % len(distinct)] for i in range(num_batches)]
+    return [(torch.randn(BATCH_SIZE, IN_FEATURES, generator=g).to(DEVICE),
+             torch.randint(0, 10, (BATCH_SIZE,), generator=g).to(DEVICE)) for _ in range(num_batches)]
 
 
 def new_model_and_optimizer():
     torch.manual_seed(0)
-    model = SmallMLP()
+    model = (ResNet18() if MODEL == 'resnet18' else SmallMLP()).to(DEVICE)
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 
 def run_raw(batches, epochs):
     """(whole, steady): the same time twice, a hand-written loop has no fixed cost of its own."""
     model, optimizer = new_model_and_optimizer()
+    sync()
     start = time.perf_counter()
     forward = torch.compile(model, **COMPILE) if COMPILE is not None else model
     criterion = nn.CrossEntropyLoss()
@@ -86,6 +140,7 @@ def run_raw(batches, epochs):
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
+    sync()
     elapsed = time.perf_counter() - start
     return elapsed, elapsed
 
@@ -101,17 +156,22 @@ def run_trainloop(batches, epochs, num_callbacks):
             super().__init__('timer', execution_order=-10**9)
 
         def on_epoch_begin(self):
+            sync()
             self.start = time.perf_counter()
 
         def on_epoch_end(self):
+            sync()
             times.append(time.perf_counter() - self.start)
 
     timer = EpochTimer()
+    sync()
     start = time.perf_counter()
     options = {} if COMPILE is None else {'compile': COMPILE}
     loop = TrainLoop(model, batches, None, None, optimizer, nn.CrossEntropyLoss(), end_auto_eval=False,
                      progress_bar=False, **options)
+    loop.move_to_device(DEVICE)     # the loop would take a GPU whenever there is one; --device decides
     loop.fit(num_epochs=epochs, callbacks=callbacks + [timer])
+    sync()
     whole = time.perf_counter() - start
     return whole, sum(times)
 
@@ -126,12 +186,24 @@ def main():
     parser.add_argument('--compile', action='store_true',
                         help='TrainLoop(compile=True) vs a hand-written loop over torch.compile(model)')
     parser.add_argument('--backend', default='inductor', help='torch.compile backend with --compile')
+    parser.add_argument('--device', default='cpu', help="where both loops train: 'cpu' or 'cuda' (or 'cuda:N')")
+    parser.add_argument('--model', choices=('mlp', 'resnet18'), default='mlp')
+    parser.add_argument('--image-size', type=int, default=224, help='--model resnet18: images are 3 x S x S')
+    parser.add_argument('--batch-size', type=int, default=None,
+                        help='default: 64 for the MLP (32 with --tiny), 32 for ResNet-18')
     args = parser.parse_args()
-    global IN_FEATURES, HIDDEN, BATCH_SIZE, COMPILE
+    global IN_FEATURES, HIDDEN, BATCH_SIZE, COMPILE, MODEL, IMAGE_SIZE, DEVICE
     if args.tiny:
         IN_FEATURES, HIDDEN, BATCH_SIZE = 64, 128, 32
     if args.compile:
         COMPILE = {'backend': args.backend}
+    MODEL, IMAGE_SIZE, DEVICE = args.model, args.image_size, torch.device(args.device)
+    if MODEL == 'resnet18':
+        BATCH_SIZE = 32
+    if args.batch_size is not None:
+        BATCH_SIZE = args.batch_size
+    if DEVICE.type == 'cuda' and not torch.cuda.is_available():
+        parser.error(f'--device {args.device}: CUDA is not available (torch {torch.__version__})')
     torch.set_num_threads(1)
     batches = make_batches(args.batches)
     steps = args.batches * args.epochs
@@ -153,7 +225,11 @@ def main():
         fixed_cbs_ms.append((with_cbs[0] - with_cbs[1]) * 1e3)
     raw_step_us = run_raw(batches, args.epochs)[0] / steps * 1e6
     mode = f'torch.compile(backend={args.backend!r})' if args.compile else 'eager'
-    print(f'model: MLP {IN_FEATURES}-{HIDDEN}-10, batch {BATCH_SIZE}, {steps} steps per run ({args.epochs} epochs), '
+    if DEVICE.type == 'cuda':
+        mode += f', on {torch.cuda.get_device_name(DEVICE)}'
+    model = f'ResNet-18 on 3x{IMAGE_SIZE}x{IMAGE_SIZE} images' if MODEL == 'resnet18' else \
+        f'MLP {IN_FEATURES}-{HIDDEN}-10'
+    print(f'model: {model}, batch {BATCH_SIZE}, {steps} steps per run ({args.epochs} epochs), '
           f'{args.repeats} interleaved repeats, torch {torch.__version__}, 1 thread, {mode}; raw loop step '
           f'~{raw_step_us:.0f} us')
     print(f'TrainLoop overhead per step (steady state): {statistics.median(overhead_us):.1f} us (median)')

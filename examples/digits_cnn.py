@@ -56,6 +56,9 @@ class WorstClassReport(AbstractCallback):
     """A custom callback: after each epoch, log the digit the model gets wrong most often on the validation
     set (the predictions are computed once per epoch and shared with the evaluation callback)."""
 
+    # What it adds to the history each epoch: a hyper-parameter search then checks its --monitor before any trial.
+    history_names = ('val_worst_class_errors',)
+
     def __init__(self):
         super().__init__('worst class report', execution_order=1)
 
@@ -64,8 +67,9 @@ class WorstClassReport(AbstractCallback):
         errors = torch.bincount(y_true[y_pred != y_true], minlength=10)
         worst = int(errors.argmax())
         self.train_loop_obj.insert_metric_result_into_history('val_worst_class_errors', int(errors[worst]))
-        logging.getLogger('digits').info('epoch %d: digit %d misclassified %d times', self.train_loop_obj.epoch,
-                                         worst, int(errors[worst]))
+        if self.train_loop_obj.is_main_process():      # every process of a DDP run has the same numbers
+            logging.getLogger('digits').info('epoch %d: digit %d misclassified %d times', self.train_loop_obj.epoch,
+                                             worst, int(errors[worst]))
 
 
 @register_data

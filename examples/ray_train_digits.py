@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from aitoolbox_like import TrainLoop, TTBasicModel
 from aitoolbox_like.callbacks.performance_eval import ModelPerformanceEvaluation
-from aitoolbox_like.integrations.ray import RayTrainReport
+from aitoolbox_like.integrations.ray import QUIET_WORKER_LOGS_HOOK, RayTrainReport
 from aitoolbox_like.result_package import ClassificationResultPackage
 
 
@@ -82,7 +82,9 @@ def main(argv=None):
 
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(num_cpus=args.workers, include_dashboard=False)     # a local cluster for this script
+        # A local cluster for this script; its workers leave out Ray Train's per-run chatter.
+        ray.init(num_cpus=args.workers, include_dashboard=False,
+                 runtime_env={'worker_process_setup_hook': QUIET_WORKER_LOGS_HOOK})
     try:
         config = {'epochs': args.epochs, 'batch_size': args.batch_size, 'lr': args.lr, 'seed': args.seed}
         trainer = TorchTrainer(train_fn, train_loop_config=config,

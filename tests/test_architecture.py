@@ -12,9 +12,10 @@ CALLBACK_FRAMEWORK = {'aitoolbox_like.callbacks', 'aitoolbox_like.callbacks.abst
                       'aitoolbox_like.callbacks.handler'}
 DEFAULTS = 'aitoolbox_like.callbacks.defaults'
 # Modules above the callback libraries: a loop with callbacks pre-registered, the recipes (which build callbacks
-# by name), and the AIToolbox alias layer (matched by prefix below).
+# by name), the search over recipes (which adds its trials' callbacks), and the AIToolbox alias layer (matched by
+# prefix below).
 ABOVE_CALLBACKS = {'aitoolbox_like.tracking', 'aitoolbox_like.__main__'}
-ABOVE_CALLBACKS_PACKAGES = ('aitoolbox_like.recipes',)
+ABOVE_CALLBACKS_PACKAGES = ('aitoolbox_like.recipes', 'aitoolbox_like.tuning')
 # Third-party private attributes we cannot avoid, each explained where it is used.
 ALLOWED_THIRD_PARTY_PRIVATES = {
     ('aitoolbox_like.distributed', '_num_samples'),

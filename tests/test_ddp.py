@@ -102,6 +102,12 @@ def test_torchrun_trains_like_one_process(tmp_path):
     assert_close_states(w0, single_process_reference().state_dict())
     h0, h1 = (torch.load(tmp_path / f'history_rank{r}.pt') for r in (0, 1))
     assert h0['train_history']['val_loss'] == h1['train_history']['val_loss']     # agreed, not per-rank
+    # The library's messages: INFO once (rank 0), warnings of the other ranks with their rank.
+    lines = proc.stderr.splitlines()
+    assert sum('Epoch 1:' in line for line in lines) == 1
+    assert sum('said by every rank' in line for line in lines) == 1
+    warned = sorted(line for line in lines if 'warned by every rank' in line)
+    assert warned == ['WARNING: [rank 1] warned by every rank', 'WARNING: warned by every rank'], warned
 
 
 @pytest.mark.timeout(120)

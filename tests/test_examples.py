@@ -62,21 +62,30 @@ def test_sam_example_learns_and_resumes(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_ray_train_example_learns_and_a_second_run_of_the_same_name_continues_it(tmp_path, monkeypatch):
+def test_ray_train_example_learns_and_a_second_run_of_the_same_name_continues_it(tmp_path, monkeypatch, capfd):
     import ray
     from ray.train import Checkpoint
+
+    from aitoolbox_like.integrations.ray import QUIET_WORKER_LOGS_HOOK
 
     monkeypatch.setenv('OMP_NUM_THREADS', '1')      # inherited by Ray's workers
     # Ray's workers import the example's train_fn by its module name.
     monkeypatch.setenv('PYTHONPATH', os.pathsep.join(p for p in (EXAMPLES_DIR, os.environ.get('PYTHONPATH')) if p))
     example = load_example('ray_train_digits')
     args = ['--storage-path', str(tmp_path / 'ray'), '--name', 'digits']
-    ray.init(num_cpus=2, include_dashboard=False)   # one local cluster for both runs (main leaves it running)
+    # One local cluster for both runs (main leaves it running), started as the example starts its own.
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={'worker_process_setup_hook': QUIET_WORKER_LOGS_HOOK})
     try:
         first = example.main(['--epochs', '2'] + args)
         second = example.main(['--epochs', '3'] + args)
     finally:
         ray.shutdown()
+    printed = ''.join(capfd.readouterr())
+    # What the workers say reaches this console (Ray forwards it), without Ray Train's per-run chatter: the
+    # placement-group cleaner's once-a-second "Failed to query ..." and every rank's every report.
+    assert 'Epoch 1: loss=' in printed
+    assert 'Failed to query Ray Train Controller actor state' not in printed
+    assert 'Reporting training result' not in printed
     assert first.metrics['epoch'] == 1 and first.metrics['val_Accuracy'] > 0.8
     assert second.metrics['epoch'] == 2 and second.metrics['val_Accuracy'] > 0.8
 

@@ -1,1 +1,1 @@
-from .abstract import AbstractCallback, AbstractExperimentCallback, StopTraining
+from .abstract import AbstractCallback, AbstractExperimentCallback, StopTraining, TrainingInterrupted

@@ -3,7 +3,7 @@ StopTraining. The loop, the handler and every callback module build on this modu
 the loop (only the experiment helpers, lazily, for uploads)."""
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from ..message_passing import MessageService
@@ -14,6 +14,23 @@ logger = logging.getLogger(__name__)
 
 class StopTraining(Exception):
     """Raise from any hook to end training cleanly: on_train_end still runs and fit returns."""
+
+
+class TrainingInterrupted(StopTraining):
+    """Training stopped before its end with a checkpoint to continue from (a signal such as Ctrl-C or a scheduler's
+    SIGTERM, a time budget): what :class:`~aitoolbox_like.callbacks.preemption.PreemptionCheckpoint` raises. The
+    loop records the reason in ``loop.interrupted`` and skips the end-of-training evaluation; ``on_train_end`` runs
+    (to close and flush), and callbacks that report the end of training skip their reports, which belong to the
+    run's real end.
+
+    Args:
+        reason (str): why, in a few words (``'received SIGINT'``); it becomes ``loop.interrupted``.
+        message (str or None): the whole message (default: ``reason``).
+    """
+
+    def __init__(self, reason: str, message: Optional[str] = None) -> None:
+        super().__init__(message or reason)
+        self.reason = reason
 
 
 # Every hook the loop calls, in the order of a fit. The handler dispatches a hook only to the callbacks that use
@@ -69,6 +86,12 @@ class AbstractCallback:
 
     # The loop, set at registration; hooks only run on registered callbacks, so they may use it unchecked.
     train_loop_obj: 'TrainLoop'
+
+    #: The names this callback adds to the training history each epoch (fnmatch patterns allowed, e.g.
+    #: ``('val_worst_class', 'grad_norm_*')``); ``()``: none. None (the default): not declared, so a hyper-parameter
+    #: search (``aitoolbox-like tune``) can only check its ``--monitor`` against this callback at the end of the first
+    #: epoch instead of before the first trial.
+    history_names: Optional[Tuple[str, ...]] = None
 
     def __init__(self, callback_name: str, execution_order: float = 0,
                  device_idx_execution: Optional[int] = None) -> None:

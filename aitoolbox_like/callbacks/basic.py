@@ -773,9 +773,11 @@ class EmailNotification(AbstractCallback):
         self._send(subject, body)
 
     def on_train_end(self) -> None:
-        """Send the end-of-training report."""
-        subject = f'End of training: {self.project_name}: {self.experiment_name}'
-        body = (f'<h2>End of training at epoch {self.train_loop_obj.epoch}</h2>\n{self.get_metric_list_html()}\n'
+        """Send the end-of-training report (or, after an interruption, say so)."""
+        interrupted = self.train_loop_obj.interrupted
+        what = f'Training interrupted ({interrupted})' if interrupted else 'End of training'
+        subject = f'{what}: {self.project_name}: {self.experiment_name}'
+        body = (f'<h2>{html.escape(what)} at epoch {self.train_loop_obj.epoch}</h2>\n{self.get_metric_list_html()}\n'
                 f'<h3>Used hyper parameters:</h3>\n{self.get_hyperparams_html()}')
         self._send(subject, body)
         if self.failed_count > 1:

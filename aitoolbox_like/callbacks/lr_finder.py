@@ -185,7 +185,8 @@ def find_lr(loop: 'TrainLoop', start_lr: float = 1e-7, end_lr: float = 10., num_
     else:
         model, feed = resolve_model(model)
     criterion = loop.criterion
-    amp = AmpPolicy(loop.use_amp or False, loop.device)
+    # The precision the loop resolved (use_amp=True on CPU is full precision there, without a second warning).
+    amp = AmpPolicy(False if loop.precision == 'fp32' else (loop.amp_scaler_init or loop.precision), loop.device)
     scaler = amp.scaler
 
     rng = loop_state.capture_rng_state(loop)

@@ -521,7 +521,9 @@ class MLflowTracking(AbstractExperimentCallback):
             self.train_loop_obj.wait_for_pending_saves()
         self._log_artifacts()
         if self.finish_run_on_train_end:
-            self._sender.submit(_Operation('terminate', status='FINISHED'))
+            # An interrupted run continues later (MLflow's KILLED: ended from outside before its end).
+            status = 'KILLED' if self.train_loop_obj.interrupted else 'FINISHED'
+            self._sender.submit(_Operation('terminate', status=status))
             self._run_open = False
         self.flush(self.end_wait_timeout_s)
         self._release_sender()

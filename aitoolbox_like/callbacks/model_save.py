@@ -572,6 +572,11 @@ class ModelTrainEndSave(ExperimentSaverBase):
 
     def on_train_end(self):
         loop = self.train_loop_obj
+        if loop.interrupted:
+            # Not the final model: the run continues from its checkpoint, and saves at its real end.
+            logger.info('%s: training was interrupted (%s); the final model is saved when the run ends',
+                        type(self).__name__, loop.interrupted)
+            return
         packages = []
         # Suffixes are added to copies: AIToolbox appended '_VAL' to the user's package on every fit.
         for package, predict, loss, suffix in (

@@ -109,6 +109,8 @@ class ModelPerformanceEvaluation(AbstractCallback):
                 package.metric_reset()
 
     def on_train_end(self):
+        if self.train_loop_obj.interrupted:     # end-of-training results belong to the run's real end
+            return
         self.evaluate_model_performance(prefix='train_end_')
 
     def evaluate_model_performance(self, prefix=''):
@@ -193,6 +195,8 @@ class ModelPerformancePrintReport(AbstractCallback):
             self.print_performance_report()
 
     def on_train_end(self):
+        if self.train_loop_obj.interrupted:     # end-of-training results belong to the run's real end
+            return
         print('-----------------  End of training performance report  -----------------')
         self.print_performance_report(prefix='train_end_')
 
@@ -251,6 +255,8 @@ class TrainHistoryFormatter(AbstractCallback):
             self.format_history()
 
     def on_train_end(self):
+        if self.train_loop_obj.interrupted:     # end-of-training results belong to the run's real end
+            return
         if self.train_end and self.check_if_history_updated(train_end_phase=True):
             self.format_history()
 
@@ -405,6 +411,8 @@ class ModelTrainHistoryPlot(ModelTrainHistoryBaseCB):
             self.plot_current_train_history()
 
     def on_train_end(self):
+        if self.train_loop_obj.interrupted:     # end-of-training results belong to the run's real end
+            return
         if self.train_end:
             self.plot_current_train_history(prefix='train_end_')
 
@@ -471,6 +479,8 @@ class ModelTrainHistoryFileWriter(ModelTrainHistoryBaseCB):
             self.write_current_train_history()
 
     def on_train_end(self):
+        if self.train_loop_obj.interrupted:     # end-of-training results belong to the run's real end
+            return
         if self.train_end:
             self.write_current_train_history(prefix='train_end_')
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from .. import distributed
-from .abstract import AbstractCallback, StopTraining
+from .abstract import AbstractCallback, TrainingInterrupted
 from .model_save import ModelCheckpoint, ModelIterationCheckpoint
 
 if TYPE_CHECKING:
@@ -75,8 +75,9 @@ class PreemptionCheckpoint(AbstractCallback):
        (``ModelCheckpoint.save_checkpoint(iteration_idx=loop.total_iteration_idx)``), which also updates
        ``latest_checkpoint.txt`` (skipped when ModelIterationCheckpoint just saved this very batch);
     2. waits for the experiment's pending uploads, ``upload_wait_s`` seconds at most;
-    3. raises ``StopTraining``: ``on_train_stopped``, the end-of-training evaluation and ``on_train_end`` run and
-       ``fit`` returns normally.
+    3. raises :class:`~aitoolbox_like.callbacks.abstract.TrainingInterrupted` (a ``StopTraining``):
+       ``on_train_stopped`` and ``on_train_end`` run, ``fit`` returns normally and ``loop.interrupted`` names the
+       reason; the end-of-training evaluation and reports are skipped (they belong to the run's real end).
 
     A second signal of the same kind while stopping calls the previous handler (a second Ctrl-C raises
     KeyboardInterrupt at once; a second SIGTERM with the default handler terminates the process).
@@ -299,8 +300,8 @@ class PreemptionCheckpoint(AbstractCallback):
         self._wait_for_uploads(loop)
         if self.checkpoint_path and loop.is_main_process():
             logger.warning('%s: checkpoint saved; continue with %s', reason, loop.how_to_resume())
-        raise StopTraining(f'{reason}: checkpoint saved, continue with {loop.how_to_resume()}'
-                           if self.checkpoint_path else reason)
+        raise TrainingInterrupted(reason, f'{reason}: checkpoint saved, continue with {loop.how_to_resume()}'
+                                  if self.checkpoint_path else None)
 
     def _save(self, loop: 'TrainLoop', all_ranks: Optional[bool] = None) -> Optional[str]:
         saver = find_checkpoint_callback(loop)

@@ -539,11 +539,12 @@ class TensorboardHyperparameters(TensorboardReporterBaseCB):
 
     def on_train_end(self) -> None:
         """Write the hyperparameters with the final metrics, then close the writer and upload."""
-        hparams = self._hparams_to_write()
-        if hparams:
-            self.log_hparams(hparams, self.metric_names)
-        else:
-            logger.warning('%s: no hyperparameters to write; pass hparams={...}', self.callback_name)
+        if not self.train_loop_obj.interrupted:      # the final metrics come at the run's real end
+            hparams = self._hparams_to_write()
+            if hparams:
+                self.log_hparams(hparams, self.metric_names)
+            else:
+                logger.warning('%s: no hyperparameters to write; pass hparams={...}', self.callback_name)
         super().on_train_end()
 
 
@@ -640,8 +641,9 @@ class TensorboardFullTracking(TensorboardReporterBaseCB):
         if not self.writes_events:
             return
         self.log_mid_train_loss()
-        self._log_train_end_history()
-        hparams = self._hparams_to_write()
-        if hparams:
-            self.log_hparams(hparams, self.metric_names)
+        if not self.train_loop_obj.interrupted:      # the final metrics come at the run's real end
+            self._log_train_end_history()
+            hparams = self._hparams_to_write()
+            if hparams:
+                self.log_hparams(hparams, self.metric_names)
         super().on_train_end()

@@ -227,7 +227,7 @@ class ExponentialMovingAverage(AbstractCallback):
     def on_train_end(self) -> None:
         """swap_at_end: the model takes the EMA weights; the training weights are kept for a later fit."""
         self._swap_out()
-        if not self.swap_at_end or self.ema is None or not self._live:
+        if not self.swap_at_end or self.ema is None or not self._live or self.train_loop_obj.interrupted:
             return
         with torch.no_grad():
             self._training_weights = {name: t.detach().clone() for name, t in self._live}
@@ -512,6 +512,8 @@ class StochasticWeightAveraging(AbstractCallback):
     def on_train_end(self) -> None:
         """Recompute BatchNorm statistics (update_bn) and give the model the averaged weights."""
         swa_model, loop = self.swa_model, self.train_loop_obj
+        if loop.interrupted:        # the run continues from its checkpoint; the average is applied at its real end
+            return
         if not self.averaging_started:
             logger.warning('StochasticWeightAveraging: training ended before swa_start_epoch=%s; the model keeps its '
                            'trained weights', self.swa_start_epoch)

@@ -30,6 +30,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import time
 import uuid
 import zipfile
@@ -74,6 +75,17 @@ def _abs_folder(path):
     return os.path.abspath(os.path.expanduser(os.fspath(path)))
 
 
+def _check_results_root(root):
+    """Refuse a results root that is, or lies under, a file (before anything is created under it)."""
+    existing = root
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise NotADirectoryError(
+            f'local_model_result_folder_path={root!r}: {existing!r} is a file, not a folder; pass the folder that '
+            f'experiment folders go into (it is created when missing)')
+
+
 def hyperparams_to_json(hyperparams):
     """JSON text of the hyperparameters; values JSON cannot hold are written as their repr."""
     return json.dumps(hyperparams if hyperparams is not None else {}, default=repr, sort_keys=False, indent=2)
@@ -87,6 +99,27 @@ def model_file_name(experiment_name, experiment_timestamp, epoch=None, iteration
         if iteration_idx is not None:
             name += f'_ITER{iteration_idx}'
     return name + '.pth'
+
+
+def run_owner_alive(experiment_dir):
+    """Whether the process that claimed the experiment folder ``experiment_dir`` still runs: True or False when it
+    ran on this machine, None when that cannot be told (another machine sharing the folder, a marker written by an
+    earlier version, no marker)."""
+    try:
+        with open(os.path.join(bookkeeping_dir(experiment_dir), MARKER_FILE)) as f:
+            lines = f.read().split('\n')
+    except OSError:
+        return None
+    host, _, pid = (lines[1] if len(lines) > 1 else '').partition(' ')
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:         # a process of another user has that pid now: not ours, but it cannot be told
+        return None
+    return True
 
 
 def bookkeeping_dir(experiment_dir):
@@ -361,6 +394,7 @@ class Experiment:
         return self.dir_path
 
     def _claim_here(self):
+        _check_results_root(self.root)
         base = self._base_timestamp = self.loop.experiment_timestamp
         suffix = 0
         while True:
@@ -503,14 +537,15 @@ class Experiment:
         except FileExistsError:
             return False
         with os.fdopen(fd, 'w') as f:
-            f.write(self.run_id)
+            # The owner's machine and process after the id: a later start can tell that a run died (run_owner_alive).
+            f.write(f'{self.run_id}\n{socket.gethostname()} {os.getpid()}\n')
         return True
 
     def _read_marker(self, legacy=False):
         path = os.path.join(self.dir_path, LEGACY_MARKER_FILE) if legacy else os.path.join(self.work_dir, MARKER_FILE)
         try:
             with open(path) as f:
-                return f.read().strip()
+                return f.readline().strip()
         except OSError:
             return None
 

@@ -40,6 +40,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _INSTALL_HINT = "pip install 'aitoolbox_like[ray]'"
+#: Where :func:`quiet_ray_worker_logs` points a Ray worker process's setup hook.
+QUIET_WORKER_LOGS_HOOK = 'aitoolbox_like.integrations.ray.quiet_ray_worker_logs'
+# Ray Train's messages that repeat, every run, what its user cannot act on: the placement-group cleaner polls the
+# State API, which a cluster started without its dashboard (ray.init(include_dashboard=False)) lacks, and warns once a
+# second ("Failed to query Ray Train Controller actor state"); every rank's every report is logged at INFO. Modules
+# of Ray's internals, by their logger names (the second names its logger by its file): see quiet_ray_worker_logs.
+_RAY_CHATTER = (('ray.train.v2._internal.execution.controller.placement_group_cleaner', logging.ERROR, False),
+                ('ray.train.v2._internal.execution.context', logging.WARNING, True))
 #: The name of the loop-state file inside each checkpoint folder this callback reports to Ray.
 CHECKPOINT_FILE_NAME = 'train_state.pth'
 
@@ -51,6 +59,25 @@ def import_ray_train() -> Any:
     except ImportError as exc:
         raise ImportError(f'RayTrainReport needs Ray Train: {_INSTALL_HINT}') from exc
     return ray.train
+
+
+def quiet_ray_worker_logs() -> None:
+    """Silence Ray Train's per-run chatter in a Ray worker process (the placement-group cleaner's "Failed to query
+    Ray Train Controller actor state" once a second without a dashboard, each rank's "Reporting training result"):
+    Ray's ``worker_process_setup_hook``. Give it when starting Ray::
+
+        ray.init(runtime_env={'worker_process_setup_hook': QUIET_WORKER_LOGS_HOOK})
+
+    Ray Train's own warnings and errors, and everything the training says, are kept."""
+    import importlib.util
+    for module, level, named_by_file in _RAY_CHATTER:
+        name = module
+        if named_by_file:
+            spec = importlib.util.find_spec(module)
+            if spec is None or spec.origin is None:
+                continue
+            name = spec.origin
+        logging.getLogger(name).setLevel(level)
 
 
 def ray_train_context() -> Optional[Any]:

@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 #: Exit status of a recipe that does not check (argparse uses it for bad command lines too).
 EXIT_RECIPE_ERROR = 2
+#: Exit status of a run interrupted before its end (Ctrl-C, SIGTERM, a time budget) after its checkpoint was written:
+#: what a shell reports for a command ended by Ctrl-C, so that `train ... && next-step` does not go on.
+EXIT_INTERRUPTED = 130
 #: Callbacks whose saved state says that they stopped the run (no patience left).
 EARLY_STOPPING_STATE_PREFIXES = ('EarlyStopping', 'ThresholdEarlyStopping')
 
@@ -51,20 +54,26 @@ def _say(message: str) -> None:
 # ---------------------------------------------------------------------------------------------- train
 
 
-def _finish(run: Run) -> None:
+def _finish(run: Run) -> int:
+    """Say how the run ended; returns the exit status (:data:`EXIT_INTERRUPTED` when it stopped before its end)."""
     loop = run.loop
     experiment = getattr(loop, 'experiment', None)
     history = getattr(loop, 'train_history', None)
+    interrupted = getattr(loop, 'interrupted', None)
     if history is not None and loop.is_main_process():
         last = {name: history[name][-1] for name in ('loss', 'val_loss') if name in history and history[name]}
         if last:
-            _say('final ' + ', '.join(f'{name} {value:.6g}' for name, value in last.items()))
+            values = ', '.join(f'{name} {value:.6g}' for name, value in last.items())
+            _say(f'{"last" if interrupted else "final"} {values}')
     if experiment is not None and loop.is_main_process():
         _say(f'experiment folder: {experiment.dir_path}')
+    if interrupted and loop.is_main_process():
+        _say(f'interrupted ({interrupted}); continue with: {loop.how_to_resume()}')
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         # Under torchrun the process group outlives fit (for evaluation after it); this command is done with it.
         dist.destroy_process_group()
+    return EXIT_INTERRUPTED if interrupted else 0
 
 
 def cmd_train(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -80,8 +89,7 @@ def cmd_train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     run = recipe.build(hyperparams_defaults={'experiment_file_path': script})
     attach_run_files(run, recipe, command_line_text(argv))
     run.fit()
-    _finish(run)
-    return 0
+    return _finish(run)
 
 
 # ---------------------------------------------------------------------------------------------- resume
@@ -312,8 +320,7 @@ def _resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
     run = recipe.build(hyperparams_defaults={'experiment_file_path': None})
     attach_run_files(run, recipe, previous + command_line_text(argv))
     run.fit(resume_from=experiment)
-    _finish(run)
-    return 0
+    return _finish(run)
 
 
 # ---------------------------------------------------------------------------------------------- show / list
@@ -420,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the exit status (0 done, 1 nothing to resume, 2 a recipe that does not
-    check)."""
+    check, 130 a run interrupted before its end, its checkpoint written)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)

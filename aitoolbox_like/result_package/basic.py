@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numbers
 from types import ModuleType
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -106,6 +106,9 @@ class GeneralResultPackage(AbstractResultPackage):
 class ClassificationResultPackage(AbstractResultPackage):
     """Multi-class classification: accuracy."""
 
+    #: The names of the results (``get_results()`` keys), known before any evaluation.
+    metric_names: Tuple[str, ...] = ('Accuracy',)
+
     def __init__(self, strict_content_check: bool = False, **kwargs: Any) -> None:
         """Multi-class classification result package: ``{'Accuracy': ...}``
 
@@ -131,6 +134,9 @@ class ClassificationResultPackage(AbstractResultPackage):
 
 class BinaryClassificationResultPackage(AbstractResultPackage):
     """Binary classification: accuracy, ROC AUC, PR AUC, F1, precision and recall."""
+
+    #: The names of the results (``get_results()`` keys), known before any evaluation.
+    metric_names: Tuple[str, ...] = ('Accuracy', 'ROC_AUC', 'PrecisionRecall_AUC', 'F1_score', 'Precision', 'Recall')
 
     def __init__(self, positive_class_thresh: Optional[float] = 0.5, strict_content_check: bool = False,
                  **kwargs: Any) -> None:
@@ -181,6 +187,9 @@ class BinaryClassificationResultPackage(AbstractResultPackage):
 
 class RegressionResultPackage(AbstractResultPackage):
     """Regression: mean squared error, mean absolute error and R^2."""
+
+    #: The names of the results (``get_results()`` keys), known before any evaluation.
+    metric_names: Tuple[str, ...] = ('Mean_squared_error', 'Mean_absolute_error', 'R2_score')
 
     def __init__(self, strict_content_check: bool = False, **kwargs: Any) -> None:
         """Regression result package: ``Mean_squared_error``, ``Mean_absolute_error`` and ``R2_score``

@@ -8,6 +8,7 @@
 """
 import argparse
 import shlex
+import sys
 from typing import Any, Sequence
 
 from . import BACKENDS, PRUNERS
@@ -64,14 +65,27 @@ def add_tune_parser(subparsers: Any) -> argparse.ArgumentParser:
     return tune
 
 
+#: The exit status of a search stopped by Ctrl-C (or SIGTERM), as a shell reports a command ended by Ctrl-C.
+EXIT_INTERRUPTED = 130
+
+
 def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Run the search ``args`` describes and print the best value and values; returns the exit status (0)."""
+    """Run the search ``args`` describes and print the best value and values; returns the exit status (0, or 130
+    when Ctrl-C stopped it: the running trials are FAIL (interrupted), not counted, and the same command continues)."""
     from . import tune
     command = f'{PROG} {shlex.join(argv)}'       # noted in every trial's command_line.txt
-    result = tune(args.recipe, args.overrides, params=args.params, trials=args.trials, monitor=args.monitor,
-                  mode=args.mode, output=args.output, pruner=args.pruner, storage=args.storage,
-                  study_name=args.study_name, backend=args.backend, concurrent=args.concurrent, command=command,
-                  address=args.address)
+    try:
+        result = tune(args.recipe, args.overrides, params=args.params, trials=args.trials, monitor=args.monitor,
+                      mode=args.mode, output=args.output, pruner=args.pruner, storage=args.storage,
+                      study_name=args.study_name, backend=args.backend, concurrent=args.concurrent,
+                      command=command, address=args.address)
+    except KeyboardInterrupt as interruption:
+        why = f' ({interruption})' if str(interruption) else ''
+        running = 'trials are' if args.concurrent > 1 else 'trial is'
+        print(f'search interrupted{why}: the running {running} recorded as FAIL (interrupted) and not counted; run '
+              f'the same command again to continue the study to its {args.trials} trials', file=sys.stderr,
+              flush=True)
+        return EXIT_INTERRUPTED
     for line in result.summary():
         print(line, flush=True)
     return 0

@@ -20,7 +20,9 @@ import functools
 import logging
 import multiprocessing
 import os
+import signal
 import socket
+import sys
 import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -29,7 +31,7 @@ from ..integrations.optuna import import_optuna
 from ..storage.local import exclusive_lock
 from .results import TrialRecord
 from .space import Param, TuneInputError
-from .trial import COMPLETE, FAIL, PRUNED, StudySettings, TrialFailed, run_trial
+from .trial import COMPLETE, FAIL, PRUNED, StudySettings, TrialFailed, outcome_line, run_trial
 
 if TYPE_CHECKING:
     import optuna
@@ -53,6 +55,29 @@ def default_storage(output_dir: str) -> str:
 def storage_url(settings: StudySettings) -> str:
     """The search's storage URL: ``--storage``, or the default inside the results folder."""
     return settings.storage or default_storage(settings.output_dir)
+
+
+#: The folder of the results folder where a trial's log is written while it runs (then it moves into the trial's
+#: experiment folder).
+LOGS_FOLDER = 'logs'
+
+
+@contextlib.contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Optuna's own messages off (errors kept) while a search runs: the search prints one line per trial itself, and
+    Optuna's would repeat it ("Trial 3 finished with value...") or add a traceback the trial's log already holds."""
+    optuna = import_optuna()
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(before)
+
+
+def trial_log_path(settings: StudySettings, number: int) -> str:
+    """Where trial ``number`` writes its output while it runs."""
+    return os.path.join(settings.output_dir, LOGS_FOLDER, f'trial_{number}.log')
 
 
 def make_pruner(pruner: Any) -> Any:
@@ -124,11 +149,13 @@ def _search_record(settings: StudySettings) -> Dict[str, Any]:
 
 def _check_same_search(study: 'optuna.Study', settings: StudySettings) -> None:
     """Refuse to continue a study that searched another space, monitor or direction (its trials would not compare);
-    a different recipe file or overrides is only warned about (a moved file, a changed output folder)."""
+    a different recipe file or overrides is only warned about (a moved file, a changed output folder). A study none
+    of whose trials has reported a value yet (a first try stopped by a misspelt monitor, or interrupted before its
+    first epoch ended) is not bound to anything: the search it records is replaced."""
     previous = study.user_attrs.get(SEARCH_ATTRIBUTE)
-    finished = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    reported = [t for t in study.get_trials(deepcopy=False) if t.value is not None or t.intermediate_values]
     current = _search_record(settings)
-    if isinstance(previous, dict) and finished:
+    if isinstance(previous, dict) and reported:
         errors = []
         for key, flag in (('monitor', '--monitor'), ('mode', '--mode'), ('params', '--param')):
             if previous.get(key) != current[key]:
@@ -272,7 +299,9 @@ def objective(settings: StudySettings, also_report: Optional[Callable[[int, floa
         if settings.command:
             label += f', searched by: {settings.command}'
         outcome = run_trial(settings.recipe, settings.overrides, values, settings.monitor, report, label=label,
-                            hyperparams={'tune_study': settings.study_name, 'tune_trial': trial.number})
+                            hyperparams={'tune_study': settings.study_name, 'tune_trial': trial.number},
+                            log_path=trial_log_path(settings, trial.number))
+        print(outcome_line(trial.number, outcome, settings.monitor, values), flush=True)
         if outcome.experiment_dir:
             trial.set_user_attr('experiment_dir', outcome.experiment_dir)
         if outcome.state == FAIL:
@@ -306,10 +335,15 @@ def _work_in_child(settings: StudySettings, log_level: int, threads: int, ready:
     import torch
     logging.basicConfig(level=log_level, format='%(levelname)s %(name)s: %(message)s')
     torch.set_num_threads(threads)
-    study = open_study(settings)
-    ready.set()
-    start.wait()
-    work(settings, study)
+    try:
+        with quiet_optuna():
+            study = open_study(settings)
+            ready.set()
+            start.wait()
+            work(settings, study)
+    except KeyboardInterrupt:
+        # Ctrl-C (the terminal's, or the parent's SIGINT): this worker's trial is FAIL (interrupted); the parent says so.
+        sys.exit(130)
 
 
 def _start_together(children: List[Any], ready: List[Any], start: Any) -> None:
@@ -337,6 +371,12 @@ def _work_concurrently(settings: StudySettings, study: 'optuna.Study', workers: 
     try:
         _start_together(children, ready, start)
         work(settings, study)
+    except KeyboardInterrupt:
+        # Only this process may have got it (kill -INT): every worker stops its trial the same way (checkpoint, FAIL).
+        for child in children:
+            if child.is_alive() and child.pid is not None:
+                os.kill(child.pid, signal.SIGINT)
+        raise
     finally:
         start.set()
         torch.set_num_threads(previous_threads)
@@ -371,19 +411,20 @@ def opened_study(settings: StudySettings) -> Iterator[Tuple['optuna.Study', bool
     os.makedirs(settings.output_dir, exist_ok=True)
     url = storage_url(settings)
     lock = FolderLock(settings.output_dir)
-    try:
-        alone = lock.acquire() and settings.storage is None
-        study = open_study(settings)
-        if alone:
-            mark_interrupted(study)
-        lock.share()
-        finished, _ = counts(study)
-        if finished:
-            logger.info('Study %r in %s has %d finished trials; running until it has %d', settings.study_name, url,
-                        finished, settings.trials)
-        yield study, alone
-    finally:
-        lock.release()
+    with quiet_optuna():
+        try:
+            alone = lock.acquire() and settings.storage is None
+            study = open_study(settings)
+            if alone:
+                mark_interrupted(study)
+            lock.share()
+            finished, _ = counts(study)
+            if finished:
+                logger.info('Study %r in %s has %d finished trials; running until it has %d', settings.study_name,
+                            url, finished, settings.trials)
+            yield study, alone
+        finally:
+            lock.release()
 
 
 def run_study(settings: StudySettings) -> Tuple[List[TrialRecord], str]:

@@ -25,13 +25,15 @@ On a cluster of several machines every worker must reach the storage: give ``--s
 (a shared file system). The recipe, its data and the experiment folders must be reachable from every machine as
 well (a shared file system, or an S3 results folder).
 """
+import contextlib
 import functools
 import logging
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from .optuna_backend import (counts, load_study, mark_interrupted, objective, opened_study, records,
+from .optuna_backend import (counts, load_study, mark_interrupted, objective, opened_study, quiet_optuna, records,
                              storage_url)
+from ..integrations.ray import QUIET_WORKER_LOGS_HOOK
 from .results import TrialRecord
 from .trial import MonitorNotRecorded, StudySettings, TrialFailed
 
@@ -79,10 +81,11 @@ def run_one_trial(config: Dict[str, Any], settings: StudySettings, cwd: str) -> 
     def report_to_ray(epoch: int, value: float, number: int) -> None:
         tune.report({settings.monitor: value, 'epoch': epoch, 'optuna_trial': number})
 
-    study = load_study(settings)
-    # Exactly one trial: Ray Tune decides how many run, and where.
-    study.optimize(objective(settings, also_report=report_to_ray), n_trials=1, catch=(TrialFailed,),
-                   gc_after_trial=True)
+    with quiet_optuna():
+        study = load_study(settings)
+        # Exactly one trial: Ray Tune decides how many run, and where.
+        study.optimize(objective(settings, also_report=report_to_ray), n_trials=1, catch=(TrialFailed,),
+                       gc_after_trial=True)
 
 
 def _connect(settings: StudySettings) -> bool:
@@ -99,7 +102,7 @@ def _connect(settings: StudySettings) -> bool:
                        'file (a shared file system); otherwise give --storage a database URL', settings.address,
                        storage_url(settings))
     ray.init(address=settings.address, include_dashboard=False, logging_level=logging.WARNING,
-             log_to_driver=True)
+             log_to_driver=True, runtime_env={'worker_process_setup_hook': QUIET_WORKER_LOGS_HOOK})
     return True
 
 
@@ -117,7 +120,12 @@ def _run_trials(settings: StudySettings, number: int) -> None:
                                                    reuse_actors=True),
                        run_config=tune.RunConfig(name=settings.study_name, verbose=0,
                                                  storage_path=os.path.join(settings.output_dir, RAY_FOLDER)))
-    results = tuner.fit()
+    # TUNE_DISABLE_SIGINT_HANDLER: Ctrl-C raises KeyboardInterrupt here, as under --backend optuna, instead of Ray
+    # Tune's own handler ending the experiment quietly (the search would then start the missing trials again).
+    # RAY_AIR_NEW_OUTPUT=0: Ray Tune's older console output, which verbose=0 silences (the newer one prints its
+    # configuration table and result paths whatever the verbosity); the search prints one line per trial itself.
+    with _environment(TUNE_DISABLE_SIGINT_HANDLER='1', RAY_AIR_NEW_OUTPUT='0'):
+        results = tuner.fit()
     for error in results.errors:
         # Failures of a trial's own training are FAIL trials of the study (caught in the trial); what reaches Ray is
         # a mistake of the search (the monitor) or a worker that died. Ray wraps the first (its ``cause``).
@@ -141,7 +149,15 @@ def run_study(settings: StudySettings) -> Tuple[List[TrialRecord], str]:
             # again, as long as each round finishes some.
             while finished + running < settings.trials:
                 started = _connect(settings) or started
-                _run_trials(settings, settings.trials - finished - running)
+                try:
+                    _run_trials(settings, settings.trials - finished - running)
+                except KeyboardInterrupt:
+                    if started:         # the trials' workers end first, so none tells its trial after this
+                        _shutdown()
+                        started = False
+                    if alone:
+                        mark_interrupted(study)
+                    raise
                 if alone:
                     mark_interrupted(study)     # no trial of this search runs any more
                 before = finished
@@ -150,9 +166,28 @@ def run_study(settings: StudySettings) -> Tuple[List[TrialRecord], str]:
                     break
     finally:
         if started:
-            import ray
-            ray.shutdown()
+            _shutdown()
     return records(study, settings), url
+
+
+@contextlib.contextmanager
+def _environment(**variables: str) -> Iterator[None]:
+    """Environment variables set while inside, then as they were."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _shutdown() -> None:
+    import ray
+    ray.shutdown()
 
 
 def describe_resources(resources: Optional[Dict[str, float]]) -> str:

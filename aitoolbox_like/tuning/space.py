@@ -361,16 +361,23 @@ def _producer_patterns(call: Call) -> Optional[Tuple[str, ...]]:
     """The history names a planned callback adds each epoch (fnmatch patterns), or None when it cannot be told."""
     target = call.target
     name = getattr(target, '__name__', '')
+    declared = getattr(target, 'history_names', None)       # AbstractCallback.history_names, a user's included
+    if isinstance(declared, (tuple, list)):
+        return tuple(declared)
     if not str(getattr(target, '__module__', '')).startswith('aitoolbox_like.'):
         return None
     if name in _NON_PRODUCERS or inspect.isclass(target) and issubclass(target, AbstractScheduler):
         return ()
     if name == 'ModelPerformanceEvaluation':
+        package = call.kwargs.get('result_package')
+        # A result package that declares its result names gives the exact history names; another, any name.
+        results = getattr(package.target, 'metric_names', None) if isinstance(package, Call) else None
+        results = tuple(results) if isinstance(results, (tuple, list)) and results else ('*',)
         patterns = []
         if call.kwargs.get('on_val_data', True):
-            patterns.append('val_*')
+            patterns += [f'val_{result}' for result in results]
         if call.kwargs.get('on_train_data', False):
-            patterns.append('train_*')
+            patterns += [f'train_{result}' for result in results]
         return tuple(patterns)
     return _PRODUCERS.get(name)
 
@@ -405,7 +412,9 @@ def check_monitor(plan: Any, monitor: str) -> Optional[str]:
                     'it: it is checked at the end of the first epoch', monitor, ', '.join(names + patterns),
                     ', '.join(unknown))
         return None
-    close = difflib.get_close_matches(monitor, names, n=2, cutoff=0.6)
+    exact = names + [p for p in patterns if not any(c in p for c in '*?[')]
+    close = difflib.get_close_matches(monitor, exact, n=2, cutoff=0.6) or \
+        difflib.get_close_matches(monitor.lower(), exact, n=2, cutoff=0.5)
     hint = f'; did you mean {" or ".join(close)}?' if close else ''
     shown = names + [p.replace('*', '<name>') for p in patterns]
     return f'--monitor {monitor}: no epoch of this recipe records it{hint} (an epoch records {", ".join(shown)})'

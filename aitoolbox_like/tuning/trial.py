@@ -13,16 +13,26 @@ sampled values, as ``aitoolbox-like train`` would, reporting the monitored value
 
 A trial that raises while training (or records a NaN / infinite monitored value) comes back as ``'FAIL'``; only a
 mistake of the search itself (:class:`MonitorNotRecorded`: no epoch records the monitor) and interruptions
-(KeyboardInterrupt, SystemExit) propagate.
+(KeyboardInterrupt, SystemExit, and :class:`TrialInterrupted` when the trial's fit stopped on Ctrl-C or SIGTERM with
+its checkpoint) propagate: an interrupted trial is not a finished one.
+
+With ``log_path``, everything the trial says (every logger's records, what it prints, Python's warnings) goes to
+that file instead of the console, and the file moves into the trial's experiment folder (``train.log``) when the
+trial ends: a search prints one line per trial (:func:`outcome_line`).
 """
+import contextlib
 import dataclasses
 import difflib
 import logging
 import math
 import os
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+import shutil
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..callbacks.abstract import AbstractCallback
+from ..callbacks.preemption import PreemptionCheckpoint
 from ..experiment.reporting import as_number
 from ..recipes.run_files import PROG, attach_run_files, command_line_text
 from ..recipes.recipe import Recipe
@@ -43,6 +53,12 @@ class MonitorNotRecorded(TuneInputError):
 
 class TrialFailed(Exception):
     """A trial that failed (its error is the message); raised by backends that need an exception for it."""
+
+
+class TrialInterrupted(KeyboardInterrupt):
+    """The trial's fit stopped before its end on Ctrl-C or a scheduler's SIGTERM (its checkpoint written): the search
+    stops too, and the trial is not recorded as finished (a KeyboardInterrupt, so that the search's caller and
+    Optuna treat it as the user's interruption)."""
 
 
 @dataclasses.dataclass
@@ -92,6 +108,8 @@ class TrialOutcome:
     experiment_dir: Optional[str]
     error: Optional[str] = None
     epochs_reported: int = 0
+    seconds: float = 0.0
+    log_path: Optional[str] = None
 
 
 class TrialReport(AbstractCallback):
@@ -180,9 +198,64 @@ def experiment_dir_of(loop: Any) -> Optional[str]:
     return str(experiment.dir_path)
 
 
+#: The name of a trial's log in its experiment folder.
+TRIAL_LOG = 'train.log'
+
+
+@contextlib.contextmanager
+def captured_output(path: str) -> Iterator[None]:
+    """While inside, everything this process says goes to the file ``path`` (appended), not to the console: the
+    records of every logger at INFO and above (whatever the console's level), what is printed to stdout or stderr
+    (reports, Python's warnings, a progress bar), so a search's console shows one line per trial."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    with open(path, 'a', encoding='utf-8', buffering=1) as stream:
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(logging.Formatter('%(asctime)s %(levelname)s %(name)s: %(message)s'))
+        root.handlers = [handler]
+        root.setLevel(logging.INFO)
+        try:
+            with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
+                yield
+        finally:
+            root.handlers, root.level = saved_handlers, saved_level
+
+
+def _move_log(log_path: str, folder: Optional[str]) -> str:
+    """The trial's log into its experiment folder (when it has one here); returns where the log is."""
+    if not folder or not os.path.isdir(folder):
+        return log_path
+    target = os.path.join(folder, TRIAL_LOG)
+    try:
+        shutil.move(log_path, target)
+    except OSError as error:
+        logger.warning('The log of the trial stays at %s (not moved into %s: %s)', log_path, folder, error)
+        return log_path
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(log_path))        # the logs folder, when no other trial is running
+    return target
+
+
+def outcome_line(number: int, outcome: TrialOutcome, monitor: str, values: Mapping[str, Any]) -> str:
+    """The one line a search prints per trial: its state and value, its values, epochs and time, where its log is."""
+    parts = [f'trial {number}: {outcome.state}']
+    if outcome.value is not None:
+        parts.append(f'{monitor}={outcome.value:.6g}')
+    if outcome.error:
+        parts.append(outcome.error)
+    parts.append(', '.join(f'{path}={value!r}' if isinstance(value, str) else f'{path}={value:.6g}'
+                           if isinstance(value, float) else f'{path}={value}' for path, value in values.items()))
+    parts.append(f'({outcome.epochs_reported} epoch{"s" if outcome.epochs_reported != 1 else ""}, '
+                 f'{outcome.seconds:.1f} s)')
+    if outcome.log_path:
+        parts.append(f'log: {outcome.log_path}')
+    return '  '.join(parts)
+
+
 def run_trial(recipe_path: Union[str, 'os.PathLike[str]'], overrides: Sequence[str], values: Mapping[str, Any],
               monitor: str, report: ReportFn, *, label: str = 'trial',
-              hyperparams: Optional[Dict[str, Any]] = None) -> TrialOutcome:
+              hyperparams: Optional[Dict[str, Any]] = None, log_path: Optional[str] = None) -> TrialOutcome:
     """Train the recipe with ``overrides`` and the sampled ``values`` (PATH -> value) as ``aitoolbox-like train``
     would: its own experiment folder, with the resolved recipe, the command line (the ``train`` command that repeats
     this trial) and the hyperparameters saved in it. ``report(epoch, value) -> stop`` gets the value of ``monitor``
@@ -197,6 +270,8 @@ def run_trial(recipe_path: Union[str, 'os.PathLike[str]'], overrides: Sequence[s
         label: names the trial in messages and in its command_line.txt (e.g. ``trial 3 of study 'digits'``).
         hyperparams: more keys for a tracking loop's ``hyperparams`` (saved in hyperparams_list.txt); the sampled
             values are added under their PATHs.
+        log_path: where the trial's output goes while it runs (None: the console); at the end it moves into the
+            trial's experiment folder as ``train.log`` (``outcome.log_path`` says where it is).
 
     Returns:
         TrialOutcome: ``COMPLETE`` with the last reported value, ``PRUNED`` (``report`` said stop) with the value it
@@ -204,8 +279,24 @@ def run_trial(recipe_path: Union[str, 'os.PathLike[str]'], overrides: Sequence[s
 
     Raises:
         MonitorNotRecorded: the first epoch recorded no ``monitor``.
+        TrialInterrupted: the trial's fit was interrupted (Ctrl-C, SIGTERM) before its end.
     """
-    recipe_path = os.path.abspath(os.fspath(recipe_path))
+    start = time.monotonic()
+    output = captured_output(log_path) if log_path else contextlib.nullcontext()
+    built: Dict[str, Any] = {}      # the trial's loop, once built (its folder receives the log, however it ends)
+    try:
+        with output:
+            outcome = _train_trial(os.path.abspath(os.fspath(recipe_path)), overrides, values, monitor, report,
+                                   label, hyperparams, built)
+    finally:
+        where = _move_log(log_path, experiment_dir_of(built.get('loop'))) if log_path else None
+    outcome.seconds, outcome.log_path = time.monotonic() - start, where
+    return outcome
+
+
+def _train_trial(recipe_path: str, overrides: Sequence[str], values: Mapping[str, Any], monitor: str,
+                 report: ReportFn, label: str, hyperparams: Optional[Dict[str, Any]],
+                 built: Dict[str, Any]) -> TrialOutcome:
     every_override = trial_overrides(overrides, values)
     reporter = TrialReport(monitor, report)
     loop = None
@@ -214,10 +305,14 @@ def run_trial(recipe_path: Union[str, 'os.PathLike[str]'], overrides: Sequence[s
         # As `train` does: the recipe file is copied into the experiment folder (AIToolbox's script copy).
         defaults: Dict[str, Any] = {'experiment_file_path': recipe_path, **(hyperparams or {}), **values}
         run = recipe.build(hyperparams_defaults=defaults)
-        loop = run.loop
+        loop = built['loop'] = run.loop
         command = command_text(['train', recipe_path, *every_override], label)
         attach_run_files(run, recipe, command, program=PROG)
         run.callbacks.append(reporter)
+        if threading.current_thread() is not threading.main_thread():
+            # Signal handlers exist only in the main thread (a Ray Tune trial runs in a worker's thread): the search
+            # that runs this trial handles Ctrl-C; the trial keeps its stop-on-request without handlers, no warning.
+            run.callbacks.append(PreemptionCheckpoint(signals=()))
         run.fit()
     except MonitorNotRecorded:
         raise
@@ -225,6 +320,8 @@ def run_trial(recipe_path: Union[str, 'os.PathLike[str]'], overrides: Sequence[s
         logger.warning('%s failed', label, exc_info=True)
         return TrialOutcome(FAIL, reporter.last_value, experiment_dir_of(loop), f'{type(error).__name__}: {error}',
                             len(reporter.reported))
+    if getattr(loop, 'interrupted', None):
+        raise TrialInterrupted(loop.interrupted)
     folder = experiment_dir_of(loop)
     if reporter.last_value is None:
         return TrialOutcome(FAIL, None, folder, f'no epoch recorded {monitor} (no epoch was trained)')

@@ -98,11 +98,3 @@ def test_throughput_monitor_custom_percentiles_and_nearest_rank():
 def test_throughput_monitor_uses_no_device_hooks_per_step():
     hooks = ThroughputMonitor().hooks_in_use()
     assert set(hooks) == {'on_train_begin', 'on_epoch_begin', 'on_batch_begin', 'on_batch_end', 'on_train_epoch_end'}
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')
-def test_throughput_monitor_records_cuda_memory_on_a_gpu():
-    loop = make_loop()
-    loop.fit(num_epochs=2, callbacks=[ThroughputMonitor()])
-    values = loop.train_history['cuda_max_memory_allocated_mb']
-    assert len(values) == 2 and all(v > 0 for v in values)

@@ -85,6 +85,9 @@ def test_sigterm_checkpoints_mid_epoch_exits_cleanly_and_resumes_bit_exactly(tmp
 
     stopped = torch.load(tmp_path / 'stopped.pt', weights_only=True)
     assert stopped['stop_reason'] == 'received SIGTERM'
+    # The script can tell that fit returned before the end; the end-of-training evaluation waits for the real end.
+    assert stopped['interrupted'] == 'received SIGTERM'
+    assert 'train_end_test_loss' not in stopped['history_names']
     assert stopped['total_iteration_idx'] == 10             # the step in progress was finished, no further one
     experiment = _experiment(out)
     latest = _pointer(experiment).read_text()
@@ -97,7 +100,8 @@ def test_sigterm_checkpoints_mid_epoch_exits_cleanly_and_resumes_bit_exactly(tmp
     assert_same_weights(resumed['weights'], reference['weights'])
     assert resumed['history']['train_history'] == reference['history']['train_history']
     assert resumed['experiment_timestamp'] == experiment.name[len('run_'):]
-    assert resumed['stop_reason'] is None
+    assert resumed['stop_reason'] is None and resumed['interrupted'] is None
+    assert 'train_end_test_loss' in resumed['history_names']
 
 
 def test_sigint_works_the_same_and_exit_code_signal_reports_143_for_sigterm(tmp_path, reference):
@@ -355,3 +359,28 @@ def test_arguments_are_checked():
             PreemptionCheckpoint(**kwargs)
     assert 'on_batch_begin' not in PreemptionCheckpoint().hooks_in_use()       # one check per step only
     assert 'on_batch_begin' in PreemptionCheckpoint(on_exception=True).hooks_in_use()
+
+
+def test_an_interrupted_fit_says_so_and_leaves_the_end_of_training_to_the_resumed_run(tmp_path):
+    """After Ctrl-C the script can tell (loop.interrupted); no 'final' model, end-of-training evaluation or report is
+    made of a half-trained run; the resumed run makes them at its end."""
+    def end_save_loop(seed=0):
+        model, train, val, test, optimizer = make_parts(seed=seed)
+        return TrainLoopCheckpointEndSave(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), 'p', 'e',
+                                          str(tmp_path / 'es'), {}, val_result_package=ClassificationResultPackage(),
+                                          cloud_save_mode='local', progress_bar=False)
+
+    first = end_save_loop()
+    first.fit(num_epochs=2, callbacks=[SignalSelfAt(3, signal.SIGINT)])
+    assert first.interrupted == 'received SIGINT'
+    assert first.total_iteration_idx == 3
+    assert not [name for name in first.train_history if name.startswith('train_end_')]
+    end_saver = next(cb for cb in first.callbacks if type(cb).__name__ == 'ModelTrainEndSave')
+    experiment = Path(first.experiment.dir_path)
+    assert end_saver.saved_files == [] and not (experiment / 'model').exists()
+
+    resumed = end_save_loop(seed=5)
+    resumed.fit(num_epochs=2, resume_from='latest')
+    assert resumed.interrupted is None
+    assert 'train_end_test_loss' in resumed.train_history
+    assert Path(resumed.experiment.dir_path) == experiment and os.listdir(experiment / 'model')

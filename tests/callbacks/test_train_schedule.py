@@ -254,9 +254,9 @@ def fake_fp16_loop(optimizer_fn, poisoned_batches, num_batches=8):
     return loop
 
 
+@pytest.mark.parametrize('poisoned', [[2, 5], [0, 5]])     # [0, ...]: a fused optimizer's first update skipped
 @pytest.mark.parametrize('fused', [False, True])
-def test_batch_scheduler_does_not_step_when_grad_scaler_skips_the_update(fused):
-    poisoned = [2, 5]
+def test_batch_scheduler_does_not_step_when_grad_scaler_skips_the_update(fused, poisoned):
     loop = fake_fp16_loop(lambda m: torch.optim.Adam(m.parameters(), lr=BASE_LR, fused=fused), poisoned)
     rec = LRRecorder()
     callback = LinearWithWarmupScheduler(num_warmup_steps=4, num_training_steps=8)

@@ -2,6 +2,7 @@
 and expects only its own files. Our bookkeeping (run claim, pointers, journal, hyperparams.json, temp files) lives
 in the hidden folder <root>/.aitoolbox_like/<project>/<experiment folder>/; nothing of ours stays in the bucket."""
 import os
+import socket
 import pickle
 import shutil
 import threading
@@ -102,7 +103,8 @@ def test_checkpoint_and_end_save_folders_hold_exactly_aitoolboxs_files(tmp_path)
     assert os.listdir(tmp_path / 'proj') == [f'exp_{ts}']
     assert sorted(os.listdir(tmp_path)) == ['.aitoolbox_like', 'proj']
     assert sorted(os.listdir(work)) == ['best_checkpoint.txt', 'hyperparams.json', 'latest_checkpoint.txt', 'run']
-    assert (work / 'run').read_text() == loop.experiment.run_id
+    # The run's id, then its machine and process (a later start tells a dead run's leftovers from a live one's).
+    assert (work / 'run').read_text() == f'{loop.experiment.run_id}\n{socket.gethostname()} {os.getpid()}\n'
     assert (work / 'latest_checkpoint.txt').read_text() == f'checkpoint_model/model_exp_{ts}_E2.pth'
     assert (work / 'best_checkpoint.txt').read_text().startswith('checkpoint_model/model_exp_')
     assert read_pointer(folder) == str(folder / 'checkpoint_model' / f'model_exp_{ts}_E2.pth')

@@ -96,6 +96,43 @@ def test_a_killed_run_resumed_from_its_folder_ends_with_the_weights_of_an_uninte
     assert sorted(os.listdir(os.path.join(full_folder, 'checkpoint_model'))) == before
 
 
+@pytest.mark.timeout(240)
+def test_ctrl_c_stops_train_with_status_130_and_no_end_of_training_report_until_the_resumed_run_ends(tmp_path):
+    epochs = 30       # far more than the run gets to before the signal
+    out = tmp_path / 'out'
+    train = subprocess.Popen([CONSOLE_SCRIPT, 'train', DIGITS_RECIPE, f'fit.num_epochs={epochs}',
+                              f'vars.output_dir={out}'], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 150
+        while not glob.glob(str(out / '.aitoolbox_like' / 'digits' / 'cnn_*' / 'latest_checkpoint.txt')):
+            assert train.poll() is None, train.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, 'no checkpoint after 150 s'
+            time.sleep(0.02)
+        train.send_signal(signal.SIGINT)            # what Ctrl-C in the terminal sends
+        stdout, stderr = train.communicate(timeout=120)
+    finally:
+        train.kill()
+        train.wait()
+    assert train.returncode == 130, stderr[-3000:]
+    folder = _experiment(out)
+    assert f'interrupted (received SIGINT); continue with: aitoolbox-like resume {folder}' in stdout
+    assert 'final ' not in stdout and 'Traceback' not in stderr
+    results = os.listdir(os.path.join(folder, 'results'))
+    assert not [name for name in results if name.startswith('train_end_')], results
+
+    # The run continues to its end; then, and only then, the end-of-training report is written.
+    resumed = subprocess.run([CONSOLE_SCRIPT, 'resume', folder, 'fit.num_epochs=' + str(_epochs_done(folder) + 1)],
+                             cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=200)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert 'interrupted' not in resumed.stdout
+    assert [name for name in os.listdir(os.path.join(folder, 'results')) if name.startswith('train_end_plots')]
+
+
+def _epochs_done(folder):
+    return torch.load(_latest(folder), weights_only=True)['epoch']
+
+
 @pytest.mark.timeout(120)
 def test_a_recipe_that_does_not_check_exits_with_status_2_and_no_traceback(tmp_path):
     result = subprocess.run([sys.executable, '-m', 'aitoolbox_like', 'train', DIGITS_RECIPE,

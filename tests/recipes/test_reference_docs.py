@@ -1,5 +1,6 @@
-"""The generated recipe reference: the documentation site (built as tests/test_docs.py builds it) lists every
-name a recipe can use without registering anything."""
+"""The generated recipe reference, docs/recipes-reference.md: it is what the registries generate today, and the
+documentation site (built as tests/test_docs.py builds it) lists every name a recipe can use without registering
+anything."""
 import os
 import subprocess
 import sys
@@ -27,3 +28,15 @@ def test_every_registered_name_appears_in_the_generated_reference(tmp_path):
     assert sum(len(r.builtin_names()) for r in REGISTRIES.values()) > 100
     # Linked from the recipes page, which is in the navigation.
     assert 'href="../recipes-reference/"' in (site / 'recipes' / 'index.html').read_text()
+
+
+def test_the_committed_reference_is_the_registries_reference():
+    # docs/recipes-reference.md is committed (so that it reads on the repository's pages) and generated: what the
+    # registries give today must be what it says.
+    sys.path.insert(0, str(ROOT))
+    try:
+        from mkdocs_hooks import RECIPES_REFERENCE, recipes_reference_page
+    finally:
+        sys.path.remove(str(ROOT))
+    assert RECIPES_REFERENCE.read_text() == recipes_reference_page(), \
+        'docs/recipes-reference.md is out of date: run `python mkdocs_hooks.py` and commit the file'

@@ -92,6 +92,7 @@ def main():
     torch.save({'weights': weights(loop.model), 'history': loop.train_history.state_dict(),
                 'total_iteration_idx': loop.total_iteration_idx,
                 'stop_reason': preemption.stop_reason, 'checkpoint_path': preemption.checkpoint_path,
+                'interrupted': loop.interrupted, 'history_names': sorted(loop.train_history.keys()),
                 'experiment_timestamp': loop.experiment_timestamp}, args.result_file)
 
 

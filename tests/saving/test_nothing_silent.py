@@ -188,16 +188,72 @@ class ReturnsPerSampleLosses(MLP):
         return nn.functional.cross_entropy(self(x), y, reduction='none')
 
 
+class ReturnsDetachedLoss(MLP):
+    def get_loss(self, batch_data, criterion, device):
+        return super().get_loss(batch_data, criterion, device).detach()
+
+
 @pytest.mark.parametrize('model_cls, error, match', [
     (ReturnsPythonFloat, TypeError, r'ReturnsPythonFloat.get_loss returned the Python number .*not loss.item\(\)'),
     (ReturnsPerSampleLosses, ValueError, r'ReturnsPerSampleLosses.get_loss returned a loss of shape \(8,\)'),
+    (ReturnsDetachedLoss, RuntimeError, r'ReturnsDetachedLoss.get_loss returned a loss that is not connected to the '
+                                        r'parameters .*not loss.detach\(\)'),
 ])
 def test_get_loss_returning_a_wrong_value_names_the_method(model_cls, error, match):
     model = model_cls()
+    before = state_copy(model)
     train, _, _ = loaders()
     loop = TrainLoop(model, train, None, None, torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
     with pytest.raises(error, match=match):
         loop.fit(num_epochs=1)
+    assert same_state(before, model.state_dict())
+
+
+def test_a_results_folder_that_is_a_file_is_named_as_the_argument_before_anything_is_written(tmp_path):
+    model = MLP()
+    a_file = tmp_path / 'results.txt'
+    a_file.write_text('not a folder')
+    loop = checkpointing_loop(a_file / 'runs', model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(NotADirectoryError, match=r"local_model_result_folder_path='.*results.txt/runs': "
+                                                 r"'.*results.txt' is a file, not a folder"):
+        loop.fit(num_epochs=1)
+    assert a_file.read_text() == 'not a folder' and sorted(os.listdir(tmp_path)) == ['results.txt']
+
+
+KILLED_IN_FIRST_SAVE = '''
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+import torch
+sys.path.insert(0, {here!r})
+from test_nothing_silent import checkpointing_loop
+from helpers import MLP
+os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)    # kill -9 in the middle of the run's first write
+model = MLP()
+checkpointing_loop({root!r}, model, torch.optim.SGD(model.parameters(), lr=0.1)).fit(num_epochs=1)
+'''
+
+
+def test_a_failed_resume_latest_removes_what_a_run_killed_in_its_first_save_left(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = KILLED_IN_FIRST_SAVE.format(tests=tests, here=os.path.dirname(os.path.abspath(__file__)),
+                                         root=str(tmp_path))
+    killed = subprocess.run([sys.executable, '-c', script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    left = [os.path.join(d, f) for d, _, files in os.walk(tmp_path) for f in files if f.endswith(('.tmp', '.partial'))]
+    assert left, 'the kill left no unfinished write to clean up'
+
+    model = MLP()
+    before = state_copy(model)
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint of experiment project/run .*removed 1 unfinished "
+                                                r"write\(s\) left by runs killed before their first checkpoint"):
+        checkpointing_loop(tmp_path, model, torch.optim.SGD(model.parameters(), lr=0.1)).fit(
+            num_epochs=1, resume_from='latest')
+    assert not [os.path.join(d, f) for d, _, files in os.walk(tmp_path) for f in files
+                if f.endswith(('.tmp', '.partial'))]
+    assert same_state(before, model.state_dict())
 
 
 def test_a_plain_pickle_is_named_as_such(tmp_path):

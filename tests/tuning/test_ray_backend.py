@@ -12,7 +12,7 @@ from aitoolbox_like.tuning.ray_backend import trial_resources
 
 
 def test_ray_tune_runs_two_trials_at_once_prunes_like_optuna_and_writes_the_same_files(tmp_path, digits_recipe,
-                                                                                       read_csv, monkeypatch):
+                                                                                       read_csv, monkeypatch, capfd):
     monkeypatch.setenv('OMP_NUM_THREADS', '1')          # Ray's workers inherit it: one thread per trial on 2 cores
     monkeypatch.delenv('DIGITS_OUTPUT_DIR', raising=False)
     out = tmp_path / 'study'
@@ -30,6 +30,12 @@ def test_ray_tune_runs_two_trials_at_once_prunes_like_optuna_and_writes_the_same
                   monitor='val_loss', mode='min', output=out, backend='ray', concurrent=2,
                   pruner=optuna.pruners.ThresholdPruner(upper=2.1))
 
+    # One line per trial on the console (Ray forwards its workers' output); the trials' own logs are in their folders,
+    # and nothing warns that PreemptionCheckpoint runs outside the main thread (a Ray trial's fit does).
+    printed = ''.join(capfd.readouterr())
+    trial_lines = [line for line in printed.splitlines() if ' trial ' in f' {line}' and 'log: ' in line]
+    assert len(trial_lines) == 3, printed[-3000:]
+    assert 'Epoch 0:' not in printed and 'main thread' not in printed and 'Configuration for experiment' not in printed
     rows = read_csv(out / 'trials.csv')
     assert list(rows[0]) == ['number', 'state', 'value', 'optimizer.lr', 'experiment_dir']
     assert [(r['state'], float(r['optimizer.lr'])) for r in rows] in (

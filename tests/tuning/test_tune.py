@@ -4,6 +4,7 @@ cleanly and is recorded as PRUNED, a failing or interrupted trial is FAIL and th
 fails before anything trains."""
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -152,6 +153,48 @@ def test_a_trial_interrupted_by_the_death_of_its_process_is_fail_and_not_counted
     assert 'trial 0 failed: interrupted: the process running it stopped' in '\n'.join(result.summary())
 
 
+def test_ctrl_c_stops_the_search_and_the_same_command_continues_it(tmp_path, digits_recipe, read_csv):
+    out, runs = tmp_path / 'study', tmp_path / 'runs'
+    console_script = os.path.join(os.path.dirname(sys.executable), 'aitoolbox-like')
+    def command(epochs):
+        return [console_script, 'tune', digits_recipe, f'vars.output_dir={runs}', f'fit.num_epochs={epochs}',
+                '--trials', '2', '--param', PARAMS[0], '--monitor', 'val_loss', '--mode', 'min', '--output', str(out)]
+    search = subprocess.Popen(command(50), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    try:
+        deadline = time.monotonic() + 120
+        while not list(runs.glob('digits/*/results/results.csv')):     # the first trial has finished an epoch
+            assert search.poll() is None and time.monotonic() < deadline, search.communicate()[1][-3000:]
+            time.sleep(0.05)
+        search.send_signal(signal.SIGINT)           # Ctrl-C
+        stdout, stderr = search.communicate(timeout=120)
+    finally:
+        search.kill()
+        search.wait()
+    assert search.returncode == 130, stderr[-3000:]
+    assert 'search interrupted' in stderr and 'run the same command again to continue the study to its 2 trials' \
+        in stderr
+    assert 'Traceback' not in stderr and stdout == ''       # the trial did not finish: no line for it
+    [interrupted] = runs.glob('digits/*')
+    assert (interrupted / 'train.log').is_file()            # its whole log, in its folder
+    study = optuna.load_study(study_name='digits', storage=f'sqlite:///{out}/study.db')
+    assert [t.state.name for t in study.trials] == ['FAIL']     # not COMPLETE with its first epoch's value
+
+    # The same command continues the study to its 2 trials; the interrupted one does not count. Its console says one
+    # line per trial (the trials' logs are in their folders) and the summary.
+    again = subprocess.run(command(1), capture_output=True, text=True, timeout=300,
+                           env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [(r['number'], r['state']) for r in read_csv(out / 'trials.csv')] == [
+        ('0', 'FAIL'), ('1', 'COMPLETE'), ('2', 'COMPLETE')]
+    lines = again.stdout.splitlines()
+    assert [line.split(':')[0] for line in lines if line.startswith('trial ')] == ['trial 1', 'trial 2']
+    assert 'Epoch 0' not in again.stdout + again.stderr and 'performance report' not in again.stdout
+    for row in read_csv(out / 'trials.csv')[1:]:
+        with open(os.path.join(row['experiment_dir'], 'train.log')) as f:
+            assert 'End of epoch performance report' in f.read()
+
+
 def test_a_wrong_search_fails_before_anything_trains(tmp_path, digits_recipe, digits_overrides):
     out = tmp_path / 'study'
     with pytest.raises(TuneInputError) as error:
@@ -170,16 +213,57 @@ def test_a_wrong_search_fails_before_anything_trains(tmp_path, digits_recipe, di
     assert not out.exists() and not (tmp_path / 'runs').exists()
 
 
-def test_a_monitor_the_first_epoch_did_not_record_stops_the_search_with_the_names_it_has(tmp_path, digits_recipe,
-                                                                                         digits_overrides):
-    # The digits recipe's own callback could record anything, so only the first epoch can tell.
-    with pytest.raises(MonitorNotRecorded) as error:
-        tune(digits_recipe, digits_overrides, params=PARAMS[:1], trials=2, monitor='val_acuracy', mode='max',
+def test_a_misspelt_monitor_is_refused_before_any_trial(tmp_path, digits_recipe, digits_overrides):
+    # Every callback of the digits recipe says what it records (its own WorstClassReport declares history_names).
+    with pytest.raises(TuneInputError) as error:
+        tune(digits_recipe, digits_overrides, params=PARAMS[:1], trials=2, monitor='val_acc', mode='max',
              output=tmp_path / 'study')
-    assert error.value.errors[0].startswith('--monitor val_acuracy: the first epoch recorded no val_acuracy; did you '
-                                            'mean val_Accuracy')
+    assert error.value.errors[0].startswith('--monitor val_acc: no epoch of this recipe records it; did you mean '
+                                            'val_Accuracy?')
     assert 'val_worst_class_errors' in error.value.errors[0]
+    assert not (tmp_path / 'runs').exists() and not (tmp_path / 'study').exists()
+
+
+UNDECLARED_CALLBACK = """
+from aitoolbox_like.callbacks.abstract import AbstractCallback
+from aitoolbox_like.recipes import register_callback
+
+
+@register_callback
+class AccuracyCopy(AbstractCallback):
+    # No history_names: what it records can only be seen once an epoch has run.
+    def __init__(self):
+        super().__init__('accuracy copy')
+
+    def on_epoch_end(self):
+        loop = self.train_loop_obj
+        loop.insert_metric_result_into_history('val_acc_copy', loop.train_history['val_Accuracy'][-1])
+"""
+
+
+def test_a_monitor_the_first_epoch_did_not_record_stops_the_search_and_does_not_bind_the_study(
+        tmp_path, digits_recipe, digits_overrides, read_csv):
+    (tmp_path / 'copy_callback.py').write_text(UNDECLARED_CALLBACK)
+    with open(digits_recipe) as f:
+        text = f.read().replace('imports: [../digits_cnn.py]',
+                                f'imports: [{os.path.dirname(digits_recipe)}/../digits_cnn.py, '
+                                f'{tmp_path / "copy_callback.py"}]')
+    recipe = tmp_path / 'digits_copy.yaml'
+    recipe.write_text(text.replace('  - {name: WorstClassReport}\n',
+                                   '  - {name: WorstClassReport}\n  - {name: AccuracyCopy}\n'))
+    overrides = digits_overrides
+    with pytest.raises(MonitorNotRecorded) as error:
+        tune(str(recipe), overrides, params=PARAMS[:1], trials=2, monitor='val_acc_cpy', mode='max',
+             output=tmp_path / 'study')
+    assert error.value.errors[0].startswith('--monitor val_acc_cpy: the first epoch recorded no val_acc_cpy; did you '
+                                            'mean val_acc_copy')
     assert not (tmp_path / 'study' / 'trials.csv').exists()
+    # The study is not bound to the misspelt name: the right one continues it, and the stopped try does not count.
+    result = tune(str(recipe), overrides, params=PARAMS[:1], trials=1, monitor='val_acc_copy', mode='max',
+                  output=tmp_path / 'study')
+    assert [(r['number'], r['state']) for r in read_csv(tmp_path / 'study' / 'trials.csv')] == [('0', 'FAIL'),
+                                                                                                 ('1', 'COMPLETE')]
+    assert result.best is not None and result.best.number == 1
 
 
 def test_concurrent_trials_run_in_as_many_processes(tmp_path, digits_recipe, digits_overrides, read_csv):
