@@ -2,7 +2,8 @@
 
 - Google Cloud Storage: the PyPI package ``gcp-storage-emulator`` (in the dev extra), reached by Google's client
   through ``STORAGE_EMULATOR_HOST``. It does not enforce ``ifGenerationMatch=0``; its request log shows what each
-  write asked for (``requests_with``).
+  write asked for (``requests_with``). It rewrites its metadata file in place, so killing it can leave that file
+  half written: the clients reach it through a TCP relay on its own port, and an outage stops the relay.
 - Azure Blob Storage: Azurite (the npm package ``azurite``), reached through ``AZURE_STORAGE_CONNECTION_STRING`` with
   its well-known development account. Installed with npm into ``.test-servers/azurite`` of the checkout when it is
   not there (``make test`` does it first; CI starts from a clean clone).
@@ -61,8 +62,13 @@ class LoopbackServer:
         self._log = None
 
     @property
-    def endpoint_url(self):
+    def own_url(self):
         return f'http://127.0.0.1:{self.port}'
+
+    @property
+    def endpoint_url(self):
+        """Where the clients reach the server."""
+        return self.own_url
 
     @property
     def log_path(self):
@@ -77,7 +83,7 @@ class LoopbackServer:
     def answers(self):
         """True once the server answers HTTP (any status)."""
         try:
-            urllib.request.urlopen(self.endpoint_url + '/', timeout=2)
+            urllib.request.urlopen(self.own_url + '/', timeout=2)
         except urllib.error.HTTPError:
             return True
         except OSError:
@@ -142,6 +148,10 @@ class LoopbackServer:
         finally:
             self.start()
 
+    def shutdown(self):
+        """Stop for good (the end of the session)."""
+        self.stop()
+
     def log_tail(self, lines=40):
         try:
             return '\n'.join(self.log_path.read_text(errors='replace').splitlines()[-lines:])
@@ -149,14 +159,85 @@ class LoopbackServer:
             return '(no log)'
 
 
+# A TCP relay: python -c RELAY LISTEN_PORT TARGET_PORT. Every connection it accepts is joined to one it opens to the
+# target; killing it drops them all and refuses new ones, as a network outage does.
+_RELAY = r'''
+import socket, sys, threading
+listen, target = int(sys.argv[1]), int(sys.argv[2])
+
+def pump(source, sink):
+    try:
+        while True:
+            data = source.recv(65536)
+            if not data:
+                break
+            sink.sendall(data)
+    except OSError:
+        pass
+    for s in (source, sink):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    source.close()
+
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(('127.0.0.1', listen))
+server.listen(64)
+while True:
+    client, _ = server.accept()
+    try:
+        upstream = socket.create_connection(('127.0.0.1', target))
+    except OSError:
+        client.close()
+        continue
+    for pair in ((client, upstream), (upstream, client)):
+        threading.Thread(target=pump, args=pair, daemon=True).start()
+'''
+
+
+class Relay(LoopbackServer):
+    """A TCP relay on its own loopback port to ``target_port``."""
+
+    name = 'relay'
+
+    def __init__(self, data_dir, target_port):
+        super().__init__(data_dir)
+        self.target_port = target_port
+
+    def command(self):
+        return [sys.executable, '-c', _RELAY, str(self.port), str(self.target_port)]
+
+
 class GCSEmulator(LoopbackServer):
-    """``gcp-storage-emulator`` with its data on disk (STORAGE_BASE) so that it survives a restart."""
+    """``gcp-storage-emulator`` with its data on disk (STORAGE_BASE), behind a relay: ``stop`` and ``start`` (an
+    outage) stop and start the relay; the emulator and its data stay."""
 
     name = 'gcp-storage-emulator'
 
     def __init__(self, executable, data_dir):
         super().__init__(data_dir)
         self.executable = executable
+        self.relay = None
+
+    @property
+    def endpoint_url(self):
+        return self.relay.own_url
+
+    def start(self):
+        super().start()
+        if self.relay is None:
+            self.relay = Relay(self.data_dir, self.port)
+        self.relay.start()
+
+    def stop(self):
+        if self.relay is not None:
+            self.relay.stop()
+
+    def shutdown(self):
+        self.stop()
+        super().stop()
 
     def command(self):
         return [self.executable, 'start', '--host', '127.0.0.1', '--port', str(self.port)]
@@ -168,7 +249,7 @@ class GCSEmulator(LoopbackServer):
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
         return storage.Client(project='test', credentials=AnonymousCredentials(),
-                              client_options={'api_endpoint': self.endpoint_url})
+                              client_options={'api_endpoint': self.own_url})
 
     def make_bucket(self, name=None):
         name = name or f'test-{uuid.uuid4().hex[:12]}'
@@ -254,8 +335,10 @@ def _session_server(server):
             server.start()
             return server
         except RuntimeError:
-            server.stop()
+            server.shutdown()
             server.port = None
+            if getattr(server, 'relay', None) is not None:
+                server.relay = None
             if attempt == 2:
                 raise
     return server
@@ -270,7 +353,7 @@ def gcs_server(tmp_path_factory):
     try:
         yield _session_server(server)
     finally:
-        server.stop()
+        server.shutdown()
 
 
 @pytest.fixture(scope='session')
