@@ -38,8 +38,15 @@ demo: $(DEMO_STAMP)
 typecheck: $(DEV_STAMP)
 	$(PY) -m mypy aitoolbox_like
 
+# Azurite (the Azure Blob Storage emulator the tests run) from npm, into a folder of the checkout; the tests' fixture
+# installs it there too when it is missing (pytest run on its own).
+AZURITE := .test-servers/azurite/node_modules/.bin/azurite-blob
+$(AZURITE):
+	mkdir -p .test-servers/azurite
+	npm install --no-audit --no-fund --prefix .test-servers/azurite azurite@3 > /dev/null
+
 # The type check runs first: a type error fails `make test` before the (slower) test suite starts.
-test: $(DEV_STAMP)
+test: $(DEV_STAMP) $(AZURITE)
 	$(PY) -m mypy aitoolbox_like
 	$(PY) -m pytest -q --durations=30 tests
 
@@ -79,4 +86,4 @@ docs: $(DEV_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) demo_output .pytest_cache .mypy_cache compat-check.log
+	rm -rf $(VENV) demo_output .pytest_cache .mypy_cache compat-check.log .test-servers

@@ -38,11 +38,12 @@ import torch
 from . import distributed, sharded_checkpoint
 from .checkpoint import FORMAT_VERSION, CheckpointError, check_weights_only_safe, load_checkpoint, load_model_weights
 from .experiment import BEST_POINTER, CHECKPOINT_DIR, LATEST_POINTER, LEGACY_LATEST_POINTER  # noqa: F401
-from .experiment import find_cloud_checkpoint, find_latest_cloud_checkpoint, get_experiment, is_s3_mode
+from .experiment import find_cloud_checkpoint, find_latest_cloud_checkpoint, get_experiment, is_cloud_mode
 from .experiment import bookkeeping_dir, read_pointer, run_owner_alive  # noqa: F401  (read_pointer: kept importable)
 from .multi_loss_optim import MultiLoss
 from .storage.base import join_key, validate_key
 from .storage.local import remove_stray_temp_files
+from .storage.urls import is_cloud_url, open_storage, split_url, storage_for_mode
 
 if TYPE_CHECKING:
     from .experiment import Experiment
@@ -611,7 +612,8 @@ class ResumePlan:
     3. :meth:`reopen_epoch` at the start of the epoch the checkpoint was taken in, when it was taken mid-epoch.
 
     Args:
-        source: what to resume from: a file path, an experiment folder, ``'s3://bucket/key'``, ``'latest'``, or
+        source: what to resume from: a file path, an experiment folder, ``'s3://bucket/key'`` (or ``gs://``,
+            ``az://``), ``'latest'``, or
             ``'auto'`` (the newest checkpoint if there is one, else a fresh start: :func:`find_auto_checkpoint`).
         checkpoint: an already loaded checkpoint dict (then ``source`` only names it in messages).
     """
@@ -801,7 +803,7 @@ def find_auto_checkpoint(loop: 'TrainLoop', experiment: Optional['Experiment'],
                          callbacks: Any = None) -> Optional[Tuple[Dict[str, Any], str]]:
     """``resume_from='auto'``: the checkpoint to continue from, as ``(checkpoint, source name)``, or None to start
     from scratch (logged). Looked for in this order: a callback's ``find_resume_checkpoint(loop)`` (e.g. Ray Train's
-    checkpoint), the experiment's newest complete local checkpoint, its newest copy in S3 (a new machine). In a
+    checkpoint), the experiment's newest complete local checkpoint, its newest copy in the cloud (a new machine). In a
     distributed run rank 0 decides and every rank resumes from the same checkpoint: each reads the file itself
     when it sees it, else rank 0 sends its copy (a collective)."""
     check_auto_resume(loop, callbacks)
@@ -962,14 +964,14 @@ def remove_unfinished_writes_of_dead_runs(experiment):
 
 def load_resume_checkpoint(loop, resume_from, experiment=None, callbacks=None, map_location='cpu',
                            allow_unsafe_pickle=False, endpoint_url=None):
-    """Load the checkpoint ``resume_from`` names: a file, an experiment folder, ``s3://bucket/key`` or 'latest'.
-    ``endpoint_url`` is the S3 endpoint (None: boto3's own resolution, e.g. AWS_ENDPOINT_URL_S3).
-    Returns ``(checkpoint, source)``."""
+    """Load the checkpoint ``resume_from`` names: a file, an experiment folder, a cloud URL (``s3://bucket/key``,
+    ``gs://bucket/key``, ``az://container/key``) or 'latest'. ``endpoint_url`` is the cloud's endpoint (None: the
+    client's own resolution, e.g. AWS_ENDPOINT_URL_S3 or STORAGE_EMULATOR_HOST). Returns ``(checkpoint, source)``."""
     if isinstance(resume_from, dict):
         return resume_from, 'the given checkpoint dict'
     resume_from = os.fspath(resume_from)
-    if resume_from.startswith('s3://'):
-        return _load_from_s3(resume_from, map_location, allow_unsafe_pickle, endpoint_url, experiment)
+    if is_cloud_url(resume_from):
+        return _load_from_cloud(resume_from, map_location, allow_unsafe_pickle, endpoint_url, experiment)
     if resume_from == 'latest':
         if experiment is None:
             raise ValueError("fit(resume_from='latest') needs to know the experiment: use a TrainLoopCheckpoint (or "
@@ -1004,7 +1006,7 @@ def _download_and_load(storage, key, map_location, allow_unsafe_pickle):
         local = os.path.join(tmp_dir, key.rsplit('/', 1)[-1])
         storage.load_file(key, local)
         uri = storage.uri(key)
-        # Errors name the s3:// address, not the temporary copy (deleted by the time the user reads them).
+        # Errors name the cloud address, not the temporary copy (deleted by the time the user reads them).
         return load_checkpoint(local, map_location=map_location, allow_unsafe_pickle=allow_unsafe_pickle,
                                source_name=uri), uri
     finally:
@@ -1022,7 +1024,7 @@ def _sharded_folder_key(key):
 
 
 def _download_sharded(storage, folder_key, experiment, map_location):
-    """A sharded checkpoint in S3: its folder is downloaded into the same place of the local experiments root (the
+    """A sharded checkpoint in the cloud: its folder is downloaded into the same place of the local experiments root (the
     train state is read now, the shards once the model is sharded: sharded_checkpoint.load_model_and_optimizer)."""
     uri = storage.uri(folder_key)
     if experiment is None:
@@ -1062,13 +1064,12 @@ def _pointer_target(storage, pointer_key):
     return join_key(folder, text)
 
 
-def _load_from_s3(uri, map_location, allow_unsafe_pickle, endpoint_url=None, experiment=None):
-    from .storage.s3 import S3Storage, split_s3_uri
-    bucket, key = split_s3_uri(uri)
+def _load_from_cloud(uri, map_location, allow_unsafe_pickle, endpoint_url=None, experiment=None):
+    scheme, bucket, key = split_url(uri)
     if not bucket or not key:
-        raise ValueError(f'resume_from={uri!r}: expected s3://bucket/key/of/checkpoint.pth or s3://bucket/<experiment '
-                         f'folder>')
-    storage = S3Storage(bucket, endpoint_url=endpoint_url)
+        raise ValueError(f'resume_from={uri!r}: expected {scheme}://bucket/key/of/checkpoint.pth or '
+                         f'{scheme}://bucket/<experiment folder>')
+    storage = open_storage(f'{scheme}://{bucket}', endpoint_url=endpoint_url)
     is_pointer = key.rsplit('/', 1)[-1] in (LATEST_POINTER, LEGACY_LATEST_POINTER)
     if _sharded_folder_key(key) is not None:
         return _download_sharded(storage, _sharded_folder_key(key), experiment, map_location)
@@ -1089,13 +1090,12 @@ def _load_from_s3(uri, map_location, allow_unsafe_pickle, endpoint_url=None, exp
 def _find_latest_in_cloud(loop, experiment, callbacks):
     details = None
     for cb in _experiment_callbacks(loop, callbacks):
-        if is_s3_mode(getattr(cb, 'cloud_save_mode', None)) and getattr(cb, 'bucket_name', None):
-            details = (cb.bucket_name, cb.cloud_dir_prefix or '', getattr(cb, 'endpoint_url', None))
+        if is_cloud_mode(getattr(cb, 'cloud_save_mode', None)) and getattr(cb, 'bucket_name', None):
+            details = (cb.cloud_save_mode, cb.bucket_name, cb.cloud_dir_prefix or '', getattr(cb, 'endpoint_url', None))
             break
     if details is None:
         return None
-    from .storage.s3 import S3Storage
-    storage = S3Storage(details[0], details[1], endpoint_url=details[2])
+    storage = storage_for_mode(details[0], details[1], details[2], endpoint_url=details[3])
     found = find_latest_cloud_checkpoint(storage, experiment.project_name, experiment.experiment_name)
     if found is None:
         return None

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 import torch
 
 from .callbacks.abstract import AbstractCallback
-from .experiment import Experiment, ExperimentUploader, is_s3_mode, normalize_cloud_save_mode
+from .experiment import Experiment, ExperimentUploader, is_cloud_mode, normalize_cloud_save_mode
 from .experiment.savers import write_experiment_results
 from .history import TrainingHistory
 from .multi_loss_optim import MultiLoss
@@ -163,27 +163,27 @@ class PyTorchModelPredictor:
         results_hyperParams_hist_<experiment>_<timestamp>.p``: a pickle of ``{'experiment_name',
         'experiment_results_local_path', 'results', 'hyperparameters', 'training_history'}`` (a history holding
         each metric once), with ``save_true_pred_labels`` also ``'y_true'`` and ``'y_predicted'``; and the
-        ``results/plots/`` folder (no plot: each metric has one value). With an S3 ``cloud_save_mode`` these and
+        ``results/plots/`` folder (no plot: each metric has one value). With a cloud ``cloud_save_mode`` these and
         the package's additional result files are uploaded to the same keys under
-        ``s3://<bucket>/<cloud_dir_prefix>/`` before the method returns.
+        ``s3://<bucket>/<cloud_dir_prefix>/`` (``gs://``, ``az://``) before the method returns.
 
         Args:
             result_package: an AbstractResultPackage.
             project_name: name of the project folder.
             experiment_name: name of the experiment folder.
             local_model_result_folder_path: folder under which the project folder is created.
-            cloud_save_mode: 's3' (or 'aws_s3' / 'aws') uploads; 'local' / None keeps the files local only.
-                Google Cloud Storage ('gcs') is not supported.
-            bucket_name: the S3 bucket.
+            cloud_save_mode: 's3' (or 'aws_s3' / 'aws') uploads to S3, 'gcs' (or 'google_storage') to Google Cloud
+                Storage, 'azure' to Azure Blob Storage; 'local' / None keeps the files local only.
+            bucket_name: the bucket (Azure: the container).
             cloud_dir_prefix: key prefix in the bucket.
             save_true_pred_labels: also save the targets and predictions.
-            endpoint_url: an S3-compatible endpoint other than AWS (not in AIToolbox).
+            endpoint_url: the cloud's endpoint, e.g. an S3-compatible server (not in AIToolbox).
 
         Returns:
             the local paths of the files written.
 
         Raises:
-            ValueError: an unknown or unsupported cloud_save_mode.
+            ValueError: an unknown cloud_save_mode.
             StorageError: an upload failed (the local files are kept).
         """
         normalize_cloud_save_mode(cloud_save_mode)      # a wrong mode fails before the pass over the data
@@ -208,15 +208,16 @@ class PyTorchModelPredictor:
         written = [path for _, path in saved if os.path.isfile(path)]
         logger.info('Evaluation results of %s saved in %s', experiment_name, results_dir)
 
-        if is_s3_mode(cloud_save_mode):
-            self._upload(experiment, written, bucket_name, cloud_dir_prefix, endpoint_url)
+        if is_cloud_mode(cloud_save_mode):
+            self._upload(experiment, written, cloud_save_mode, bucket_name, cloud_dir_prefix, endpoint_url)
         return written
 
     @staticmethod
-    def _upload(experiment: Experiment, paths: List[str], bucket_name: str, cloud_dir_prefix: str,
-                endpoint_url: Optional[str]) -> None:
+    def _upload(experiment: Experiment, paths: List[str], cloud_save_mode: Optional[str], bucket_name: str,
+                cloud_dir_prefix: str, endpoint_url: Optional[str]) -> None:
         # A predictor has no end of fit to wait at, so the upload finishes (or fails) here.
-        uploader = ExperimentUploader(experiment, bucket_name, cloud_dir_prefix, endpoint_url)
+        uploader = ExperimentUploader(experiment, bucket_name, cloud_dir_prefix, endpoint_url,
+                                      cloud_save_mode=cloud_save_mode)
         try:
             for path in paths:
                 try:

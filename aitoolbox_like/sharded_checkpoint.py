@@ -12,7 +12,7 @@ The folder is written under a hidden temporary name (``.<name>.dcp.<12 hex>.tmp`
 renamed by rank 0 once DCP's save has completed (its ``.metadata`` is written by rank 0 after every rank reported
 its files), so a folder with the final name is complete; its ``.metadata`` file is the marker of completeness, and
 the ``latest_checkpoint.txt`` pointer names that file (written after the rename). A killed write leaves only the
-temporary folder, removed when the experiment is resumed (storage.local.remove_stray_temp_files). To S3 the other
+temporary folder, removed when the experiment is resumed (storage.local.remove_stray_temp_files). To a cloud the other
 files are uploaded first and ``.metadata`` last, with the cloud pointer set once it is uploaded (the uploader sends
 in order); :func:`download` brings such a folder back for a resume.
 

@@ -8,8 +8,8 @@ All three take ``preemption_safe=True`` (last): a SIGTERM / SIGINT then checkpoi
 (PreemptionCheckpoint, added by callbacks/defaults.py when a checkpoint callback is registered); False turns it off.
 
 All three write to ``<local_model_result_folder_path>/<project_name>/<experiment_name>_<timestamp>/`` and, with
-``cloud_save_mode='s3'``, upload the same files to ``s3://<bucket_name>/<cloud_dir_prefix>/`` (the bucket is checked
-at the start of fit, never when the loop is created). Our bookkeeping (pointers, run claim, upload journal) lives
+``cloud_save_mode='s3'`` (``'gcs'``, ``'azure'``), upload the same files to ``s3://<bucket_name>/<cloud_dir_prefix>/``
+(``gs://``, ``az://``; the bucket is checked at the start of fit, never when the loop is created). Our bookkeeping (pointers, run claim, upload journal) lives
 in ``<local_model_result_folder_path>/.aitoolbox_like/<project_name>/``, outside the project folder
 (aitoolbox_like.experiment).
 """

@@ -324,10 +324,10 @@ class TrainLoop:
             grad_accumulation (int): micro-batches per optimizer update; the last partial window of an
                 epoch is applied too.
             resume_from: continue an interrupted run from a checkpoint: a file path, an experiment folder,
-                's3://bucket/key' or 'latest' (see docs/saving-and-resuming.md); 'auto': from the run's newest
-                checkpoint when there is one (local, else its S3 copy, or a callback's such as Ray Train's), else
-                start from scratch, for scripts that a launcher restarts (docs/distributed.md). 'auto' needs a
-                callback that writes checkpoints.
+                's3://bucket/key' (or gs://, az://) or 'latest' (see docs/saving-and-resuming.md); 'auto': from the
+                run's newest checkpoint when there is one (local, else its cloud copy, or a callback's such as Ray
+                Train's), else start from scratch, for scripts that a launcher restarts (docs/distributed.md). 'auto'
+                needs a callback that writes checkpoints.
 
         Returns:
             The model. When training stopped before its end with a checkpoint to continue from (Ctrl-C, a
@@ -346,8 +346,8 @@ class TrainLoop:
         if grad_accumulation < 1:
             raise ValueError('grad_accumulation must be >= 1')
         if resume_from is not None and not isinstance(resume_from, (str, os.PathLike, dict)):
-            raise TypeError(f"resume_from must be a checkpoint path, an experiment folder, 's3://bucket/key', "
-                            f"'latest' or a loaded checkpoint dict, got {type(resume_from).__qualname__}")
+            raise TypeError(f"resume_from must be a checkpoint path, an experiment folder, 's3://bucket/key' (gs://, "
+                            f"az://), 'latest' or a loaded checkpoint dict, got {type(resume_from).__qualname__}")
         # What can be judged before any process starts; the rest once callbacks are registered (a callback
         # may build the loaders in each DDP process or set the optimizer).
         self._check_fit_inputs(final=False)

@@ -145,3 +145,28 @@ def test_no_access_to_another_module_s_private_names():
                         and (module, name) not in ALLOWED_THIRD_PARTY_PRIVATES:
                     offenders.append((module, node.lineno, name))
     assert offenders == []
+
+
+# The cloud backends: only aitoolbox_like.storage picks one (storage.urls, by URL or cloud_save_mode); every other
+# module asks it for a storage, so adding a cloud changes no module outside storage/.
+STORAGE_BACKENDS = {'aitoolbox_like.storage.s3', 'aitoolbox_like.storage.gcs', 'aitoolbox_like.storage.azure'}
+
+
+def test_no_module_outside_storage_imports_a_backend():
+    offenders = []
+    for module, path in MODULES.items():
+        if module == 'aitoolbox_like.storage' or module.startswith('aitoolbox_like.storage.'):
+            continue
+        tree = ast.parse(path.read_text())
+        package = module if path.name == '__init__.py' else module.rsplit('.', 1)[0]
+        for node in ast.walk(tree):     # type-checking imports included: naming a backend's type names it too
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split('.')[:len(package.split('.')) - node.level + 1] if node.level else []
+                target = '.'.join(base + ([node.module] if node.module else [])) if node.level else node.module
+                targets = [target] + [f'{target}.{alias.name}' for alias in node.names]
+            else:
+                continue
+            offenders += [(module, node.lineno, t) for t in targets if t in STORAGE_BACKENDS]
+    assert offenders == []

@@ -260,11 +260,11 @@ def test_evaluate_model_saves_results_and_labels_locally(model, data, tmp_path):
     assert os.path.isfile(_results_file(paths)) and os.path.isfile(again[0]) and os.path.isfile(third[0])
 
 
-def test_evaluate_model_refuses_google_storage_before_predicting(model, data, tmp_path):
+def test_evaluate_model_refuses_an_unknown_cloud_save_mode_before_predicting(model, data, tmp_path):
     recorder = Recorder()
     predictor = PyTorchModelPredictor(model, data[1], callbacks=[recorder])
-    with pytest.raises(ValueError, match='Google Cloud Storage'):
-        predictor.evaluate_model(ClassificationResultPackage(), 'proj', 'exp', str(tmp_path), cloud_save_mode='gcs')
+    with pytest.raises(ValueError, match='cloud_save_mode must be one of'):
+        predictor.evaluate_model(ClassificationResultPackage(), 'proj', 'exp', str(tmp_path), cloud_save_mode='gc')
     assert recorder.batches == [] and not (tmp_path / 'proj').exists()
 
 

@@ -286,7 +286,7 @@ class AbstractExperimentCallback(AbstractCallback):
         experiment_name (str or None): name of the experiment folder.
         local_model_result_folder_path (str or None): root folder under which the project folder lives.
         cloud_save_mode (str or None): where results are uploaded (None: local only).
-        bucket_name (str or None): the S3 bucket results are uploaded to.
+        bucket_name (str or None): the bucket (Azure: container) results are uploaded to.
         cloud_dir_prefix (str or None): key prefix in the bucket.
         execution_order: as for AbstractCallback.
         device_idx_execution: as for AbstractCallback.
@@ -371,11 +371,12 @@ class AbstractExperimentCallback(AbstractCallback):
 
     def upload_experiment_files(self, paths):
         """Queue files written inside the local experiment folder for upload to the same keys in the cloud
-        experiment folder, when this callback has an S3 ``cloud_save_mode``. One background uploader per loop
+        experiment folder, when this callback has a cloud ``cloud_save_mode`` (S3, GCS, Azure). One background
+        uploader per loop
         serves every callback; training does not wait, and the end of fit waits for pending uploads."""
-        from ..experiment import get_experiment, get_uploader, is_s3_mode
+        from ..experiment import get_experiment, get_uploader, is_cloud_mode
         loop = self.train_loop_obj
-        if not paths or not is_s3_mode(self.cloud_save_mode) or not loop.is_main_process():
+        if not paths or not is_cloud_mode(self.cloud_save_mode) or not loop.is_main_process():
             return
         uploader = getattr(loop, 'experiment_uploader', None)
         if uploader is None:

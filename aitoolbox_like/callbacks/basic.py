@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List,
 
 import torch
 
-from ..experiment import get_experiment, is_s3_mode
+from ..experiment import get_experiment, is_cloud_mode
 from ..multi_loss_optim import MultiLoss
 from ..storage.local import write_atomically
 from ._common import check_int, lower_is_better, missing_monitor_message
@@ -837,7 +837,7 @@ class LogUpload(AbstractExperimentCallback):
 
     Args:
         log_file_path (str): the log file (e.g. the file a logging.FileHandler writes, or a tmux/tee log).
-        fail_if_cloud_missing (bool): raise ValueError at registration when there is no S3 cloud_save_mode
+        fail_if_cloud_missing (bool): raise ValueError at registration when there is no cloud cloud_save_mode
             (False: log a warning and only keep the log where it is).
         project_name: the experiment (None: from the tracking TrainLoop; see AbstractExperimentCallback), as are
             the following five.
@@ -865,11 +865,11 @@ class LogUpload(AbstractExperimentCallback):
         """Infer the experiment; check that uploads are possible (raise, or warn with
         fail_if_cloud_missing=False)."""
         self.try_infer_experiment_details(infer_cloud_details=True)
-        self.uploads_on = is_s3_mode(self.cloud_save_mode)     # raises for GCS and unknown modes
+        self.uploads_on = is_cloud_mode(self.cloud_save_mode)     # raises for an unknown mode
         if self.uploads_on:
             return
         message = (f'LogUpload: cloud_save_mode={self.cloud_save_mode!r} uploads nothing, so {self.log_file_path} '
-                   f"is not uploaded; use cloud_save_mode='s3' with a bucket_name")
+                   f"is not uploaded; use cloud_save_mode='s3' (or 'gcs', 'azure') with a bucket_name")
         if self.fail_if_cloud_missing:
             raise ValueError(f'{message} (or fail_if_cloud_missing=False to train without the upload)')
         logger.warning('%s; the log could be lost with this machine', message)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional,
 import torch
 
 from .. import distributed
+from ..storage.urls import cloud_scheme
 from ._common import check_int, import_matplotlib, new_figure
 from .abstract import AbstractCallback, AbstractExperimentCallback
 from .handler import CollectiveInRankRestrictedCallbackError
@@ -223,10 +224,10 @@ class GradDistributionPlot(AbstractExperimentCallback):
         project_name: experiment folder (inferred from a tracking TrainLoop, else defaults).
         experiment_name: experiment folder (inferred from a tracking TrainLoop, else defaults).
         local_model_result_folder_path: experiment folder (inferred from a tracking TrainLoop, else defaults).
-        cloud_save_mode: 's3' / 'aws_s3' / 'aws' also uploads the plots to
-            ``s3://<bucket>/<prefix>/<project>/<experiment>_<timestamp>/results/<grad_plots_dir_name>/...`` in the
-            background.
-        bucket_name: S3 bucket (with cloud_save_mode).
+        cloud_save_mode: 's3' / 'aws_s3' / 'aws' (or a Google Cloud Storage or Azure mode: 'gcs', 'azure') also
+            uploads the plots to ``s3://<bucket>/<prefix>/<project>/<experiment>_<timestamp>/results/
+            <grad_plots_dir_name>/...`` (``gs://``, ``az://``) in the background.
+        bucket_name: the bucket (Azure: container; with cloud_save_mode).
         cloud_dir_prefix: key prefix in the bucket (with cloud_save_mode).
         bins (int): histogram bins.
     """
@@ -256,12 +257,10 @@ class GradDistributionPlot(AbstractExperimentCallback):
         self.saved_plot_paths: List[str] = []
 
     def on_train_loop_registration(self) -> None:
-        """Check that matplotlib is installed; infer the experiment (Google Cloud Storage is refused)."""
+        """Check that matplotlib is installed; infer the experiment (an unknown cloud_save_mode is refused)."""
         import_matplotlib('GradDistributionPlot')     # fail at registration, not after the first epoch
         self.try_infer_experiment_details(infer_cloud_details=True)
-        if self.cloud_save_mode in ('gcs', 'google_storage', 'google storage'):
-            raise ValueError('GradDistributionPlot: Google Cloud Storage is not supported; use cloud_save_mode="s3" '
-                             'or None (local only)')
+        cloud_scheme(self.cloud_save_mode)
 
     def on_epoch_begin(self) -> None:
         """Forget the previous epoch's gradients."""

@@ -4,8 +4,9 @@ import os
 from typing import Any, Dict, Optional, Tuple
 
 from .. import loop_state, sharded_checkpoint
-from ..experiment import Experiment, get_experiment, is_s3_mode, model_file_name
+from ..experiment import Experiment, get_experiment, is_cloud_mode, model_file_name
 from ..storage.base import join_key
+from ..storage.urls import storage_for_mode
 from .abstract import AbstractExperimentCallback
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
         cloud_save_mode: see project_name.
         bucket_name: see project_name.
         cloud_dir_prefix: see project_name.
-        **kwargs: ``endpoint_url`` (S3-compatible endpoint; None: boto3's own resolution), ``map_location``
+        **kwargs: ``endpoint_url`` (the cloud's endpoint; None: the client's own resolution), ``map_location``
             (default 'cpu'), ``allow_unsafe_pickle`` (default False: a checkpoint that holds pickled Python
             objects is refused; only set it for files you trust).
     """
@@ -122,17 +123,16 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
         if path is not None:
             return loop_state.load_resume_checkpoint(loop, path, map_location=self.map_location,
                                                      allow_unsafe_pickle=self.allow_unsafe_pickle)
-        if is_s3_mode(self.cloud_save_mode):
-            return self._load_from_s3(rel_dir, file_name)
+        if is_cloud_mode(self.cloud_save_mode):
+            return self._load_from_cloud(rel_dir, file_name)
         raise FileNotFoundError(f'ModelLoadContinueTraining: no checkpoint found in {local_dir} (epoch_num='
                                 f'{self.epoch_num})')
 
-    def _load_from_s3(self, rel_dir: str, file_name: Optional[str]) -> Tuple[Dict[str, Any], str]:
+    def _load_from_cloud(self, rel_dir: str, file_name: Optional[str]) -> Tuple[Dict[str, Any], str]:
         loop = self.train_loop_obj
         target = join_key(self.cloud_dir_prefix or '', rel_dir, file_name or '')     # join_key skips empty parts
+        storage = storage_for_mode(self.cloud_save_mode, self.bucket_name, endpoint_url=self.endpoint_url)
         if file_name is not None:
-            from ..storage.s3 import S3Storage
-            storage = S3Storage(self.bucket_name, endpoint_url=self.endpoint_url)
             if not storage.exists(target):
                 # A sharded (FSDP) checkpoint of that epoch is a folder: counted once its marker is there.
                 folder = sharded_checkpoint.folder_name(target)
@@ -146,7 +146,7 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
         # run continues) before it is read.
         download_to = get_experiment(loop) or Experiment(loop, self.project_name, self.experiment_name,
                                                          self.local_model_result_folder_path)
-        return loop_state.load_resume_checkpoint(loop, f's3://{self.bucket_name}/{target}', experiment=download_to,
+        return loop_state.load_resume_checkpoint(loop, storage.uri(target), experiment=download_to,
                                                  map_location=self.map_location,
                                                  allow_unsafe_pickle=self.allow_unsafe_pickle,
                                                  endpoint_url=self.endpoint_url)

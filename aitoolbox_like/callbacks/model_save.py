@@ -1,8 +1,9 @@
 """Saving callbacks: checkpoints during training, the final model and results at its end.
 
 Files go to ``<local folder>/<project>/<experiment>_<timestamp>/`` (AIToolbox's layout, nothing else) and, with
-``cloud_save_mode='s3'``, to the same keys under ``s3://<bucket>/<cloud_dir_prefix>/`` through a background
-uploader (training does not wait for the network), which checks the bucket at the start of fit. Our pointers,
+``cloud_save_mode='s3'`` (``'gcs'``, ``'azure'``), to the same keys under ``s3://<bucket>/<cloud_dir_prefix>/``
+(``gs://``, ``az://``) through a background uploader (training does not wait for the network), which checks the
+bucket at the start of fit. Our pointers,
 claim, journal and temporary files live in the experiment's bookkeeping folder (aitoolbox_like.experiment).
 Checkpoints hold the full training state (aitoolbox_like.loop_state) so ``fit(resume_from=...)`` continues exactly
 where a run stopped.
@@ -256,12 +257,13 @@ class ModelCheckpoint(ExperimentSaverBase):
         experiment_name (str): folder name (a plain name, no path separators).
         local_model_result_folder_path (str): root folder of the projects.
         hyperparams (dict): saved as hyperparams_list.txt / hyperparams.json and in every checkpoint.
-        cloud_save_mode (str): 's3' (or 'aws_s3' / 'aws') uploads to S3 too; 'local' keeps files local only.
-        bucket_name (str): the S3 bucket.
+        cloud_save_mode (str): 's3' (or 'aws_s3' / 'aws') uploads to S3 too, 'gcs' (or 'google_storage' /
+            'google storage') to Google Cloud Storage, 'azure' to Azure Blob Storage; 'local' keeps files local only.
+        bucket_name (str): the bucket (Azure: the container).
         cloud_dir_prefix (str): key prefix in the bucket.
         rm_subopt_local_models (bool or str): delete local epoch checkpoints that are not among the
             ``num_best_checkpoints_kept`` best by ``monitor`` (a str names the metric, as in AIToolbox). The newest
-            checkpoint is always kept, so a run can resume. Cloud copies are kept; with S3, a checkpoint is deleted
+            checkpoint is always kept, so a run can resume. Cloud copies are kept; with a cloud, a checkpoint is deleted
             locally only once its upload is confirmed (a sharded checkpoint folder of an FSDP fit: whole, once every
             file in it is confirmed).
         num_best_checkpoints_kept (int): how many best checkpoints survive rm_subopt_local_models.
@@ -269,7 +271,9 @@ class ModelCheckpoint(ExperimentSaverBase):
             loader, else 'loss'. 'val_loss' named on a loop without a validation loader is refused at the start of
             fit.
         mode ('auto', 'min', 'max'): whether lower or higher is better; 'auto': lower for losses and errors.
-        endpoint_url (str or None): S3-compatible endpoint; None: boto3's (AWS_ENDPOINT_URL_S3 is honoured).
+        endpoint_url (str or None): the cloud's endpoint (an S3-compatible server, a GCS emulator, an Azure account
+            URL); None: the client's own (AWS_ENDPOINT_URL_S3, STORAGE_EMULATOR_HOST, AZURE_STORAGE_CONNECTION_STRING
+            are honoured).
         async_save (bool): write checkpoints in a background thread (training waits only for a copy of the state in
             host memory); the pointers, the upload and rm_subopt_local_models follow once the file is complete. The
             next save and the end of fit wait for it and raise its error. False: write on the training thread.
@@ -475,7 +479,7 @@ class ModelCheckpoint(ExperimentSaverBase):
             if self.uploader is not None:
                 # The uploader owns files it still has to send: it deletes this checkpoint (a sharded folder once
                 # each of its files is confirmed) when its upload is confirmed (deleting it now would lose it while
-                # S3 is down).
+                # the cloud is down).
                 self.uploader.remove_local_file(path)
                 continue
             try:
@@ -563,7 +567,7 @@ class ModelTrainEndSave(ExperimentSaverBase):
         if self.test_result_package is not None and loop.test_loader is None:
             raise ValueError('ModelTrainEndSave: test_result_package needs a test_loader in the TrainLoop')
         super().on_train_begin()
-        # Claiming the S3 prefix at the start of fit may have moved the experiment to a free name (<ts>_1).
+        # Claiming the cloud prefix at the start of fit may have moved the experiment to a free name (<ts>_1).
         self._set_package_paths()
 
     def on_train_end(self):

@@ -343,7 +343,7 @@ class ModelTrainHistoryBaseCB(AbstractExperimentCallback):
         ``./experiments/default_project/experiment_<timestamp>``. Runs on rank 0. The paths written by the
         last call are in ``self.last_written_files`` and, as in AIToolbox, posted on the loop's message service
         under ``'<ModelTrainHistoryPlot|ModelTrainHistoryFileWriter>_results_file_local_paths'`` until the end of
-        the epoch; with an S3 cloud_save_mode they are uploaded too.
+        the epoch; with a cloud cloud_save_mode (S3, GCS, Azure) they are uploaded too.
         """
         super().__init__(callback_name, project_name, experiment_name, local_model_result_folder_path,
                          cloud_save_mode, bucket_name, cloud_dir_prefix,

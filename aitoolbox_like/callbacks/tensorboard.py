@@ -26,7 +26,7 @@ from ._common import BatchLossReader, check_int
 from ._common import is_number as _is_number
 from .abstract import AbstractExperimentCallback
 from .gradient import whole_tensor
-from ..experiment import is_s3_mode
+from ..experiment import is_cloud_mode
 from .performance_eval import history_series
 
 if TYPE_CHECKING:
@@ -168,8 +168,8 @@ class TensorboardReporterBaseCB(AbstractExperimentCallback):
             self.tb_writer.close()
 
     def upload_to_cloud(self) -> None:
-        """Upload the event files (only with an S3 cloud_save_mode)."""
-        if not is_s3_mode(self.cloud_save_mode) or not self.writes_events:
+        """Upload the event files (only with a cloud cloud_save_mode)."""
+        if not is_cloud_mode(self.cloud_save_mode) or not self.writes_events:
             return
         self._writer.flush()
         paths = [os.path.join(root, name) for root, _, names in os.walk(self.log_dir) for name in names]

@@ -14,10 +14,12 @@ from typing import Dict, Union
 _CB = 'aitoolbox_like.callbacks'
 _SCHED = 'aitoolbox_like.callbacks.train_schedule'
 _SAVERS = 'aitoolbox_like.experiment.savers'
+_CLOUD_SAVERS = 'aitoolbox_like.experiment.cloud_savers'
 _LOADER = 'aitoolbox_like.experiment.model_loader'
 _REPORTING = 'aitoolbox_like.experiment.reporting'
 _UTILS = 'aitoolbox_like.compat.utils'
 _CLOUD = 'aitoolbox_like.compat.cloud'
+_GCLOUD = 'aitoolbox_like.compat.google_cloud'
 
 
 class Unsupported:
@@ -28,8 +30,6 @@ class Unsupported:
 
 
 _KERAS = Unsupported('Keras models are not supported by aitoolbox_like (it trains PyTorch models only)')
-_GCS = Unsupported('Google Cloud Storage is not supported by aitoolbox_like; use the S3 classes of '
-                   'aitoolbox.cloud.AWS (any S3-compatible endpoint, e.g. AWS_ENDPOINT_URL_S3) or local saving')
 
 Target = Union[str, Unsupported]
 Alias = Union[str, Dict[str, Target]]
@@ -37,10 +37,6 @@ Alias = Union[str, Dict[str, Target]]
 
 def _names(module: str, *names: str) -> Dict[str, Target]:
     return {name: module for name in names}
-
-
-def _unsupported(reason: Unsupported, *names: str) -> Dict[str, Target]:
-    return {name: reason for name in names}
 
 
 _TORCHTRAIN_EXPORTS: Dict[str, Target] = {
@@ -138,9 +134,9 @@ MODULES: Dict[str, Alias] = {
     'experiment.local_save.local_results_save': _names(_SAVERS, 'AbstractLocalResultsSaver', 'BaseLocalResultsSaver',
                                                        'LocalResultsSaver'),
     'experiment.experiment_saver': {
-        **_names(_SAVERS, 'AbstractExperimentSaver', 'BaseFullExperimentSaver', 'BaseFullExperimentS3Saver',
-                 'FullPyTorchExperimentS3Saver'),
-        **_names(_SAVERS, 'BaseFullExperimentGoogleStorageSaver', 'FullPyTorchExperimentGoogleStorageSaver'),
+        **_names(_SAVERS, 'AbstractExperimentSaver', 'BaseFullExperimentSaver'),
+        **_names(_CLOUD_SAVERS, 'BaseFullExperimentS3Saver', 'FullPyTorchExperimentS3Saver',
+                 'BaseFullExperimentGoogleStorageSaver', 'FullPyTorchExperimentGoogleStorageSaver'),
         'FullKerasExperimentS3Saver': _KERAS, 'FullKerasExperimentGoogleStorageSaver': _KERAS},
     'experiment.local_experiment_saver': {
         **_names(_SAVERS, 'BaseFullExperimentLocalSaver', 'FullPyTorchExperimentLocalSaver'),
@@ -167,13 +163,11 @@ MODULES: Dict[str, Alias] = {
     'cloud.AWS.results_save': _names(_CLOUD, 'AbstractResultsSaver', 'BaseResultsSaver', 'S3ResultsSaver'),
     'cloud.AWS.simple_email_service': _names(_CLOUD, 'SESSender'),
     'cloud.GoogleCloud': {},
-    'cloud.GoogleCloud.data_access': _unsupported(_GCS, 'BaseGoogleStorageDataSaver', 'BaseGoogleStorageDataLoader'),
-    'cloud.GoogleCloud.model_load': _unsupported(_GCS, 'BaseModelGoogleStorageLoader',
-                                                 'PyTorchGoogleStorageModelLoader'),
-    'cloud.GoogleCloud.model_save': _unsupported(_GCS, 'BaseModelGoogleStorageSaver', 'PyTorchGoogleStorageModelSaver',
-                                                 'KerasGoogleStorageModelSaver'),
-    'cloud.GoogleCloud.results_save': _unsupported(_GCS, 'BaseResultsGoogleStorageSaver',
-                                                   'GoogleStorageResultsSaver'),
+    'cloud.GoogleCloud.data_access': _names(_GCLOUD, 'BaseGoogleStorageDataSaver', 'BaseGoogleStorageDataLoader'),
+    'cloud.GoogleCloud.model_load': _names(_GCLOUD, 'BaseModelGoogleStorageLoader', 'PyTorchGoogleStorageModelLoader'),
+    'cloud.GoogleCloud.model_save': {**_names(_GCLOUD, 'BaseModelGoogleStorageSaver', 'PyTorchGoogleStorageModelSaver'),
+                                     'KerasGoogleStorageModelSaver': _KERAS},
+    'cloud.GoogleCloud.results_save': _names(_GCLOUD, 'BaseResultsGoogleStorageSaver', 'GoogleStorageResultsSaver'),
 }
 
 # Our own modules that AIToolbox's package __init__ files add names to, for code where ``aitoolbox`` was

@@ -5,24 +5,26 @@ keep AIToolbox's constructors, methods, S3 key layout and return values, and are
 are written by :class:`~aitoolbox_like.experiment.savers.PyTorchLocalModelSaver` /
 :class:`~aitoolbox_like.experiment.savers.LocalResultsSaver`, read by
 :class:`~aitoolbox_like.experiment.model_loader.PyTorchLocalModelLoader` and moved by
-:class:`~aitoolbox_like.storage.s3.S3Storage` (boto3's credential and endpoint resolution, e.g.
-``AWS_ENDPOINT_URL_S3``; ``pip install aitoolbox_like[s3]``). What differs from AIToolbox:
+the storage of their cloud (:func:`aitoolbox_like.storage.storage_for_mode`; for these S3 classes boto3's credential
+and endpoint resolution, e.g. ``AWS_ENDPOINT_URL_S3``; ``pip install aitoolbox_like[s3]``). What differs from
+AIToolbox:
 
-* the boto3 client is created at the first transfer, not in the constructor;
+* the cloud client is created at the first transfer, not in the constructor;
 * S3 keys must be clean relative paths (no leading ``/``, no ``..`` or empty parts): a ValueError, not an odd key;
 * model files are those of PyTorchLocalModelSaver (loadable with ``torch.load(weights_only=True)``), and the
   loader refuses a file that needs full unpickling unless ``allow_unsafe_pickle=True``;
 * messages go to logging instead of print.
 
 Reached as ``aitoolbox.cloud.AWS.<module>`` (under ``aitoolbox_like.compat``) or ``aitoolbox_like.cloud.AWS.<module>``.
-Google Cloud Storage (``aitoolbox.cloud.GoogleCloud``) and the Keras savers are not supported.
+``aitoolbox.cloud.GoogleCloud``'s classes are these over Google Cloud Storage (:mod:`.google_cloud`). The Keras savers
+are not supported.
 """
 import abc
 import logging
 import os
 import posixpath
 import shutil
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple, cast
 
 from ..callbacks.basic import SESSender as _SESSender
 from ..experiment import CHECKPOINT_DIR, MODEL_DIR, RESULTS_DIR, model_file_name
@@ -30,9 +32,10 @@ from ..experiment.folder import ExperimentFolder
 from ..experiment.model_loader import AbstractLocalModelLoader, PyTorchLocalModelLoader
 from ..experiment.savers import (DEFAULT_RESULTS_ROOT, LocalResultsSaver, PyTorchLocalModelSaver,
                                  new_experiment_timestamp)
+from ..storage.urls import storage_for_mode
 
 if TYPE_CHECKING:
-    from ..storage.s3 import S3Storage
+    from ..storage.base import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -42,24 +45,25 @@ gcs_available_options = ['gcs', 'google_storage', 'google storage']
 
 
 class _LazyS3:
-    """The bucket, reached through an S3Storage made at first use (so constructing needs neither boto3 nor a
-    valid bucket name yet)."""
+    """The bucket, reached through a storage of its cloud made at first use (so constructing needs neither the
+    client library nor a valid bucket name yet)."""
 
     bucket_name: str
-    _storage: Optional['S3Storage'] = None
+    #: The cloud of the bucket: 's3' here, 'gcs' for aitoolbox.cloud.GoogleCloud's classes.
+    cloud_save_mode = 's3'
+    _storage: Optional['Storage'] = None
 
     @property
-    def storage(self) -> 'S3Storage':
-        """The :class:`~aitoolbox_like.storage.s3.S3Storage` of ``bucket_name`` (keys are used as given)."""
+    def storage(self) -> 'Storage':
+        """The storage of ``bucket_name`` (an S3Storage here; keys are used as given)."""
         if self._storage is None:
-            from ..storage.s3 import S3Storage
-            self._storage = S3Storage(self.bucket_name)
+            self._storage = storage_for_mode(self.cloud_save_mode, self.bucket_name)
         return self._storage
 
     @property
     def s3_client(self) -> Any:
         """The boto3 S3 client (AIToolbox's attribute)."""
-        return self.storage.client
+        return cast(Any, self.storage).client
 
 
 # ---------------------------------------------------------------------------------- aitoolbox.cloud.AWS.data_access
@@ -107,13 +111,14 @@ class BaseDataLoader(_LazyS3):
         that does not exist is logged, not raised (as in AIToolbox); other errors are raised."""
         local_file_path = os.path.expanduser(local_file_path)
         if os.path.isfile(local_file_path):
-            logger.info('%s exists on the local disk; not downloading it from S3', local_file_path)
+            logger.info('%s exists on the local disk; not downloading it from the cloud', local_file_path)
             return
-        logger.info('Downloading s3://%s/%s to %s', self.bucket_name, cloud_file_path, local_file_path)
+        where = f'{self.storage.scheme}://{self.bucket_name}/{cloud_file_path}'
+        logger.info('Downloading %s to %s', where, local_file_path)
         try:
             self.storage.load_file(cloud_file_path, local_file_path)
         except FileNotFoundError:
-            logger.warning('s3://%s/%s does not exist; nothing downloaded', self.bucket_name, cloud_file_path)
+            logger.warning('%s does not exist; nothing downloaded', where)
 
     def exists_local_data_folder(self, data_folder_name: str, protect_local_folder: bool = True) -> bool:
         """Whether ``<local_base_data_folder_path>/<data_folder_name>`` is there to be used as it is.

@@ -13,7 +13,7 @@ the same filesystem (every write there is an atomic rename)::
         run                    the id of the run that owns the experiment folder (its claim)
         latest_checkpoint.txt  best_checkpoint.txt     pointers: a checkpoint's path inside the experiment folder
         hyperparams.json       the hyperparameters as JSON
-        pending_uploads.json   with S3: the uploads not confirmed yet (absent when everything is uploaded)
+        pending_uploads.json   with a cloud: the uploads not confirmed yet (absent when everything is uploaded)
         .<name>.<hex>.partial  temporary files of atomic writes (same filesystem, so the rename is atomic)
 
 Nothing of ours stays in the bucket: checkpoints are found there by their names (``_E<epoch>[_ITER<idx>]``, see
@@ -29,36 +29,27 @@ import logging
 import math
 import os
 import re
-import shlex
 import shutil
 import socket
-import sys
 import time
 import uuid
 import zipfile
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..storage.base import (StorageError, StorageUnreachableError, UploadsIncompleteError, join_key, validate_key,
-                            validate_key_part)
+from ..storage.base import StorageError, UploadsIncompleteError, join_key, validate_key, validate_key_part
 from ..storage.journal import JOURNAL_NAME, SyncReport, UploadJournal, sync_journal
 from ..storage.local import remove_stray_temp_files, write_atomically, write_text_atomically
-from ..storage.uploader import UploadFailure, is_retryable
+from ..storage.uploader import UploadFailure
+from .uploads import (ACCESS_CHECK_PREFIX, AZURE_SAVE_MODES, BOOKKEEPING_DIR, GCS_SAVE_MODES, LOCAL_SAVE_MODES,
+                      MARKER_FILE, S3_SAVE_MODES, ExperimentUploader, all_uploaders, bookkeeping_key, get_uploader,
+                      is_cloud_mode, is_s3_mode, normalize_cloud_save_mode, sync_command)
 
 logger = logging.getLogger(__name__)
 
-S3_SAVE_MODES = ('s3', 'aws_s3', 'aws')
-GCS_SAVE_MODES = ('gcs', 'google_storage', 'google storage')
-LOCAL_SAVE_MODES = ('local', None, False, '')
-# The hidden folder at the root of the local folder (and under the cloud prefix) that holds our bookkeeping, as
-# <project>/<experiment folder name>/.
-BOOKKEEPING_DIR = '.aitoolbox_like'
-# In the bookkeeping folder: the id of the run that claimed the experiment folder / prefix.
-MARKER_FILE = 'run'
 # Where versions before the bookkeeping folder kept the claim: at the root of the experiment folder / prefix.
 LEGACY_MARKER_FILE = '.aitoolbox_like_run'
 # The journal of uploads not confirmed yet (storage.journal); the sync command uploads what it lists.
 PENDING_UPLOADS = JOURNAL_NAME
-ACCESS_CHECK_PREFIX = '.aitoolbox_like_access_check'
 HYPERPARAMS_TXT = 'hyperparams_list.txt'
 HYPERPARAMS_JSON = 'hyperparams.json'
 SOURCE_ZIP = 'source_code.zip'
@@ -80,18 +71,6 @@ _SKIP_DIRS = {'__pycache__', '.git', '.hg', '.svn', '.ipynb_checkpoints', '.venv
 _CHECKPOINT_NAME_RE = re.compile(r'_E(\d+)(?:_ITER(\d+))?\.(?:pth|pt|dcp)$')
 
 
-def normalize_cloud_save_mode(cloud_save_mode):
-    """'s3' for every AIToolbox S3 alias, 'local' for local-only; Google Cloud Storage is refused."""
-    if cloud_save_mode in LOCAL_SAVE_MODES:
-        return 'local'
-    if isinstance(cloud_save_mode, str) and cloud_save_mode.lower() in S3_SAVE_MODES:
-        return 's3'
-    if isinstance(cloud_save_mode, str) and cloud_save_mode.lower() in GCS_SAVE_MODES:
-        raise ValueError(f'cloud_save_mode={cloud_save_mode!r}: Google Cloud Storage is not supported; use '
-                         f"cloud_save_mode='s3' (any S3-compatible endpoint) or 'local'")
-    raise ValueError(f"cloud_save_mode must be 's3' (or 'aws_s3' / 'aws') or 'local', got {cloud_save_mode!r}")
-
-
 def _abs_folder(path):
     return os.path.abspath(os.path.expanduser(os.fspath(path)))
 
@@ -105,11 +84,6 @@ def _check_results_root(root):
         raise NotADirectoryError(
             f'local_model_result_folder_path={root!r}: {existing!r} is a file, not a folder; pass the folder that '
             f'experiment folders go into (it is created when missing)')
-
-
-def is_s3_mode(cloud_save_mode):
-    """True when files go to S3 (any of AIToolbox's S3 aliases); False for the local-only modes."""
-    return normalize_cloud_save_mode(cloud_save_mode) == 's3'
 
 
 def hyperparams_to_json(hyperparams):
@@ -155,12 +129,6 @@ def bookkeeping_dir(experiment_dir):
     project_dir, name = os.path.split(experiment_dir)
     root, project = os.path.split(project_dir)
     return os.path.join(root, BOOKKEEPING_DIR, project, name)
-
-
-def bookkeeping_key(experiment_key):
-    """The bookkeeping prefix of an experiment folder given as a key ('<project>/<experiment>_<ts>'):
-    '.aitoolbox_like/<project>/<experiment>_<ts>'."""
-    return join_key(BOOKKEEPING_DIR, experiment_key.strip('/'))
 
 
 def checkpoint_order(name):
@@ -228,7 +196,7 @@ def read_pointer(experiment_dir, pointer_name=LATEST_POINTER):
 
 
 def find_cloud_checkpoint(storage, experiment_key):
-    """The key of the newest complete checkpoint of the experiment folder ``experiment_key`` in ``storage`` (an S3
+    """The key of the newest complete checkpoint of the experiment folder ``experiment_key`` in ``storage`` (a cloud
     prefix), or None.
 
     The bucket holds only AIToolbox's files, so the newest checkpoint is found by its name (epoch, then iteration,
@@ -290,12 +258,6 @@ def copy_experiment_script(folder, hyperparams, temp_dir=None):
     return target
 
 
-def sync_command(folder):
-    """The shell command that uploads what the journal of the experiment folder ``folder`` lists."""
-    return f'{shlex.quote(os.path.basename(sys.executable) or "python")} -m aitoolbox_like.experiment.sync ' \
-           f'{shlex.quote(os.fspath(folder))}'
-
-
 def experiment_journals(folder) -> List[UploadJournal]:
     """The upload journals of the experiment folder ``folder``: the one in its bookkeeping folder, and the one at
     its root that versions before the bookkeeping folder wrote (when present)."""
@@ -309,9 +271,10 @@ def experiment_journals(folder) -> List[UploadJournal]:
 
 def sync_experiment(folder, endpoint_url: Optional[str] = None) -> SyncReport:
     """Upload the files the experiment folder's journal of pending uploads lists (uploads a run queued but could
-    not confirm: S3 was down when it ended, or it was killed), to the bucket / prefix / key each entry records.
+    not confirm: the cloud was down when it ended, or it was killed), to the cloud / bucket / prefix / key each entry
+    records.
 
-    ``endpoint_url`` replaces the recorded S3 endpoint. Uploads that fail stay listed (run it again later); the
+    ``endpoint_url`` replaces the recorded endpoint. Uploads that fail stay listed (run it again later); the
     command line ``python -m aitoolbox_like.experiment.sync FOLDER`` does the same. Do not run it while a run is
     still training into the folder (that run uploads its own files; both would upload them).
     """
@@ -330,9 +293,9 @@ class Experiment:
     ``claim()`` makes the folder this run's own. Two runs started in the same second get the same
     timestamp; the second one to claim finds the folder claimed by the other (the ``run`` file of its bookkeeping
     folder) and moves to ``<ts>_1`` (``_2``, ...), updating ``loop.experiment_timestamp`` so every callback follows.
-    With S3 uploads the experiment's prefix in the bucket is claimed the same way when the uploads start (the
+    With cloud uploads the experiment's prefix in the bucket (container) is claimed the same way when the uploads start (the
     start of fit): a claim object created only if absent, so runs on different machines never share a prefix, and
-    the local folder takes the name claimed in S3.
+    the local folder takes the name claimed in the cloud.
     """
 
     def __init__(self, loop, project_name, experiment_name, local_model_result_folder_path):
@@ -342,7 +305,7 @@ class Experiment:
         self.root = _abs_folder(local_model_result_folder_path)
         self.run_id = uuid.uuid4().hex
         self.claimed = False
-        # True once the run continues an existing experiment (resume): its folder and S3 prefix are taken over.
+        # True once the run continues an existing experiment (resume): its folder and cloud prefix are taken over.
         self.continued = False
         self.uploaders = {}
         self._cloud_claims: List['ExperimentUploader'] = []
@@ -505,7 +468,7 @@ class Experiment:
         Before the folder is claimed, the claim waits for :meth:`claim`. A continued experiment takes its prefix
         over. Else, when another run holds the prefix of this name, the experiment moves to the next free name
         (``_1``, ``_2``, ... free locally and in every bucket), and the local folder moves with it, so the local
-        folder and the S3 prefix always have the same name.
+        folder and the cloud prefix always have the same name.
         """
         self._cloud_claims.append(uploader)
         try:
@@ -523,7 +486,7 @@ class Experiment:
         if uploader.claim_prefix(self.key_prefix, self.run_id):
             return
         if any(u.uploader.unconfirmed() for u in self._cloud_claims):
-            raise StorageError(f'the S3 prefix {uploader.storage.uri(self.key_prefix)} belongs to another run, and '
+            raise StorageError(f'the cloud prefix {uploader.storage.uri(self.key_prefix)} belongs to another run, and '
                                f'this run has already uploaded files under its name; give every uploader of a run '
                                f'the same experiment before training starts')
         old_dir, old_work, old_timestamp = self.dir_path, self.work_dir, self.loop.experiment_timestamp
@@ -545,7 +508,7 @@ class Experiment:
         old_prefix = f'{self.project_name}/{self.experiment_name}_{old_timestamp}'
         for other in others:
             other.release_prefix(old_prefix, self.run_id)
-        logger.info('The S3 prefix %s belongs to another run; this run uses %s (local folder %s)',
+        logger.info('The cloud prefix %s belongs to another run; this run uses %s (local folder %s)',
                     uploader.storage.uri(old_prefix), uploader.storage.uri(self.key_prefix), new_dir)
 
     def release_cloud_claims(self, uploaders=None):
@@ -642,7 +605,7 @@ class Experiment:
         self._reported_unfinished = signature
         lines = [f'  {os.path.relpath(job.local_path, self.dir_path)} -> {u.storage.uri(job.key)}'
                  f'{" (" + job.last_error + ")" if job.last_error else ""}' for u, job in unfinished]
-        message = (f'{len(unfinished)} file(s) of the experiment {self.dir_path} are not in S3 yet after waiting '
+        message = (f'{len(unfinished)} file(s) of the experiment {self.dir_path} are not in the cloud yet after waiting '
                    f'{limit:.0f} s (ExperimentUploader.wait_timeout_s):\n' + '\n'.join(lines))
         command = sync_command(self.dir_path)
         if unfinished:
@@ -787,278 +750,6 @@ def get_experiment(loop, project_name=None, experiment_name=None, local_model_re
     loop.experiment = experiment
     return experiment
 
-
-# ---------------------------------------------------------------------------------------------- uploads
-
-
-class ExperimentUploader:
-    """Uploads files of the local experiment folder to the same relative keys in the cloud experiment folder,
-    in a background thread (training does not wait). Set on the loop as ``loop.experiment_uploader``.
-
-    Creating it touches no network (callbacks create it when they are registered, also outside fit). The saving
-    callbacks :meth:`start` it at the start of fit, before the first step (other callbacks at their first upload):
-    it then checks the bucket (HeadBucket), that it may write and delete under the experiment's prefix, and claims
-    the prefix for this run (see :meth:`Experiment.add_cloud_claim`); an unreachable endpoint is a
-    :class:`StorageUnreachableError`, a missing bucket or refused credentials a :class:`StorageError` /
-    :class:`StorageAuthError`, before any training. Files given before then are uploaded once it has started.
-
-    Nothing is lost, nothing is silent: every upload is recorded in the experiment's journal
-    (``pending_uploads.json`` in its bookkeeping folder) until the storage confirmed it; network errors are retried
-    (backoff up to ``max_backoff_s``) for as long as the process lives; a file the run deletes
-    (``rm_subopt_local_models``) is deleted only after its upload is confirmed (:meth:`remove_local_file`); what is
-    still unconfirmed when fit ends is reported once, with the command that uploads it later (see
-    :meth:`Experiment.wait_for_uploads`).
-
-    Class attributes (set them on the class, before fit):
-        storage_options: passed to S3Storage (tests shorten botocore's retries).
-        uploader_options: passed to BackgroundUploader (``max_retries`` None by default: retry until confirmed).
-        wait_timeout_s: how long the end of fit waits for the pending uploads, in all (10 min).
-        exception_wait_timeout_s: the same when fit is failing with an exception (2 min).
-        upload_failure: 'warn' (default): log the uploads not confirmed at the end of fit; 'raise': also raise
-            UploadsIncompleteError from fit.
-    """
-
-    storage_options: Dict[str, Any] = {}
-    uploader_options: Dict[str, Any] = {}
-    wait_timeout_s = 600.0
-    exception_wait_timeout_s = 120.0
-    upload_failure = 'warn'
-
-    def __init__(self, experiment, bucket_name, cloud_dir_prefix='', endpoint_url=None, storage=None):
-        from ..storage import BackgroundUploader
-        if self.upload_failure not in ('warn', 'raise'):
-            raise ValueError(f"ExperimentUploader.upload_failure must be 'warn' or 'raise', got "
-                             f'{self.upload_failure!r}')
-        self.experiment = experiment
-        if storage is None:
-            from ..storage.s3 import S3Storage
-            storage = S3Storage(bucket_name, cloud_dir_prefix or '', endpoint_url=endpoint_url,
-                                **self.storage_options)
-        self.storage = storage
-        self.bucket_name = bucket_name
-        self.cloud_dir_prefix = cloud_dir_prefix or ''
-        options = {'max_retries': None, 'max_queue_size': None, **self.uploader_options}
-        self.uploader = BackgroundUploader(storage, journal=experiment.journal, **options)
-        self.started = False
-        # Files given before start(), by their path inside the experiment folder: the claim may still rename it.
-        self._held: List[str] = []
-
-    def start(self):
-        """Check the bucket and the permissions, claim the experiment's prefix, and upload the files given so far
-        (once; later calls do nothing). Raises what :meth:`_checked` raises when the storage cannot be used."""
-        if self.started:
-            return
-        self._check_access()
-        self._checked(lambda: self.experiment.add_cloud_claim(self))
-        self.started = True
-        experiment = self.experiment
-        if experiment.claimed and experiment.continued:
-            self.resume_pending()
-        held, self._held = self._held, []
-        for rel in held:
-            path = os.path.join(experiment.dir_path, *rel.split('/'))
-            if os.path.isfile(path):
-                self.upload_experiment_file(path)
-            else:
-                logger.warning('%s was to be uploaded but no longer exists', path)
-
-    def _endpoint(self):
-        return getattr(self.storage, 'endpoint_url', None) or self.storage.uri('')
-
-    def _checked(self, operation):
-        """Run a start-of-fit storage operation; our errors get the hint about cloud_save_mode='local', network
-        errors become a StorageUnreachableError naming the endpoint."""
-        try:
-            return operation()
-        except StorageError as error:
-            raise type(error)(f"{error} (cloud_save_mode='s3' uploads the experiment to S3; pass "
-                              f"cloud_save_mode='local' to keep it only on this machine)") from None
-        except Exception as error:
-            if not is_retryable(error):
-                raise
-            raise StorageUnreachableError(
-                f'Cannot reach the S3 endpoint {self._endpoint()} (bucket {self.bucket_name!r}): '
-                f'{type(error).__name__}: {error}. Check endpoint_url (or AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL) and '
-                f"that this machine can reach the server, or pass cloud_save_mode='local' to keep the experiment "
-                f'only on this machine.') from None
-
-    def _check_access(self):
-        # Fail at the start of fit, not after the first epoch: a wrong key, a missing bucket or an unreachable
-        # endpoint shows here. HeadBucket: the bucket itself (a HeadObject 404 cannot tell "no such key" from
-        # "no such bucket"); then a put and a delete under the experiment's prefix: the permissions uploads need.
-        check_bucket = getattr(self.storage, 'check_bucket', None)
-        if check_bucket is not None:
-            self._checked(check_bucket)
-        probe = join_key(self.experiment.key_prefix, f'{ACCESS_CHECK_PREFIX}.{self.experiment.run_id}')
-        self._checked(lambda: self.storage.write_text(probe, 'access check of aitoolbox_like; safe to delete'))
-        self._checked(lambda: self.storage.delete(probe))
-
-    # ---- the experiment's prefix in the bucket --------------------------------------------------------
-
-    def claim_key(self, key_prefix):
-        """The claim object of the experiment folder ``key_prefix`` (a key): in its bookkeeping prefix, outside the
-        experiment's prefix."""
-        return join_key(bookkeeping_key(key_prefix), MARKER_FILE)
-
-    def claim_prefix(self, key_prefix, run_id, exclusive=True):
-        """Make ``key_prefix`` (an experiment folder as a key) this run's in the bucket: create its claim object
-        holding ``run_id`` only if absent (``exclusive``; then read back), or overwrite it (a continued run).
-        True if the prefix is ours. A prefix holding objects but no claim (a finished run, a run of an older
-        version, or of AIToolbox) counts as taken."""
-        marker = self.claim_key(key_prefix)
-        if not exclusive:
-            self.storage.write_text(marker, run_id)
-            return True
-        try:
-            if self.storage.read_text(marker).strip() == run_id:
-                return True
-            return False
-        except FileNotFoundError:
-            pass
-        if any(not key.rsplit('/', 1)[-1].startswith(ACCESS_CHECK_PREFIX)
-               for key in self.storage.list(key_prefix + '/')):
-            return False
-        if not self.storage.create_exclusive(marker, run_id):
-            try:
-                return self.storage.read_text(marker).strip() == run_id
-            except FileNotFoundError:
-                return False
-        # Read back: a server that ignores If-None-Match lets every writer "create" the marker; the last wins.
-        return self.storage.read_text(marker).strip() == run_id
-
-    def release_prefix(self, key_prefix, run_id):
-        """Give ``key_prefix`` back (delete its claim object) if this run holds it."""
-        marker = self.claim_key(key_prefix)
-        try:
-            if self.storage.read_text(marker).strip() == run_id:
-                self.storage.delete(marker)
-        except FileNotFoundError:
-            pass
-
-    def resume_pending(self):
-        """Queue again the uploads of this bucket / prefix / endpoint that the experiment's journal lists (a
-        previous process queued them and never saw them confirmed). Returns how many were queued."""
-        journal = self.experiment.journal
-        location = self.storage.location()
-        queued = set(job.id for job in self.uploader.unconfirmed())
-        count = 0
-        for entry in journal.entries():
-            if entry['id'] in queued or any(entry.get(k) != v for k, v in location.items()):
-                continue
-            path = journal.local_path(entry)
-            if not os.path.isfile(path):
-                logger.warning('%s was listed for upload but no longer exists; dropped from %s', path, journal.path)
-                journal.remove(entry['id'])
-                continue
-            self.uploader.submit(path, entry['key'], latest_pointer_key=entry.get('pointer_key'),
-                                 delete_local_after=bool(entry.get('delete_local_after')),
-                                 latest_pointer_text=entry.get('pointer_text'), job_id=entry['id'])
-            count += 1
-        if count:
-            logger.info('Queued again %d upload(s) that a previous run of %s left unconfirmed', count,
-                        self.experiment.dir_path)
-        return count
-
-    # ---- uploads ---------------------------------------------------------------------------------------
-
-    def _relative(self, local_path):
-        rel = os.path.relpath(os.path.abspath(local_path), self.experiment.dir_path)
-        if rel.startswith('..') or os.path.isabs(rel):
-            raise ValueError(f'{local_path} is not inside the experiment folder {self.experiment.dir_path}; only '
-                             f'files of the experiment folder can be uploaded with upload_experiment_file()')
-        return rel.replace(os.sep, '/')
-
-    def key_for(self, local_path):
-        """The cloud key of a file inside the local experiment folder."""
-        return join_key(self.experiment.key_prefix, self._relative(local_path))
-
-    def upload_experiment_file(self, local_path):
-        """Queue ``local_path`` (inside the local experiment folder) for upload to the same relative key, starting
-        the uploader first if needed (:meth:`start`: an upload is due). Returns the key."""
-        rel = self._relative(local_path)
-        self.start()
-        # The start may have moved the experiment to a free name (its prefix was taken): the file moved with it.
-        path = os.path.join(self.experiment.dir_path, *rel.split('/'))
-        key = join_key(self.experiment.key_prefix, rel)
-        self.uploader.submit(path, key)
-        return key
-
-    def upload_at_start(self, local_path):
-        """Upload ``local_path`` (inside the local experiment folder) once the uploader has started, now if it has:
-        for what a callback writes while it is registered, when no network may be used."""
-        if self.started:
-            self.upload_experiment_file(local_path)
-            return
-        rel = self._relative(local_path)
-        if rel not in self._held:
-            self._held.append(rel)
-
-    @property
-    def held_count(self):
-        """Files waiting for :meth:`start` to be uploaded."""
-        return len(self._held)
-
-    def remove_local_file(self, local_path):
-        """Delete a local file of the experiment once every upload of it is confirmed (now, if none is pending).
-
-        What ``rm_subopt_local_models`` uses: deleting a file whose upload is still queued (S3 down) would lose
-        it. Returns True if the file was deleted now.
-        """
-        if not self.started:
-            return False        # its upload has not even been queued
-        return self.uploader.delete_after_upload(local_path)
-
-    @property
-    def pending_count(self):
-        return self.uploader.pending_count
-
-    @property
-    def failures(self):
-        return self.uploader.failures
-
-    def wait(self, timeout=None):
-        """Wait for the pending uploads; log and return the ones that failed since the last wait. When all are
-        confirmed, this run's claim object is deleted from the bucket (see :meth:`Experiment.release_cloud_claims`)."""
-        timeout = self.wait_timeout_s if timeout is None else timeout
-        pending = self.uploader.pending_count
-        if pending:
-            logger.info('Waiting for %d upload(s) to %s to finish', pending, self.storage.uri(self.experiment.key_prefix))
-        failures = self.uploader.wait(timeout)
-        if self.uploader.pending_count:
-            logger.error('%d upload(s) to %s still unfinished after %.0f s; the local files in %s are complete; '
-                         'upload them later with: %s', self.uploader.pending_count, self.bucket_name, timeout,
-                         self.experiment.dir_path, sync_command(self.experiment.dir_path))
-        for failure in failures:
-            logger.error('Upload failed: %s -> %s (%s); the local copy is kept', failure.local_path,
-                         self.storage.uri(failure.key), failure.error)
-        self.experiment.release_cloud_claims([self])
-        return failures
-
-    def close(self, timeout=None):
-        """Stop the uploader after at most ``timeout`` seconds (None: once everything is uploaded); what is not
-        uploaded by then stays in the journal for a later run or the sync command. Returns the failures."""
-        return self.uploader.close(timeout)
-
-
-def get_uploader(loop, experiment, cloud_save_mode, bucket_name, cloud_dir_prefix='', endpoint_url=None):
-    """The loop's uploader for this bucket/prefix (created once), or None for local-only saving or on a
-    rank other than 0 (only rank 0 writes)."""
-    if not is_s3_mode(cloud_save_mode) or not loop.is_main_process():
-        return None
-    key = (bucket_name, (cloud_dir_prefix or '').strip('/'), endpoint_url)
-    uploader = experiment.uploaders.get(key)
-    if uploader is None:
-        uploader = ExperimentUploader(experiment, bucket_name, cloud_dir_prefix, endpoint_url)
-        experiment.uploaders[key] = uploader
-        if loop.experiment_uploader is None:
-            loop.experiment_uploader = uploader
-    return uploader
-
-
-def all_uploaders(loop):
-    """Every uploader of the loop's experiment (one per bucket / prefix / endpoint)."""
-    experiment = loop.experiment
-    return list(experiment.uploaders.values()) if experiment is not None else []
 
 
 def __getattr__(name):

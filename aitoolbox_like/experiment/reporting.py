@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from ..history import TrainingHistory
     from ..storage.base import Storage
-    from .savers import BaseFullExperimentS3Saver
+    from .cloud_savers import BaseFullExperimentS3Saver
 
 logger = logging.getLogger(__name__)
 
@@ -191,12 +191,14 @@ class HyperParamSourceReporter:
 
         Args:
             local_hyperparams_file_path: the local file to upload.
-            cloud_saver: where to: an S3Storage (or any Storage), or a FullPyTorchExperimentS3Saver.
+            cloud_saver: where to: a Storage (S3, Google Cloud Storage, Azure, a folder), a
+                FullPyTorchExperimentS3Saver / FullPyTorchExperimentGoogleStorageSaver, or an aitoolbox.cloud saver.
             file_name: the name in the cloud; None: ``hyperparams_list.txt``.
         """
         storage: Any = getattr(cloud_saver, 'storage', cloud_saver)
         if not callable(getattr(storage, 'save_file', None)):
-            raise TypeError(f'cloud_saver must be an S3Storage or a FullPyTorchExperimentS3Saver, got '
+            raise TypeError(f'cloud_saver must be a Storage (e.g. S3Storage) or a cloud saver (e.g. '
+                            f'FullPyTorchExperimentS3Saver), got '
                             f'{type(cloud_saver).__qualname__}')
         key = join_key(self.project_name, f'{self.experiment_name}_{self.experiment_timestamp}',
                        self.file_name if file_name is None else file_name)

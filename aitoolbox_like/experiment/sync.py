@@ -2,9 +2,9 @@
 
 A run records every upload in ``pending_uploads.json`` in the experiment's bookkeeping folder
 (``<results folder>/.aitoolbox_like/<project>/<experiment folder name>/``; at the experiment root in folders of
-earlier versions) until the storage confirmed it. When S3 was down at the end of fit (longer than
+earlier versions) until the storage confirmed it. When the cloud was down at the end of fit (longer than
 ``ExperimentUploader.wait_timeout_s``) or the process was killed, the files stay listed there; this command uploads
-them to the bucket, prefix, endpoint and key each entry records, then removes them from the journal (and deletes
+them to the cloud (S3, Google Cloud Storage, Azure), bucket, prefix, endpoint and key each entry records, then removes them from the journal (and deletes
 the local files a run asked to delete after their upload).
 
 Exit status: 0 when nothing is left to upload, 1 when some uploads failed (they stay listed; run it again), 2 on
@@ -27,10 +27,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog='python -m aitoolbox_like.experiment.sync',
         description=f'Upload the files the {JOURNAL_NAME} of an experiment folder lists (uploads a run could not '
-                    f'finish), to the S3 bucket/prefix/key recorded for each.')
+                    f'finish), to the cloud bucket/prefix/key recorded for each.')
     parser.add_argument('folders', nargs='+', metavar='FOLDER', help='experiment folder(s)')
     parser.add_argument('--endpoint-url', default=None,
-                        help='S3 endpoint to use instead of the one recorded in the journal')
+                        help='the endpoint to use instead of the one recorded in the journal (an S3 endpoint, a '
+                             'Google Cloud Storage API endpoint, an Azure account URL)')
     parser.add_argument('-v', '--verbose', action='store_true', help='log each upload')
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

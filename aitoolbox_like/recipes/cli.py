@@ -3,7 +3,8 @@
     aitoolbox-like train RECIPE.yaml [key.path=value ...]      train; the resolved recipe and this command line
                                                                are saved in the experiment folder
     aitoolbox-like resume EXPERIMENT [key.path=value ...]      continue an interrupted run from its own recipe
-                                                               (EXPERIMENT: its local folder or s3://bucket/...)
+                                                               (EXPERIMENT: its local folder, or its s3://,
+                                                               gs:// or az:// address)
     aitoolbox-like show RECIPE.yaml [key.path=value ...]       print the resolved recipe (and check it)
     aitoolbox-like callbacks [--import FILE]                   the registered callbacks and their arguments
     aitoolbox-like list KIND [--import FILE]                   the names of one registry (optimizer, ...)
@@ -27,7 +28,7 @@ from .registry import KINDS, UnknownNameError
 from .run_files import PROG, attach_run_files, command_line_text, program_name
 
 if TYPE_CHECKING:
-    from ..storage.s3 import S3Storage
+    from ..storage.base import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -129,20 +130,25 @@ def finished_reason(checkpoint: Any, fit_kwargs: Dict[str, Any], callback_names:
     return None
 
 
-def _s3_experiment(source: str, endpoint_url: Optional[str]) -> Tuple['S3Storage', str]:
-    """The bucket (as storage without a prefix) and the key of the experiment folder an s3:// address names."""
-    from ..storage.s3 import S3Storage, split_s3_uri
-    bucket, prefix = split_s3_uri(source)
-    prefix = prefix.strip('/')
+def _cloud_experiment(source: str, endpoint_url: Optional[str]) -> Tuple['Storage', str]:
+    """The bucket (as storage without a prefix) and the key of the experiment folder a cloud address names."""
+    from ..storage.urls import open_storage, split_url
+    scheme, bucket, prefix = split_url(source)
     if not bucket or not prefix:
-        raise RecipeError([f'{source}: expected s3://bucket/<prefix>/<project>/<experiment>_<timestamp>'])
-    return S3Storage(bucket, endpoint_url=endpoint_url), prefix
+        raise RecipeError([f'{source}: expected {scheme}://bucket/<prefix>/<project>/<experiment>_<timestamp>'])
+    return open_storage(f'{scheme}://{bucket}', endpoint_url=endpoint_url), prefix
+
+
+def _is_cloud(source: str) -> bool:
+    from ..storage.urls import is_cloud_url
+    return is_cloud_url(source)
 
 
 def _read_experiment(source: str, endpoint_url: Optional[str]) -> Tuple[str, str, str]:
-    """``(recipe text, previous command lines, where the recipe was read)`` of an experiment folder or s3:// URI."""
-    if source.startswith('s3://'):
-        storage, prefix = _s3_experiment(source, endpoint_url)
+    """``(recipe text, previous command lines, where the recipe was read)`` of an experiment folder or its cloud
+    address."""
+    if _is_cloud(source):
+        storage, prefix = _cloud_experiment(source, endpoint_url)
         where = storage.uri(f'{prefix}/{RECIPE_FILE}')
         try:
             text = storage.read_text(f'{prefix}/{RECIPE_FILE}')
@@ -158,7 +164,7 @@ def _read_experiment(source: str, endpoint_url: Optional[str]) -> Tuple[str, str
     where = os.path.join(folder, RECIPE_FILE)
     if not os.path.isdir(folder):
         raise RecipeError([f'{source}: not an experiment folder (give the folder, .../<project>/<experiment>_'
-                           f'<timestamp>, or its s3:// address)'])
+                           f'<timestamp>, or its s3://, gs:// or az:// address)'])
     try:
         with open(where, encoding='utf-8') as f:
             text = f.read()
@@ -186,18 +192,22 @@ def _sections_with(config: Dict[str, Any], key: str) -> List[Tuple[str, Dict[str
 
 def _continue_in(recipe: Recipe, experiment: str) -> None:
     """Make the recipe write to the experiment being resumed: a local folder's results root replaces every
-    ``local_model_result_folder_path``; an s3:// one must be the recipe's bucket and prefix."""
+    ``local_model_result_folder_path``; a cloud one must be the recipe's cloud, bucket and prefix."""
     errors = []
     config = recipe.config
-    if experiment.startswith('s3://'):
-        from ..storage.s3 import split_s3_uri
-        bucket, key = split_s3_uri(experiment)
+    if _is_cloud(experiment):
+        from ..storage.urls import cloud_scheme, split_url
+        scheme, bucket, key = split_url(experiment)
         for path, section in _sections_with(config, 'bucket_name'):
             expected = '/'.join(p for p in (str(section.get('cloud_dir_prefix') or '').strip('/'),
                                             str(section.get('project_name', '')), '') if p)
-            if section['bucket_name'] != bucket or not key.startswith(expected):
-                errors.append(f'{path}: the recipe saves to s3://{section["bucket_name"]}/{expected}..., not to '
-                              f'{experiment}')
+            try:
+                saves_to = cloud_scheme(section['cloud_save_mode']) if 'cloud_save_mode' in section else scheme
+            except ValueError:
+                saves_to = None
+            if saves_to != scheme or section['bucket_name'] != bucket or not key.startswith(expected):
+                errors.append(f'{path}: the recipe saves to {saves_to or "?"}://{section["bucket_name"]}/'
+                              f'{expected}..., not to {experiment}')
     else:
         folder = os.path.abspath(os.path.expanduser(experiment))
         project_dir, folder_name = os.path.split(folder)
@@ -212,7 +222,7 @@ def _continue_in(recipe: Recipe, experiment: str) -> None:
         raise RecipeError(errors, recipe.source)
 
 
-def _read_train_state(storage: 'S3Storage', folder_key: str) -> Any:
+def _read_train_state(storage: 'Storage', folder_key: str) -> Any:
     """The training state (``train_state.pt``) of the sharded checkpoint stored under ``folder_key``, alone."""
     from ..checkpoint import load_checkpoint
     from ..sharded_checkpoint import TRAIN_STATE_FILE
@@ -223,18 +233,19 @@ def _read_train_state(storage: 'S3Storage', folder_key: str) -> Any:
 
 
 def _newest_checkpoint(experiment: str, endpoint_url: Optional[str] = None) -> Tuple[Any, str]:
-    """``(checkpoint, where)``: the newest complete checkpoint of the experiment folder or s3:// address
+    """``(checkpoint, where)``: the newest complete checkpoint of the experiment folder or cloud address
     ``experiment``, as much of it as :func:`finished_reason` reads. FileNotFoundError when there is none.
 
-    A sharded (FSDP) checkpoint in S3 gives only its training state: its shards, possibly large, are downloaded once,
-    by the resumed fit, into the local experiment folder where the run expects them (and DCP reshards them there for
-    the number of processes it resumes with). ``endpoint_url``: the S3 endpoint (None: boto3's own resolution)."""
+    A sharded (FSDP) checkpoint in the cloud gives only its training state: its shards, possibly large, are
+    downloaded once, by the resumed fit, into the local experiment folder where the run expects them (and DCP
+    reshards them there for the number of processes it resumes with). ``endpoint_url``: the cloud's endpoint (None:
+    the client's own resolution)."""
     from .. import loop_state
-    if not experiment.startswith('s3://'):
+    if not _is_cloud(experiment):
         return loop_state.load_resume_checkpoint(None, experiment)
     from ..experiment import CHECKPOINT_DIR, find_cloud_checkpoint
     from ..sharded_checkpoint import MARKER
-    storage, prefix = _s3_experiment(experiment, endpoint_url)
+    storage, prefix = _cloud_experiment(experiment, endpoint_url)
     found = find_cloud_checkpoint(storage, prefix)
     if found is None:
         raise FileNotFoundError(f'no complete checkpoint in {storage.uri(prefix)}/{CHECKPOINT_DIR}/')
@@ -244,50 +255,49 @@ def _newest_checkpoint(experiment: str, endpoint_url: Optional[str] = None) -> T
     return loop_state.load_resume_checkpoint(None, storage.uri(found), endpoint_url=endpoint_url)
 
 
-#: boto3's endpoint variable for S3, read by every S3 client the resumed run makes.
-_ENDPOINT_VARIABLE = 'AWS_ENDPOINT_URL_S3'
-
-
 @contextlib.contextmanager
-def _s3_endpoint(endpoint_url: Optional[str]) -> Iterator[None]:
-    """``--endpoint-url`` for the whole resumed run: fit reads its checkpoint from S3 again (in every process it
-    starts) and the loop's savers upload to the bucket, all with boto3's own endpoint resolution, which an explicit
+def _cloud_endpoint(experiment: str, endpoint_url: Optional[str]) -> Iterator[None]:
+    """``--endpoint-url`` for the whole resumed run: fit reads its checkpoint from the cloud again (in every process
+    it starts) and the loop's savers upload to the bucket, all with the client's own endpoint resolution (the cloud's
+    endpoint variable: AWS_ENDPOINT_URL_S3, STORAGE_EMULATOR_HOST, AZURE_STORAGE_ACCOUNT_URL), which an explicit
     address must win over. The variable is put back afterwards (``main`` may be called from Python)."""
+    from ..storage.urls import ENDPOINT_VARIABLES, split_url
     if endpoint_url is None:
         yield
         return
-    saved = os.environ.get(_ENDPOINT_VARIABLE)
+    variable = ENDPOINT_VARIABLES[split_url(experiment)[0] if _is_cloud(experiment) else 's3']
+    saved = os.environ.get(variable)
     if saved not in (None, endpoint_url):
-        logger.info('--endpoint-url %s replaces %s=%s for this run', endpoint_url, _ENDPOINT_VARIABLE, saved)
-    os.environ[_ENDPOINT_VARIABLE] = endpoint_url
+        logger.info('--endpoint-url %s replaces %s=%s for this run', endpoint_url, variable, saved)
+    os.environ[variable] = endpoint_url
     try:
         yield
     finally:
         if saved is None:
-            os.environ.pop(_ENDPOINT_VARIABLE, None)
+            os.environ.pop(variable, None)
         else:
-            os.environ[_ENDPOINT_VARIABLE] = saved
+            os.environ[variable] = saved
 
 
 def _train_again(recipe_file: str) -> str:
     """How to start the run again from its saved recipe (``train`` reads local files only)."""
-    if recipe_file.startswith('s3://'):
+    if _is_cloud(recipe_file):
         return f'start the run again: copy {recipe_file} here, then {PROG} train {RECIPE_FILE}'
     return f'start the run again with: {PROG} train {shlex.quote(recipe_file)}'
 
 
 def cmd_resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    with _s3_endpoint(args.endpoint_url):
+    with _cloud_endpoint(args.experiment, args.endpoint_url):
         return _resume(args, argv)
 
 
 def _resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from ..checkpoint import CheckpointError
     # A local folder is made absolute once: the recipe's imports, the loop's results root and resume_from use it.
-    experiment = args.experiment if args.experiment.startswith('s3://') else \
+    experiment = args.experiment if _is_cloud(args.experiment) else \
         os.path.abspath(os.path.expanduser(args.experiment))
     text, previous, where = _read_experiment(experiment, args.endpoint_url)
-    base_dir = experiment if not experiment.startswith('s3://') else os.getcwd()
+    base_dir = experiment if not _is_cloud(experiment) else os.getcwd()
     recipe = Recipe.from_text(text, source=where, base_dir=base_dir, overrides=args.overrides)
     _continue_in(recipe, experiment)
     plan = recipe.plan()
@@ -376,12 +386,14 @@ def build_parser() -> argparse.ArgumentParser:
                                              'as if it had not been interrupted. A run that already finished says '
                                              'so and exits with status 0.')
     resume.add_argument('experiment', help='the experiment folder (<results>/<project>/<experiment>_<timestamp>) or '
-                                           'its s3://bucket/<prefix>/<project>/<experiment>_<timestamp> address')
+                                           'its s3://, gs:// or az://bucket/<prefix>/<project>/<experiment>_'
+                                           '<timestamp> address')
     resume.add_argument('overrides', nargs='*', metavar='key.path=value',
                         help='overrides of the saved recipe (e.g. fit.num_epochs=20 to train a finished run longer); '
                              'they are saved with the run')
-    resume.add_argument('--endpoint-url', default=None, help='S3 endpoint (default: boto3\'s, e.g. '
-                                                             'AWS_ENDPOINT_URL_S3)')
+    resume.add_argument('--endpoint-url', default=None,
+                        help='the cloud\'s endpoint (default: the client\'s own, e.g. AWS_ENDPOINT_URL_S3, '
+                             'STORAGE_EMULATOR_HOST, AZURE_STORAGE_ACCOUNT_URL)')
     resume.set_defaults(handler=cmd_resume)
 
     show = commands.add_parser('show', help='print the resolved recipe',

@@ -1,4 +1,5 @@
-"""The interface shared by local and S3 storage, and key validation.
+"""The interface shared by local and cloud storage (S3, Google Cloud Storage, Azure Blob Storage), and key
+validation.
 
 Keys are '/'-separated relative paths ("project/experiment/model/weights.pt") whatever the backend,
 so callbacks build keys once and any storage can hold them.
@@ -81,8 +82,30 @@ def join_key(*parts: str) -> str:
     return '/'.join(p.strip('/') for p in parts if p and p.strip('/'))
 
 
+def require_bucket_name(bucket_name: object, what: str = 'bucket') -> str:
+    """``bucket_name`` if it is a plain bucket (container) name, else ValueError naming the setting."""
+    if not isinstance(bucket_name, str) or not bucket_name or '/' in bucket_name:
+        raise ValueError(f'bucket_name must be the {what} name, without "/", got {bucket_name!r}')
+    return bucket_name
+
+
+def missing_client_error(cloud: str, library: str, extra: str, error: ImportError) -> ImportError:
+    """The ImportError a cloud backend raises when its client library is not installed, naming the pip extra."""
+    missing = ImportError(f'{cloud} storage needs {library}, which is not installed: pip install '
+                          f'aitoolbox_like[{extra}]')
+    missing.__cause__ = error
+    return missing
+
+
 class Storage(abc.ABC):
-    """Somewhere to put experiment files: a local folder or an S3 bucket."""
+    """Somewhere to put experiment files: a local folder or a cloud bucket (S3, Google Cloud Storage, an Azure
+    container). :func:`aitoolbox_like.storage.open_storage` and :func:`~aitoolbox_like.storage.storage_for_mode` pick
+    the class."""
+
+    #: The URL scheme of the storage's addresses (``'s3'``, ``'gs'``, ``'az'``; ``'file'`` for a local folder).
+    scheme = 'file'
+    #: The name of the kind of storage in messages.
+    cloud_name = 'local folder'
 
     @abc.abstractmethod
     def save_file(self, local_path: StrPath, key: str) -> None:
@@ -117,7 +140,12 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def uri(self, key: str) -> str:
-        """A human-readable location for ``key`` (file:// or s3:// URI) for logs and messages."""
+        """A human-readable location for ``key`` (a file://, s3://, gs:// or az:// URL) for logs and messages."""
+
+    def check_bucket(self) -> None:
+        """Check that the bucket (container) exists and that we may use it, before anything is uploaded. Raises
+        StorageError naming the setting to fix; network errors keep the client's own types. A local folder needs
+        no check."""
 
     def create_exclusive(self, key: str, text: str) -> bool:
         """Store ``text`` under ``key`` only if no object is there yet; True if this call created it.
@@ -127,5 +155,6 @@ class Storage(abc.ABC):
         raise NotImplementedError(f'{type(self).__name__} cannot create objects exclusively')
 
     def location(self) -> dict[str, str | None]:
-        """What identifies this storage in the upload journal (``bucket``/``prefix``/``endpoint`` or ``root``)."""
+        """What identifies this storage in the upload journal: ``root`` (a local folder), or ``bucket``, ``prefix``,
+        ``endpoint`` and (other clouds than S3) ``scheme``; never a secret."""
         raise NotImplementedError(f'{type(self).__name__} cannot be named in an upload journal')

@@ -3,11 +3,12 @@
 The background uploader writes one entry per queued upload into a JSON file (``pending_uploads.json``; an
 experiment keeps it in its bookkeeping folder, outside the experiment folder) before the upload starts, and removes
 it once the storage confirmed the upload.
-What the journal lists when a process ends (killed, S3 down for longer than the end of fit waited) was never
+What the journal lists when a process ends (killed, the cloud down for longer than the end of fit waited) was never
 confirmed: a resumed run into the same folder queues those uploads again, and :func:`sync_journal` (the command
 ``python -m aitoolbox_like.experiment.sync FOLDER``) uploads them.
 
-Each entry names its target completely (bucket, prefix, endpoint, key), so the journal alone is enough to finish
+Each entry names its target completely (cloud, bucket, prefix, endpoint, key; never a secret: the credentials are
+found as the client finds them), so the journal alone is enough to finish
 the uploads; the file it uploads is named relative to the journal's base folder (the experiment folder), so the
 folders may be moved. Every
 change is a read-modify-write of the file under an exclusive lock (``flock``) and an atomic rename, so a running
@@ -24,7 +25,8 @@ from typing import Any, Callable
 
 from .._typing import StrPath
 from .base import Storage
-from .local import LocalStorage, exclusive_lock, remove_folder, write_text_atomically
+from .local import exclusive_lock, remove_folder, write_text_atomically
+from .urls import storage_for_location
 
 logger = logging.getLogger(__name__)
 
@@ -168,18 +170,6 @@ def _location_of(entry: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, v) for k, v in entry.items() if k not in ENTRY_FIELDS))
 
 
-def storage_for_location(location: dict[str, Any], endpoint_url: str | None = None) -> Storage:
-    """Build the storage a journal entry names: S3 (``bucket``, ``prefix``, ``endpoint``; ``endpoint_url``
-    replaces the recorded endpoint) or a local folder (``root``)."""
-    if location.get('bucket'):
-        from .s3 import S3Storage
-        return S3Storage(str(location['bucket']), str(location.get('prefix') or ''),
-                         endpoint_url=endpoint_url or location.get('endpoint') or None)
-    if location.get('root'):
-        return LocalStorage(str(location['root']))
-    raise ValueError(f'journal entry names no storage: {location!r}')
-
-
 def sync_journal(journal: UploadJournal | StrPath, endpoint_url: str | None = None,
                  storage_factory: Callable[[dict[str, Any]], Storage] | None = None) -> SyncReport:
     """Upload what ``journal`` (an UploadJournal, or a folder holding a ``pending_uploads.json`` that names files
@@ -188,7 +178,7 @@ def sync_journal(journal: UploadJournal | StrPath, endpoint_url: str | None = No
     A "latest" pointer is written after its object; a file marked for deletion is deleted once all its uploads
     succeeded (a folder marked for deletion, once the uploads of all the files inside it succeeded). Uploads that
     fail stay in the journal (try again later); after a network error the other uploads to the same storage are
-    not tried. ``endpoint_url`` replaces the recorded S3 endpoint.
+    not tried. ``endpoint_url`` replaces the recorded endpoint (of every cloud the journal names).
     """
     if not isinstance(journal, UploadJournal):
         journal = UploadJournal(os.path.join(os.path.abspath(os.fspath(journal)), JOURNAL_NAME))

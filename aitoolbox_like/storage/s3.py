@@ -9,7 +9,8 @@ import os
 from typing import Any, Callable, NoReturn
 
 from .._typing import StrPath
-from .base import Storage, StorageAuthError, StorageError, join_key, validate_key
+from .base import (Storage, StorageAuthError, StorageError, join_key, missing_client_error, require_bucket_name,
+                   validate_key)
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +41,30 @@ def _import_boto3() -> Any:
         import botocore.config
         import botocore.exceptions
     except ImportError as error:
-        raise ImportError(
-            'S3 storage needs boto3, which is not installed: pip install aitoolbox_like[s3]'
-        ) from error
+        raise missing_client_error('S3', 'boto3', 's3', error) from error
     return boto3
+
+
+_RETRYABLE_CLIENT_CODES = frozenset({'SlowDown', 'RequestTimeout', 'RequestTimeTooSkewed',
+                                     'InternalError', 'ServiceUnavailable', 'Throttling',
+                                     'ThrottlingException'})
+
+
+def is_transient(error: BaseException) -> bool | None:
+    """Whether waiting and trying again might fix a botocore error: True for network errors, 5xx and throttling,
+    False for other S3 answers, None for an error that is not botocore's."""
+    import botocore.exceptions as bexc
+    if isinstance(error, (bexc.EndpointConnectionError, bexc.ConnectionClosedError, bexc.ReadTimeoutError,
+                          bexc.ConnectTimeoutError, bexc.ConnectionError, bexc.HTTPClientError)):
+        return True
+    response = getattr(error, 'response', None)
+    if not isinstance(error, bexc.ClientError) or not isinstance(response, dict):
+        return None
+    status = response.get('ResponseMetadata', {}).get('HTTPStatusCode')
+    code = str(response.get('Error', {}).get('Code', ''))
+    if (isinstance(status, int) and status >= 500) or code in _RETRYABLE_CLIENT_CODES:
+        return True
+    return code.isdigit() and int(code) >= 500
 
 
 class S3Storage(Storage):
@@ -54,12 +75,14 @@ class S3Storage(Storage):
     boto3's usual chain (environment, profile, instance role) and are never logged.
     """
 
+    scheme = 's3'
+    cloud_name = 'S3'
+
     def __init__(self, bucket_name: str, cloud_dir_prefix: str = '', endpoint_url: str | None = None,
                  region_name: str | None = None, max_attempts: int = 8,
                  multipart_threshold: int = 64 * 1024 * 1024, multipart_chunksize: int = 16 * 1024 * 1024,
                  client: Any = None) -> None:
-        if not isinstance(bucket_name, str) or not bucket_name or '/' in bucket_name:
-            raise ValueError(f'bucket_name must be a bucket name without "/", got {bucket_name!r}')
+        require_bucket_name(bucket_name)
         boto3 = _import_boto3()
         import botocore.config
         from boto3.s3.transfer import TransferConfig
@@ -281,11 +304,13 @@ class S3Storage(Storage):
         return local_path
 
     def exists(self, key: str) -> bool:
-        """True if an object is stored under exactly ``key`` (a HEAD request)."""
+        """True if an object is stored under exactly ``key`` (a HEAD request). A missing bucket is a StorageError,
+        as for :meth:`list` (a HEAD answers 404 for both: the bucket is then checked)."""
         full_key = self._full_key(key)
         try:
             self._call('HeadObject', key, self.client.head_object, Bucket=self.bucket_name, Key=full_key)
         except FileNotFoundError:
+            self.check_bucket()
             return False
         return True
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from .._typing import StrPath
 from .base import Storage, StorageError
 from .local import remove_folder
+from .urls import is_transient_backend_error
 
 if TYPE_CHECKING:   # the journal's sync uses is_retryable from here
     from .journal import UploadJournal
@@ -60,20 +61,6 @@ class UploadFailure:
     job_id: str = ''
 
 
-def _retryable_types() -> tuple[type[BaseException], ...]:
-    try:
-        import botocore.exceptions as bexc
-    except ImportError:
-        return ()
-    return (bexc.EndpointConnectionError, bexc.ConnectionClosedError, bexc.ReadTimeoutError,
-            bexc.ConnectTimeoutError, bexc.ConnectionError, bexc.HTTPClientError)
-
-
-_RETRYABLE_CLIENT_CODES = frozenset({'SlowDown', 'RequestTimeout', 'RequestTimeTooSkewed',
-                                     'InternalError', 'ServiceUnavailable', 'Throttling',
-                                     'ThrottlingException'})
-
-
 def is_retryable(error: BaseException, local_path: StrPath | None = None) -> bool:
     """Whether waiting and trying again might succeed."""
     if isinstance(error, StorageError):     # StorageAuthError included: retrying cannot fix either
@@ -83,18 +70,9 @@ def is_retryable(error: BaseException, local_path: StrPath | None = None) -> boo
         return False
     if isinstance(error, (IsADirectoryError, NotADirectoryError)):
         return False
-    retryable = _retryable_types()
-    if retryable and isinstance(error, retryable):
-        return True
-    response = getattr(error, 'response', None)
-    if isinstance(response, dict):
-        status = response.get('ResponseMetadata', {}).get('HTTPStatusCode')
-        code = str(response.get('Error', {}).get('Code', ''))
-        if (isinstance(status, int) and status >= 500) or code in _RETRYABLE_CLIENT_CODES:
-            return True
-        if code.isdigit() and int(code) >= 500:
-            return True
-        return False
+    verdict = is_transient_backend_error(error)     # the cloud clients' own errors: network, 5xx, throttling
+    if verdict is not None:
+        return verdict
     # Covers ConnectionRefusedError and I/O errors on network filesystems for LocalStorage.
     return isinstance(error, OSError)
 

@@ -197,8 +197,8 @@ def test_log_upload_needs_a_cloud_mode_unless_told_otherwise(tmp_path, caplog):
         _loop().fit(num_epochs=1, callbacks=[upload])
     assert any('is not uploaded' in r.getMessage() for r in caplog.records)
     assert upload.upload_log_file() is None
-    with pytest.raises(ValueError, match='Google Cloud Storage is not supported'):
-        _loop().fit(num_epochs=1, callbacks=[LogUpload(str(log_path), cloud_save_mode='gcs', bucket_name='b')])
+    with pytest.raises(ValueError, match="cloud_save_mode must be one of .*'gcs'"):
+        _loop().fit(num_epochs=1, callbacks=[LogUpload(str(log_path), cloud_save_mode='dropbox', bucket_name='b')])
 
 
 def test_log_upload_warns_once_about_a_missing_log_file(s3_env, tmp_path, caplog):

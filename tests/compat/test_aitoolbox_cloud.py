@@ -1,5 +1,5 @@
-"""AIToolbox's aitoolbox.cloud.AWS classes (aitoolbox_like.compat.cloud) against a real S3 server, reached by their
-AIToolbox module paths."""
+"""AIToolbox's aitoolbox.cloud.AWS and aitoolbox.cloud.GoogleCloud classes (aitoolbox_like.compat.cloud,
+.google_cloud) against real servers (SeaweedFS, gcp-storage-emulator), reached by their AIToolbox module paths."""
 import logging
 import os
 
@@ -16,6 +16,7 @@ from aitoolbox_like.cloud.GoogleCloud.model_load import PyTorchGoogleStorageMode
 from aitoolbox_like.experiment.model_loader import AbstractLocalModelLoader, PyTorchLocalModelLoader
 from aitoolbox_like.history import TrainingHistory
 from aitoolbox_like.result_package import ClassificationResultPackage
+from cloud_servers import gcs_server  # noqa: F401  (pytest fixture)
 from s3_server import make_bucket, s3_server  # noqa: F401  (pytest fixture)
 
 TS = '2024-05-01_10-00-00'
@@ -44,8 +45,7 @@ def test_constructing_needs_no_connection_nor_bucket():
     assert isinstance(loader.local_model_loader, AbstractLocalModelLoader)
     with pytest.raises(NotImplementedError, match='Keras'):
         KerasS3ModelSaver()
-    with pytest.raises(NotImplementedError, match='Google Cloud Storage is not supported'):
-        PyTorchGoogleStorageModelLoader()
+    assert PyTorchGoogleStorageModelLoader().bucket_name == 'model-result'
 
 
 def test_model_saved_to_s3_and_loaded_back(s3_server, bucket, tmp_path):  # noqa: F811
@@ -129,3 +129,68 @@ def test_ses_sender_logs_a_rejected_email_as_aitoolbox_did(caplog):
     with caplog.at_level(logging.ERROR):
         assert sender.send_email('subject', 'body') is None
     assert 'Email address is not verified.' in caplog.text
+
+
+# ------------------------------------------------------------------------------------ aitoolbox.cloud.GoogleCloud
+# As AIToolbox's documentation uses them, against the Google Cloud Storage emulator (STORAGE_EMULATOR_HOST is how
+# Google's client finds an emulator).
+
+@pytest.fixture
+def gcs_bucket(gcs_server, monkeypatch):
+    monkeypatch.setenv('STORAGE_EMULATOR_HOST', gcs_server.endpoint_url)
+    return gcs_server.make_bucket()
+
+
+def test_google_cloud_model_saver_and_loader(gcs_server, gcs_bucket, tmp_path):
+    from aitoolbox_like.cloud.GoogleCloud.model_load import PyTorchGoogleStorageModelLoader
+    from aitoolbox_like.cloud.GoogleCloud.model_save import BaseModelGoogleStorageSaver, PyTorchGoogleStorageModelSaver
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    saver = PyTorchGoogleStorageModelSaver(bucket_name=gcs_bucket, cloud_dir_prefix='runs',
+                                           local_model_result_folder_path=str(tmp_path / 'saved'),
+                                           checkpoint_model=True)
+    assert isinstance(saver, BaseModelGoogleStorageSaver) and isinstance(saver, PyTorchS3ModelSaver)
+    path, timestamp, local_path = saver.save_model(model_dict(model), 'proj', 'exp', TS, epoch=3)
+    key = f'runs/proj/exp_{TS}/checkpoint_model/model_exp_{TS}_E3.pth'
+    assert (path, timestamp) == (f'{gcs_bucket}/{key}', TS)
+    assert gcs_server.keys(gcs_bucket) == [key]
+    assert saver.gcs_bucket.blob(key).exists()      # AIToolbox's attributes: Google's own client and bucket
+
+    loader = PyTorchGoogleStorageModelLoader(str(tmp_path / 'elsewhere'), bucket_name=gcs_bucket,
+                                             cloud_dir_prefix='runs')
+    assert loader.load_model('proj', 'exp', TS, epoch_num=3)['epoch'] == 3
+    restored = loader.init_model(nn.Linear(3, 2))
+    assert all(torch.equal(a, b) for a, b in zip(restored.state_dict().values(), model.state_dict().values()))
+
+
+def test_google_cloud_results_saver_and_data_access(gcs_server, gcs_bucket, tmp_path):
+    from aitoolbox_like.cloud.GoogleCloud.data_access import BaseGoogleStorageDataLoader, BaseGoogleStorageDataSaver
+    from aitoolbox_like.cloud.GoogleCloud.results_save import GoogleStorageResultsSaver
+    package = ClassificationResultPackage()
+    package.prepare_result_package(torch.tensor([0, 1, 1, 0]), torch.tensor([0, 1, 0, 0]), hyperparameters={})
+    history = TrainingHistory()
+    history.insert_single_result_into_history('loss', 0.5, 0)
+    saver = GoogleStorageResultsSaver(bucket_name=gcs_bucket, local_model_result_folder_path=str(tmp_path))
+    path, timestamp = saver.save_experiment_results(package, history, 'proj', 'exp', TS)
+    main_key = f'proj/exp_{TS}/results/results_hyperParams_hist_exp_{TS}.p'
+    assert (path, timestamp) == (f'{gcs_bucket}/{main_key}', TS)
+
+    (tmp_path / 'a.txt').write_text('a')
+    BaseGoogleStorageDataSaver(bucket_name=gcs_bucket).save_file(str(tmp_path / 'a.txt'), 'data/a.txt')
+    loader = BaseGoogleStorageDataLoader(bucket_name=gcs_bucket, local_dataset_folder_path=str(tmp_path / 'local'))
+    assert loader.local_dataset_folder_path == str(tmp_path / 'local')
+    loader.load_file(main_key, str(tmp_path / 'local' / 'results.p'))
+    loader.load_file('data/a.txt', str(tmp_path / 'local' / 'a.txt'))
+    local = tmp_path / 'proj' / f'exp_{TS}' / 'results' / f'results_hyperParams_hist_exp_{TS}.p'
+    assert (tmp_path / 'local' / 'results.p').read_bytes() == local.read_bytes()
+    assert (tmp_path / 'local' / 'a.txt').read_text() == 'a'
+
+
+def test_google_cloud_classes_are_built_without_a_connection_and_name_a_missing_bucket(gcs_server, monkeypatch,
+                                                                                      tmp_path):
+    from aitoolbox_like.cloud.GoogleCloud.model_save import PyTorchGoogleStorageModelSaver
+    from aitoolbox_like.storage import StorageError
+    monkeypatch.setenv('STORAGE_EMULATOR_HOST', gcs_server.endpoint_url)
+    saver = PyTorchGoogleStorageModelSaver(bucket_name='no-such-bucket', local_model_result_folder_path=str(tmp_path))
+    with pytest.raises(StorageError, match="'no-such-bucket' does not exist"):
+        saver.save_model(model_dict(nn.Linear(3, 2)), 'proj', 'exp', TS)

@@ -158,9 +158,6 @@ def test_unsupported_names_import_and_fail_clearly_when_used():
         FullKerasExperimentLocalSaver('project', 'experiment')
     with pytest.raises(NotImplementedError, match="gpu_mode='ddp'"):
         DDPHandler(None)
-    from aitoolbox_like.cloud.GoogleCloud.results_save import GoogleStorageResultsSaver
-    with pytest.raises(NotImplementedError, match='Google Cloud Storage is not supported'):
-        GoogleStorageResultsSaver(bucket_name='b')
 
 
 def test_alias_table_covers_exactly_aitoolbox_s_modules():

@@ -8,3 +8,4 @@ for _path in (os.path.dirname(_HERE), os.path.join(os.path.dirname(_HERE), 'savi
         sys.path.insert(0, _path)
 
 from s3_server import s3_server  # noqa: E402,F401  (pytest fixture)
+from cloud_servers import azure_server, cloud, gcs_server  # noqa: E402,F401  (pytest fixtures)

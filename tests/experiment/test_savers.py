@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from aitoolbox_like.experiment import ExperimentUploader, savers
+from aitoolbox_like.experiment import savers
 from aitoolbox_like.experiment.model_loader import PyTorchLocalModelLoader
 from aitoolbox_like.experiment.reporting import matplotlib_available
 from aitoolbox_like.experiment.savers import (AbstractExperimentSaver, ExperimentFolder,
@@ -16,7 +16,6 @@ from aitoolbox_like.experiment.savers import (AbstractExperimentSaver, Experimen
                                               LocalSubOptimalModelRemover, PyTorchLocalModelSaver)
 from aitoolbox_like.history import TrainingHistory
 from aitoolbox_like.result_package.basic import ClassificationResultPackage
-from s3_server import make_bucket
 from saving_helpers import Net, assert_same_weights, data, weights
 
 TS = '2024-05-01_10-00-00'
@@ -138,8 +137,6 @@ def test_bad_input_is_a_clear_error(tmp_path, caplog):
     assert "'pickle' or 'json'" in caplog.text
     with pytest.raises(TypeError, match='evaluated result package'):
         LocalResultsSaver(str(tmp_path)).save_experiment_results({'Accuracy': 1.0}, history, 'proj', 'exp', TS)
-    with pytest.raises(NotImplementedError, match='Google Cloud Storage is not supported'):
-        FullPyTorchExperimentGoogleStorageSaver('proj', 'exp')
     assert isinstance(saver, AbstractExperimentSaver)
 
 
@@ -163,19 +160,19 @@ def test_checkpoint_saver_names_and_suboptimal_removal(tmp_path):
     assert name == f'model_exp_{TS}_E4_ITER9.pth'
 
 
-def test_s3_saver_uploads_the_same_files(s3_server, monkeypatch, tmp_path):
-    monkeypatch.setenv('AWS_ENDPOINT_URL_S3', s3_server.endpoint_url)
-    monkeypatch.setattr(ExperimentUploader, 'storage_options', {'max_attempts': 1})
-    bucket = make_bucket(s3_server)
+@pytest.mark.parametrize('cloud', ['s3', 'gs'], indirect=True)
+def test_cloud_savers_upload_the_same_files(cloud, tmp_path):
+    bucket = cloud.make_bucket()
     _, model_dict, package, history = _hand_trained()
-    saver = FullPyTorchExperimentS3Saver('proj', 'exp', bucket_name=bucket, cloud_dir_prefix='runs',
-                                         local_model_result_folder_path=str(tmp_path))
+    saver_class = {'s3': FullPyTorchExperimentS3Saver, 'gs': FullPyTorchExperimentGoogleStorageSaver}[cloud.scheme]
+    saver = saver_class('proj', 'exp', bucket_name=bucket, cloud_dir_prefix='runs',
+                        local_model_result_folder_path=str(tmp_path))
     model_key, results_key = saver.save_experiment(model_dict, package, history, experiment_timestamp=TS,
                                                    save_true_pred_labels=True)
     assert model_key == f'{bucket}/runs/proj/exp_{TS}/model/model_exp_{TS}.pth'
     assert results_key == f'{bucket}/runs/proj/exp_{TS}/results/results_hyperParams_hist_exp_{TS}.p'
-    client = s3_server.client()
+    storage = cloud.storage(bucket, f'runs/proj/exp_{TS}')
     plots = ['results/plots/loss.png'] if matplotlib_available() else []
     for rel in [f'model/model_exp_{TS}.pth', f'results/results_hyperParams_hist_exp_{TS}.p'] + plots:
-        remote = client.get_object(Bucket=bucket, Key=f'runs/proj/exp_{TS}/{rel}')['Body'].read()
+        remote = storage.load_file(rel, tmp_path / 'remote' / rel).read_bytes()
         assert remote == (tmp_path / 'proj' / f'exp_{TS}' / rel).read_bytes()

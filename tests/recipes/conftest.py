@@ -7,3 +7,4 @@ if os.path.dirname(_HERE) not in sys.path:
     sys.path.insert(0, os.path.dirname(_HERE))
 
 from s3_server import s3_server  # noqa: E402,F401  (pytest fixture)
+from cloud_servers import azure_server, cloud, gcs_server  # noqa: E402,F401  (pytest fixtures)

@@ -1,7 +1,7 @@
-"""One of several runs started at once with the same project, experiment and timestamp (the S3 claim test).
+"""One of several runs started at once with the same project, experiment and timestamp (the cloud claim test).
 
-python claim_script.py LOCAL_FOLDER BUCKET TIMESTAMP READY_FILE GO_FILE RESULT_FILE
-Each process has its own local folder; all upload to one bucket (AWS_ENDPOINT_URL_S3 names the server).
+python claim_script.py LOCAL_FOLDER CLOUD_SAVE_MODE BUCKET TIMESTAMP READY_FILE GO_FILE RESULT_FILE
+Each process has its own local folder; all upload to one bucket (the environment names the server).
 """
 import json
 import os
@@ -19,11 +19,11 @@ from saving_helpers import make_parts  # noqa: E402
 
 
 def main():
-    folder, bucket, timestamp, ready, go, result = sys.argv[1:7]
+    folder, mode, bucket, timestamp, ready, go, result = sys.argv[1:8]
     ExperimentUploader.storage_options = {'max_attempts': 3}
     model, train, val, test, optimizer = make_parts(seed=0)
     loop = TrainLoopCheckpoint(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), 'proj', 'exp',
-                               folder, {'lr': 1e-2, 'who': folder}, cloud_save_mode='s3', bucket_name=bucket,
+                               folder, {'lr': 1e-2, 'who': folder}, cloud_save_mode=mode, bucket_name=bucket,
                                cloud_dir_prefix='shared', progress_bar=False)
     loop.experiment_timestamp = timestamp         # as if all three started in the same second
     open(ready, 'w').close()

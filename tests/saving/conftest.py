@@ -7,3 +7,4 @@ for _path in (os.path.dirname(_HERE), _HERE):
         sys.path.insert(0, _path)
 
 from s3_server import s3_server  # noqa: E402,F401  (pytest fixture)
+from cloud_servers import azure_server, cloud, gcs_server  # noqa: E402,F401  (pytest fixtures)

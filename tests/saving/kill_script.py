@@ -1,7 +1,10 @@
 """Training run used by the kill -9 tests: trains, optionally SIGKILLs itself at a given point, or resumes.
 
 python kill_script.py OUT_DIR RESULT_FILE [--epochs N] [--iter-freq K] [--kill-at-batch T] [--resume]
-                      [--big-buffer N]
+                      [--big-buffer N] [--cloud MODE --bucket NAME]
+
+With --cloud the run also uploads to the bucket (under the prefix 'runs'); the cloud's endpoint comes from the
+environment (AWS_ENDPOINT_URL_S3, STORAGE_EMULATOR_HOST, AZURE_STORAGE_CONNECTION_STRING).
 """
 import argparse
 import os
@@ -47,13 +50,16 @@ def main():
     parser.add_argument('--kill-at-batch', type=int, default=None)
     parser.add_argument('--resume', action='store_true')
     parser.add_argument('--big-buffer', type=int, default=0)
+    parser.add_argument('--cloud', default='local')
+    parser.add_argument('--bucket', default=None)
     args = parser.parse_args()
 
     # A resumed process starts from a different RNG state: the checkpoint must restore it.
     model, train, val, test, optimizer = make_parts(seed=123 if args.resume else 0,
                                                     big_buffer_floats=args.big_buffer)
     loop = TrainLoopCheckpoint(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), 'proj', 'run',
-                               args.out_dir, {'lr': 1e-2}, cloud_save_mode='local',
+                               args.out_dir, {'lr': 1e-2}, cloud_save_mode=args.cloud, bucket_name=args.bucket,
+                               cloud_dir_prefix='runs',
                                iteration_save_freq=args.iter_freq, progress_bar=False)
     callbacks = [StepLRScheduler(step_size=1, gamma=0.7), EarlyStopping(patience=50)]
     if args.kill_at_batch is not None:

@@ -1,20 +1,18 @@
-"""Saving to and resuming from a real S3 server (SeaweedFS on loopback, started by the s3_server fixture)."""
+"""What only S3 has, against a real S3 server (SeaweedFS on loopback, started by the s3_server fixture): its credentials,
+its endpoint argument, and large uploads while training goes on. What every cloud has is in test_cloud_experiment.py."""
 import logging
 import os
 import threading
-import time
 
 import pytest
 import torch
 
 from aitoolbox_like import AbstractCallback
-from aitoolbox_like.experiment import ExperimentUploader, find_cloud_checkpoint
-from aitoolbox_like.experiment.reporting import matplotlib_available
-from aitoolbox_like.result_package.basic import ClassificationResultPackage
+from aitoolbox_like.experiment import ExperimentUploader
 from aitoolbox_like.storage import StorageAuthError
 from aitoolbox_like.storage.s3 import S3Storage
 from aitoolbox_like.train_loop import TrainLoop
-from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave
+from aitoolbox_like.tracking import TrainLoopCheckpoint
 from s3_server import make_bucket
 from saving_helpers import assert_same_weights, make_parts, weights
 
@@ -40,85 +38,6 @@ def _loop(tmp_path, bucket, seed=0, cls=TrainLoopCheckpoint, **kwargs):
     return cls(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), 'proj', 'exp', str(tmp_path),
                {'lr': 1e-2}, cloud_save_mode='s3', bucket_name=bucket, cloud_dir_prefix='runs/v1',
                progress_bar=False, **kwargs)
-
-
-def test_full_key_layout_after_three_epochs(s3_env, tmp_path):
-    bucket = make_bucket(s3_env)
-    loop = _loop(tmp_path, bucket, cls=TrainLoopCheckpointEndSave, val_result_package=ClassificationResultPackage())
-    loop.fit(num_epochs=3)
-    ts = loop.experiment_timestamp
-    root = f'runs/v1/proj/exp_{ts}'
-    # AIToolbox's files only: the run's claim is deleted once its uploads are confirmed, and no pointers are kept.
-    assert _keys(s3_env, bucket) == sorted([
-        f'{root}/hyperparams_list.txt', f'{root}/test_s3_experiment.py',
-        *[f'{root}/checkpoint_model/model_exp_{ts}_E{e}.pth' for e in range(3)],
-        f'{root}/model/model_exp_{ts}.pth',
-        f'{root}/results/results_hyperParams_hist_exp_{ts}.p',
-        *[f'{root}/results/plots/{m}.png' for m in (('accumulated_loss', 'loss', 'val_loss')
-                                                     if matplotlib_available() else ())]])
-    storage = S3Storage(bucket, 'runs/v1')
-    assert find_cloud_checkpoint(storage, f'proj/exp_{ts}') == f'proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E2.pth'
-    local = tmp_path / 'proj' / f'exp_{ts}' / 'checkpoint_model' / f'model_exp_{ts}_E2.pth'
-    remote = storage.load_file(f'proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E2.pth', tmp_path / 'remote.pth')
-    assert open(remote, 'rb').read() == local.read_bytes()
-    assert loop.upload_failures == []
-
-
-def test_resume_from_s3_after_losing_the_local_folder(s3_env, tmp_path):
-    bucket = make_bucket(s3_env)
-    reference = _loop(tmp_path / 'ref', bucket)
-    reference.fit(num_epochs=3)
-
-    first = _loop(tmp_path / 'run', bucket)
-    first.fit(num_epochs=2)
-    import shutil
-    shutil.rmtree(tmp_path / 'run')          # the machine is gone; only the bucket is left
-    resumed = _loop(tmp_path / 'run2', bucket, seed=9)
-    uri = f's3://{bucket}/runs/v1/proj/exp_{first.experiment_timestamp}'
-    resumed.fit(num_epochs=3, resume_from=uri)
-    assert_same_weights(weights(resumed.model), weights(reference.model))
-    assert resumed.experiment_timestamp == first.experiment_timestamp
-    assert f'runs/v1/proj/exp_{first.experiment_timestamp}/checkpoint_model/' \
-           f'model_exp_{first.experiment_timestamp}_E2.pth' in _keys(s3_env, bucket)
-
-
-class ServerOutage(AbstractCallback):
-    """Stops the S3 server after epoch 0 and starts it again after epoch 2, once the uploader has retried."""
-
-    def __init__(self, server):
-        super().__init__('outage', execution_order=2000)
-        self.server = server
-        self.retries_seen_while_down = 0
-
-    def on_epoch_end(self):
-        epoch = self.train_loop_obj.epoch
-        if epoch == 0:
-            self.server.stop(graceful=False)
-        elif epoch == 2:
-            uploader = self.train_loop_obj.experiment_uploader.uploader
-            deadline = time.monotonic() + 60
-            while uploader.retries == 0 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            self.retries_seen_while_down = uploader.retries
-            self.server.start()
-
-
-def test_uploads_survive_a_server_outage_during_training(s3_env, tmp_path):
-    bucket = make_bucket(s3_env)
-    loop = _loop(tmp_path, bucket)
-    outage = ServerOutage(s3_env)
-    try:
-        loop.fit(num_epochs=4, callbacks=[outage])
-    finally:
-        s3_env.start()
-    assert outage.retries_seen_while_down > 0
-    assert loop.train_history.get_epochs('loss') == [0, 1, 2, 3]     # training went on during the outage
-    assert loop.upload_failures == []
-    ts = loop.experiment_timestamp
-    keys = _keys(s3_env, bucket)
-    for epoch in range(4):
-        assert f'runs/v1/proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E{epoch}.pth' in keys
-    assert find_cloud_checkpoint(S3Storage(bucket, 'runs/v1'), f'proj/exp_{ts}').endswith('_E3.pth')
 
 
 def test_wrong_credentials_give_a_clear_error_without_the_secret(s3_env, tmp_path, monkeypatch, caplog):

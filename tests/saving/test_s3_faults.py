@@ -1,11 +1,8 @@
 """Nothing lost, nothing silent: the faults an S3 experiment survives, against a real S3 server (SeaweedFS on
-loopback). Outages are made by stopping the server and starting it again, a few seconds each."""
-import json
-import logging
+loopback). Outages are made by stopping the server and starting it again, a few seconds each. The faults every cloud
+survives (an outage mid-run, one that outlasts the run, a missing bucket, two machines on one prefix) are tested on
+each cloud in test_cloud_experiment.py."""
 import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,9 +10,8 @@ import pytest
 import torch
 
 from aitoolbox_like import AbstractCallback
-from aitoolbox_like.experiment import (PENDING_UPLOADS, ExperimentUploader, bookkeeping_dir, find_cloud_checkpoint,
-                                       sync_experiment)
-from aitoolbox_like.storage import StorageError, StorageUnreachableError, UploadsIncompleteError
+from aitoolbox_like.experiment import PENDING_UPLOADS, ExperimentUploader, bookkeeping_dir, find_cloud_checkpoint
+from aitoolbox_like.storage import UploadsIncompleteError
 from aitoolbox_like.storage.s3 import S3Storage
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 from s3_server import make_bucket
@@ -88,23 +84,6 @@ class Outage(AbstractCallback):
 # ---------------------------------------------------------------------------------------------- 1, 2
 
 
-def test_deleted_suboptimal_checkpoints_still_reach_s3_after_an_outage(s3_env, tmp_path):
-    """rm_subopt_local_models deletes local checkpoints; while S3 is down their uploads are still queued. The
-    uploader deletes them only once uploaded (before: deleted at once, then 'FileNotFoundError', lost)."""
-    bucket = make_bucket(s3_env)
-    loop = _loop(tmp_path, bucket, rm_subopt_local_models=True, num_best_checkpoints_kept=1)
-    outage = Outage(s3_env, down_after=0, up_after=2)
-    loop.fit(num_epochs=4, callbacks=[outage])
-    assert outage.retries_while_down > 0
-    ts = loop.experiment_timestamp
-    assert set(_checkpoint_keys(ts, range(4))) <= set(_keys(s3_env, bucket))
-    assert loop.upload_failures == []
-    # Local sub-optimal checkpoints are gone once uploaded: the best and the newest stay.
-    local = os.listdir(tmp_path / 'proj' / f'exp_{ts}' / 'checkpoint_model')
-    assert f'model_exp_{ts}_E3.pth' in local and 1 <= len(local) <= 2
-    assert not _journal_path(tmp_path / 'proj' / f'exp_{ts}').exists()
-
-
 def test_an_outage_longer_than_the_retry_budget_loses_nothing(s3_env, tmp_path):
     """The old uploader gave a job up after max_retries (6, about 2 s with these backoffs); now retryable
     failures stay queued and are retried for the whole fit."""
@@ -120,42 +99,6 @@ def test_an_outage_longer_than_the_retry_budget_loses_nothing(s3_env, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- 2, 3
-
-
-def test_s3_that_never_comes_back_ends_fit_with_one_message_and_sync_uploads_later(s3_env, tmp_path, monkeypatch,
-                                                                                  caplog):
-    monkeypatch.setattr(ExperimentUploader, 'wait_timeout_s', 1.5)
-    bucket = make_bucket(s3_env)
-    loop = _loop(tmp_path, bucket)
-    caplog.set_level(logging.INFO)
-    loop.fit(num_epochs=3, callbacks=[Outage(s3_env, down_after=0)])          # S3 stays down
-    ts = loop.experiment_timestamp
-    folder = tmp_path / 'proj' / f'exp_{ts}'
-    # One error message: what is not uploaded, and the command that uploads it.
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and
-              r.name.startswith('aitoolbox_like.experiment')]
-    assert len(errors) == 1, errors
-    assert 'aitoolbox_like.experiment.sync' in errors[0] and str(folder) in errors[0]
-    assert f'checkpoint_model/model_exp_{ts}_E2.pth' in errors[0]
-    assert {os.path.basename(f.local_path) for f in loop.upload_failures} >= {f'model_exp_{ts}_E{e}.pth'
-                                                                             for e in (1, 2)}
-    # The journal in the bookkeeping folder names everything sync needs.
-    journal = json.loads(_journal_path(folder).read_text())
-    entry = next(e for e in journal['uploads'] if e['file'] == f'checkpoint_model/model_exp_{ts}_E2.pth')
-    assert entry['bucket'] == bucket and entry['prefix'] == 'runs' and entry['endpoint'] == s3_env.endpoint_url
-    assert entry['key'] == f'proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E2.pth'
-    assert not any(PENDING_UPLOADS in files for _, _, files in os.walk(folder))
-
-    loop.experiment_uploader.uploader.close(timeout=0)  # the process ends: only the journal is left
-    s3_env.start()
-    done = subprocess.run([sys.executable, '-m', 'aitoolbox_like.experiment.sync', str(folder)],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f'model_exp_{ts}_E2.pth' in done.stdout
-    assert set(_checkpoint_keys(ts, range(3))) <= set(_keys(s3_env, bucket))
-    assert find_cloud_checkpoint(S3Storage(bucket, 'runs'), f'proj/exp_{ts}').endswith('_E2.pth')
-    assert not _journal_path(folder).exists()
-    assert sync_experiment(folder).uploaded == []         # nothing left
 
 
 def test_upload_failure_raise_makes_fit_raise(s3_env, tmp_path, monkeypatch):
@@ -187,75 +130,6 @@ def test_a_resumed_run_finishes_the_uploads_its_predecessor_left(s3_env, tmp_pat
     assert resumed.upload_failures == []
     assert set(_checkpoint_keys(ts, range(3))) <= set(_keys(s3_env, bucket))
     assert not _journal_path(tmp_path / 'proj' / f'exp_{ts}').exists()
-
-
-# ---------------------------------------------------------------------------------------------- 4
-
-
-def test_a_missing_bucket_fails_before_training(s3_env, tmp_path):
-    loop = _loop(tmp_path, 'no-such-bucket-here')
-    with pytest.raises(StorageError) as info:
-        loop.fit(num_epochs=1)
-    assert "'no-such-bucket-here' does not exist" in str(info.value)
-    assert s3_env.endpoint_url in str(info.value)
-    assert loop.train_history.get_epochs('loss') == []
-
-
-def test_an_unreachable_endpoint_fails_before_training_naming_it(s3_env, tmp_path, monkeypatch):
-    with socket.socket() as s:          # a port nobody listens on
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    endpoint = f'http://127.0.0.1:{port}'
-    monkeypatch.setenv('AWS_ENDPOINT_URL_S3', endpoint)
-    loop = _loop(tmp_path, 'any-bucket')
-    with pytest.raises(StorageUnreachableError) as info:
-        loop.fit(num_epochs=1)
-    message = str(info.value)
-    assert endpoint in message and 'endpoint_url' in message and "cloud_save_mode='local'" in message
-    assert info.value.__cause__ is None and info.value.__suppress_context__
-
-
-# ---------------------------------------------------------------------------------------------- 5
-
-
-def test_three_runs_started_in_the_same_second_on_different_machines_get_their_own_prefix(s3_env, tmp_path):
-    bucket = make_bucket(s3_env)
-    timestamp = '2030-01-02_03-04-05'
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
-    go = tmp_path / 'go'
-    runs = []
-    for i in range(3):
-        files = {name: tmp_path / f'{name}{i}' for name in ('ready', 'result')}
-        process = subprocess.Popen([sys.executable, os.path.join(HERE, 'claim_script.py'), str(tmp_path / f'machine{i}'),
-                                    bucket, timestamp, str(files['ready']), str(go), str(files['result'])],
-                                   env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        runs.append((process, files))
-    try:
-        assert _wait_for(lambda: all(f['ready'].exists() or p.poll() is not None for p, f in runs), 120)
-        go.touch()
-        for process, _ in runs:
-            process.wait(timeout=300)
-    finally:
-        for process, _ in runs:
-            if process.poll() is None:
-                process.kill()
-    outputs = [p.stdout.read().decode(errors='replace') for p, _ in runs]
-    assert all(p.returncode == 0 for p, _ in runs), outputs
-    results = [json.loads(f['result'].read_text()) for _, f in runs]
-    assert sorted(r['timestamp'] for r in results) == [timestamp, f'{timestamp}_1', f'{timestamp}_2']
-    storage = S3Storage(bucket, 'shared')
-    for i, result in enumerate(results):
-        ts = result['timestamp']
-        assert result['failures'] == 0
-        # The local folder has the name claimed in S3, and the prefix holds this run's files only.
-        assert result['dir'] == str(tmp_path / f'machine{i}' / 'proj' / f'exp_{ts}')
-        assert sorted(os.listdir(tmp_path / f'machine{i}' / 'proj')) == [f'exp_{ts}']
-        with open(os.path.join(bookkeeping_dir(result['dir']), 'run')) as f:
-            assert f.readline().strip() == result['run_id']
-        assert f'who:\t{tmp_path / f"machine{i}"}\n' in storage.read_text(f'proj/exp_{ts}/hyperparams_list.txt')
-        local = tmp_path / f'machine{i}' / 'proj' / f'exp_{ts}' / 'checkpoint_model' / f'model_exp_{ts}_E0.pth'
-        remote = storage.load_file(f'proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E0.pth', tmp_path / f'r{i}.pth')
-        assert open(remote, 'rb').read() == local.read_bytes()
 
 
 # ---------------------------------------------------------------------------------------------- 12

@@ -7,3 +7,4 @@ if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
 from s3_server import s3_server  # noqa: E402,F401  (pytest fixture)
+from cloud_servers import azure_server, cloud, gcs_server  # noqa: E402,F401  (pytest fixtures)

@@ -1,5 +1,6 @@
-"""A recipe run saving to S3 (the real SeaweedFS server): recipe.yaml and command_line.txt are uploaded with the
-hyperparameter files, and `aitoolbox-like resume s3://...` continues the run from the bucket alone."""
+"""A recipe run saving to each cloud (S3, Google Cloud Storage, Azure: the ``cloud`` fixture's real servers):
+recipe.yaml and command_line.txt are uploaded with the hyperparameter files, and `aitoolbox-like resume s3://...`
+(gs://, az://) continues the run from the bucket alone."""
 import os
 import shutil
 
@@ -8,13 +9,11 @@ import torch
 
 from aitoolbox_like.experiment import find_cloud_checkpoint
 from aitoolbox_like.recipes.cli import main
-from aitoolbox_like.storage.s3 import S3Storage
-from s3_server import make_bucket, s3_env  # noqa: F401  (fixture)
 
 PARTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'recipe_parts.py')
 
 
-def _recipe(tmp_path, bucket, name):
+def _recipe(tmp_path, cloud, bucket, name):
     path = tmp_path / f'{name}.yaml'
     path.write_text(f'''
 imports: [{PARTS}]
@@ -24,7 +23,7 @@ model: {{name: TinyNet}}
 optimizer: {{name: Adam, lr: 0.01}}
 criterion: {{name: CrossEntropyLoss}}
 loop: {{name: TrainLoopCheckpoint, project_name: tiny, experiment_name: {name}, hyperparams: {{lr: 0.01}},
-       local_model_result_folder_path: {tmp_path / name}, cloud_save_mode: s3, bucket_name: {bucket},
+       local_model_result_folder_path: {tmp_path / name}, cloud_save_mode: {cloud.mode}, bucket_name: {bucket},
        cloud_dir_prefix: runs, progress_bar: false}}
 fit: {{num_epochs: 3}}
 ''')
@@ -38,11 +37,11 @@ def _weights(storage, folder_key):
 
 
 @pytest.mark.timeout(180)
-def test_recipe_files_go_to_s3_and_a_run_resumes_from_the_bucket(s3_env, tmp_path, capsys):
-    bucket = make_bucket(s3_env)
-    storage = S3Storage(bucket, 'runs')
-    assert main(['train', _recipe(tmp_path, bucket, 'full')]) == 0
-    assert main(['train', _recipe(tmp_path, bucket, 'cut'), 'fit.num_epochs=2']) == 0   # a run stopped after 2
+def test_recipe_files_go_to_the_cloud_and_a_run_resumes_from_the_bucket(cloud, tmp_path, capsys):
+    bucket = cloud.make_bucket()
+    storage = cloud.storage(bucket, 'runs')
+    assert main(['train', _recipe(tmp_path, cloud, bucket, 'full')]) == 0
+    assert main(['train', _recipe(tmp_path, cloud, bucket, 'cut'), 'fit.num_epochs=2']) == 0   # stopped after 2
     [cut] = os.listdir(tmp_path / 'cut' / 'tiny')
     [full] = os.listdir(tmp_path / 'full' / 'tiny')
     for name in ('recipe.yaml', 'command_line.txt', 'hyperparams_list.txt'):
@@ -50,7 +49,7 @@ def test_recipe_files_go_to_s3_and_a_run_resumes_from_the_bucket(s3_env, tmp_pat
             assert storage.read_text(f'tiny/{cut}/{name}') == f.read(), name
 
     shutil.rmtree(tmp_path / 'cut')       # the machine is gone; only the bucket is left
-    uri = f's3://{bucket}/runs/tiny/{cut}'
+    uri = f'{cloud.scheme}://{bucket}/runs/tiny/{cut}'
     capsys.readouterr()
     assert main(['resume', uri, 'fit.num_epochs=3']) == 0
     resumed, uninterrupted = _weights(storage, f'tiny/{cut}'), _weights(storage, f'tiny/{full}')
