@@ -47,7 +47,7 @@ def recipes_reference_page():
              'scheduler\'s optimizer, a loop\'s model, loaders, optimizer and criterion). '
              '`aitoolbox-like list KIND` prints the same, with your own registered names.', '']
     for kind, description in KINDS.items():
-        entries = reference_entries(kind)
+        entries = reference_entries(kind, builtin_only=True)     # not what a recipe run registered in this process
         lines += [f'## {kind}', '', f'{description[0].upper()}{description[1:]}.', '']
         if not entries:
             lines += ['None built in: register yours (`@register_' + kind + '`) or name them by import path.', '']

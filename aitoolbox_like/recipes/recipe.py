@@ -894,7 +894,11 @@ def entry_signature(kind: str, target: Any) -> str:
     return format_signature(target)
 
 
-def reference_entries(kind: str) -> List[Tuple[str, str, str]]:
-    """``(name, arguments, first docstring line)`` of every name in the registry of ``kind``, sorted."""
+def reference_entries(kind: str, builtin_only: bool = False) -> List[Tuple[str, str, str]]:
+    """``(name, arguments, first docstring line)`` of every name in the registry of ``kind``, sorted; with
+    ``builtin_only``, of the names that need no registration only (not the ones this process registered)."""
     from .registry import get_registry
-    return [(name, entry_signature(kind, target), summary_of(target)) for name, target in get_registry(kind).items()]
+    registry = get_registry(kind)
+    builtin = set(registry.builtin_names()) if builtin_only else None
+    return [(name, entry_signature(kind, target), summary_of(target)) for name, target in registry.items()
+            if builtin is None or name in builtin]
