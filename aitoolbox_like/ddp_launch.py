@@ -2,8 +2,9 @@
 ``fully_shard``): one process per device.
 
 Two ways in (see docs/distributed.md):
-- started by torchrun (RANK / WORLD_SIZE set) or with a process group already initialised: this process is
-  one rank; it joins the group and trains. This is the way to train on several machines.
+- started by torchrun (RANK / WORLD_SIZE set), as a task of a SLURM job step of several tasks (srun; slurm.py
+  sets torchrun's variables from SLURM's) or with a process group already initialised: this process is one rank;
+  it joins the group and trains. This is the way to train on several machines.
 - started as a plain script: ``num_gpus`` processes are spawned on this machine (torch.multiprocessing),
   each trains, and the trained weights and history of rank 0 come back into the caller's model and loop.
 """
@@ -21,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from . import distributed, sharded_checkpoint
+from . import distributed, sharded_checkpoint, slurm
 from .console import label_records_with_rank
 from .callbacks.abstract import AbstractCallback
 from .model import TTModel
@@ -113,6 +114,10 @@ def fit_ddp(train_loop_obj, num_epochs, num_iterations, callbacks=None, grad_acc
 
     if distributed.is_distributed() or ('RANK' in os.environ and 'WORLD_SIZE' in os.environ):
         return _fit_in_this_process(train_loop_obj, backend, init_method, settings)
+    task = slurm.join_step_as_rank()        # srun's tasks: each one rank, as under torchrun
+    if task is not None:
+        device = slurm.task_device(task, torch.cuda.device_count()) if on_gpu else None
+        return _fit_in_this_process(train_loop_obj, backend, init_method, settings, slurm_device=device)
     return _fit_spawned(train_loop_obj, num_nodes, node_rank, num_gpus, backend, init_method, settings)
 
 
@@ -131,8 +136,8 @@ def _as_callback_list(in_process_data_load):
 # ---------------------------------------------------------------------------------------------- torchrun
 
 
-def _fit_in_this_process(loop, backend, init_method, settings):
-    local_rank = int(os.environ.get('LOCAL_RANK', 0))
+def _fit_in_this_process(loop, backend, init_method, settings, slurm_device=None):
+    local_rank = int(os.environ.get('LOCAL_RANK', 0)) if slurm_device is None else slurm_device
     if settings['on_gpu']:
         torch.cuda.set_device(local_rank)
     if not distributed.is_distributed():
@@ -140,6 +145,8 @@ def _fit_in_this_process(loop, backend, init_method, settings):
             distributed.join_process_group_from_env(backend)     # restart-safe under torchrun, bounded set-up
         else:
             dist.init_process_group(backend=backend, init_method=init_method)
+    if slurm_device is not None:
+        slurm.check_distinct_gpus(slurm_device)
     # The process group stays up after fit, so that evaluation and prediction afterwards still see every rank's
     # share of the data; the script ends it with torch.distributed.destroy_process_group().
     try:

@@ -8,6 +8,9 @@ import torch
 # Tests import their shared helpers (helpers.py, s3_server.py) from this folder.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# One SLURM cluster per session for every test that asks for it (started on first use).
+from slurm_cluster import slurm_cluster  # noqa: E402,F401  (pytest fixture)
+
 
 def _let_cuda_torchvision_import_on_cpu_torch():
     """The PyPI torchvision wheel is a CUDA build: with CPU-only torch its import (and torchmetrics', which

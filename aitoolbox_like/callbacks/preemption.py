@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 import torch
 import torch.distributed as dist
 
-from .. import distributed
+from .. import distributed, slurm
 from .abstract import AbstractCallback, TrainingInterrupted
 from .model_save import ModelCheckpoint, ModelIterationCheckpoint
 
@@ -118,11 +118,16 @@ class PreemptionCheckpoint(AbstractCallback):
         ddp_sync_every (int): in a DDP fit, the steps between two agreements on stopping.
         fsdp_exception_timeout_s (float): with ``on_exception=True`` in an FSDP fit of several processes, how long a
             rank waits for the others to reach ``on_exception`` too before it gives the checkpoint up (see above).
+        slurm_signal (int or None): inside a SLURM job, the signal SLURM sends before the time limit
+            (``#SBATCH --signal=USR1@90``: SIGUSR1, the default), handled besides ``signals``. After a stop it
+            caused, the job is requeued (``scontrol requeue``) and every rank exits; after a stop caused by another
+            signal every rank exits (see docs/distributed.md, "SLURM"). None: no such signal.
     """
 
     def __init__(self, signals: Sequence[int] = DEFAULT_SIGNALS, on_exception: bool = False,
                  upload_wait_s: float = 120.0, exit_code: Union[None, int, str] = None,
-                 ddp_sync_every: int = 10, fsdp_exception_timeout_s: float = 30.0) -> None:
+                 ddp_sync_every: int = 10, fsdp_exception_timeout_s: float = 30.0,
+                 slurm_signal: Optional[int] = slurm.DEFAULT_WARNING_SIGNAL) -> None:
         super().__init__('Preemption-safe checkpoint', execution_order=10_000, device_idx_execution=None)
         self.signals: Tuple[signal.Signals, ...] = tuple(signal.Signals(s) for s in signals)
         if isinstance(exit_code, bool) or not (exit_code is None or exit_code == 'signal' or
@@ -141,11 +146,13 @@ class PreemptionCheckpoint(AbstractCallback):
         self.exit_code = exit_code
         self.ddp_sync_every = ddp_sync_every
         self.fsdp_exception_timeout_s = float(fsdp_exception_timeout_s)
+        self.slurm_signal = None if slurm_signal is None else signal.Signals(slurm_signal)
         # What happened in the latest fit (read them after fit returns).
         self.stop_reason: Optional[str] = None        # why training stopped early, or None
         self.received_signal: Optional[int] = None    # the signal that asked for the stop, or None
         self.checkpoint_path: Optional[str] = None    # the checkpoint written on the way out (rank 0), or None
         self._requested: Optional[str] = None         # set by the signal handler / request_stop: the reason
+        self._signals_seen: List[int] = []            # every signal handled in this fit (SLURM: requeue or not)
         self._previous_handlers: Dict[signal.Signals, _Handler] = {}
         self._between_steps = False
         self._group: Any = None
@@ -174,6 +181,7 @@ class PreemptionCheckpoint(AbstractCallback):
             return
         if self.received_signal is None:
             self.received_signal = signum
+        self._signals_seen.append(signum)
         self.request_stop(f'received {signal.Signals(signum).name}')
 
     def _forward_to_previous(self, signum: int, frame: Any) -> None:
@@ -197,6 +205,7 @@ class PreemptionCheckpoint(AbstractCallback):
         """Reset the state of the previous fit, install the signal handlers and, in DDP, the agreement group."""
         self.stop_reason = self._requested = None
         self.received_signal = None
+        self._signals_seen = []
         self.checkpoint_path = None
         self._between_steps = False
         self._pending = None
@@ -221,7 +230,10 @@ class PreemptionCheckpoint(AbstractCallback):
             logger.warning('%s: fit runs outside the main thread, where signal handlers cannot be installed; '
                            'signals keep their previous behaviour (request_stop() still works)', type(self).__name__)
             return
-        for signum in self.signals:
+        signals = self.signals
+        if self.slurm_signal is not None and self.slurm_signal not in signals and slurm.in_job():
+            signals += (self.slurm_signal,)
+        for signum in signals:
             self._previous_handlers[signum] = signal.getsignal(signum)
             signal.signal(signum, self._handle_signal)
 
@@ -327,9 +339,13 @@ class PreemptionCheckpoint(AbstractCallback):
             loop.upload_failures += failures
 
     def on_train_end(self) -> None:
-        """Put the previous signal handlers back; with ``exit_code``, exit after a stop caused by a signal."""
+        """Put the previous signal handlers back; with ``exit_code``, exit after a stop caused by a signal. Inside a
+        SLURM job, after a stop caused by a signal: requeue the job (``slurm_signal``) and exit."""
         self._restore_handlers()
         self._finish_agreement()
+        if self.stop_reason is not None and slurm.in_job():      # every rank stopped at the same step: all get here
+            slurm.end_stopped_task(self._signals_seen, self.slurm_signal, self.train_loop_obj.how_to_resume(),
+                                   self.exit_code if isinstance(self.exit_code, int) else None)
         signum = self.received_signal
         if self.exit_code is None or signum is None or self.stop_reason is None:
             return

@@ -1,0 +1,249 @@
+"""SLURM, against a real one-node cluster (tests/slurm_cluster.py): the tasks ``srun`` starts in a batch job train as
+one group, and a job stopped by the time-limit warning (SIGUSR1) or requeued by the scheduler (SIGTERM) continues
+in its requeued run and ends with the uninterrupted run's weights, every sample once per epoch.
+
+The batch jobs run tests/ddp_scripts/slurm_fit.py with 2 tasks on CPU (gloo). One uninterrupted job is the
+reference of every interrupted one.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aitoolbox_like import slurm
+from aitoolbox_like.distributed import find_free_port
+from slurm_cluster import submit_and_wait, write_batch_script
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = REPO_ROOT / 'tests' / 'ddp_scripts' / 'slurm_fit.py'
+SAMPLES, EPOCHS = 640, 3
+JOB_TIMEOUT_S = 240
+
+
+def _job_env():
+    return dict(OMP_NUM_THREADS='1',
+                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get('PYTHONPATH')])))
+
+
+def _batch_script(out_dir, *directives, launcher='srun', args=''):
+    return write_batch_script(out_dir / 'job.sh', f'{launcher} {sys.executable} {SCRIPT} {out_dir} {args}',
+                              '--ntasks=2', f'--output={out_dir}/job.out', '--open-mode=append', *directives)
+
+
+def _output(out_dir):
+    path = Path(out_dir) / 'job.out'
+    return path.read_text(errors='replace') if path.exists() else '(no output)'
+
+
+def _records(out_dir):
+    """Every trained batch of every process, as recorded by slurm_fit.py."""
+    return [json.loads(line) for path in Path(out_dir).glob('samples_*.jsonl') for line in path.read_text().splitlines()]
+
+
+def _final(out_dir):
+    return torch.load(Path(out_dir) / 'final.pt')
+
+
+def _assert_same_run(expected_dir, got_dir):
+    expected, got = _final(expected_dir), _final(got_dir)
+    assert got['world_size'] == expected['world_size'] == 2
+    assert expected['weights'].keys() == got['weights'].keys()
+    assert all(torch.equal(expected['weights'][k], got['weights'][k]) for k in expected['weights'])
+    assert got['history'] == expected['history']
+
+
+def _assert_every_sample_once_per_epoch(records):
+    for epoch in range(EPOCHS):
+        trained = sorted(s for r in records if r['epoch'] == epoch for s in r['samples'])
+        assert trained == list(range(SAMPLES)), f'epoch {epoch}'
+
+
+def _wait_for_files(cluster, job_id, paths):
+    cluster.wait_for(job_id, lambda fields: all(p.exists() for p in paths) or fields['JobState'] not in
+                     ('PENDING', 'RUNNING'), 'every rank to reach the batch where the signal is sent')
+    assert all(p.exists() for p in paths), f'job {job_id} ended early'
+
+
+def _interrupted_job(cluster, out_dir, interrupt, *directives):
+    """Submit a job that waits after batch 3 of epoch 1 in its first run; ``interrupt(job_id)`` once every rank is
+    there. The job id."""
+    job_id = cluster.sbatch(_batch_script(out_dir, *directives, args='--wait-for-signal 1 3'), env=_job_env())
+    _wait_for_files(cluster, job_id, [out_dir / 'waiting_rank0', out_dir / 'waiting_rank1'])
+    interrupt(job_id)
+    return job_id
+
+
+def _assert_continued_mid_epoch_exactly(reference, out_dir):
+    records = _records(out_dir)
+    first, second = [r for r in records if r['run'] == 0], [r for r in records if r['run'] == 1]
+    # The stop came in the middle of epoch 1: both runs trained some of its batches.
+    assert {r['epoch'] for r in first} == {0, 1} and {r['epoch'] for r in second} == {1, 2}
+    assert {(r['rank'], r['world_size']) for r in records} == {(0, 2), (1, 2)}
+    _assert_every_sample_once_per_epoch(records)        # so no step was trained twice, none skipped
+    _assert_same_run(reference, out_dir)
+
+
+@pytest.fixture(scope='module')
+def runs(slurm_cluster, tmp_path_factory):
+    """slurm_fit.py uninterrupted, trained by an sbatch job of 2 srun tasks (the reference of every interrupted job)
+    and, at the same time, by 2 processes under torchrun: ``{'sbatch': folder, 'torchrun': folder}``."""
+    folders = {name: tmp_path_factory.mktemp(name) for name in ('sbatch', 'torchrun')}
+    job_id = slurm_cluster.sbatch(_batch_script(folders['sbatch']), env=_job_env())
+    command = [sys.executable, '-m', 'torch.distributed.run', '--nnodes=1', '--nproc_per_node=2',
+               '--rdzv-backend=c10d', f'--rdzv-endpoint=127.0.0.1:{find_free_port()}', str(SCRIPT),
+               str(folders['torchrun'])]
+    env = {k: v for k, v in os.environ.items() if not k.startswith('SLURM_')}
+    done = subprocess.run(command, env=dict(env, **_job_env()), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    job = slurm_cluster.wait_until_finished(job_id, JOB_TIMEOUT_S)
+    assert job['JobState'] == 'COMPLETED', _output(folders['sbatch'])
+    return folders
+
+
+@pytest.fixture
+def uninterrupted(runs):
+    return runs['sbatch']
+
+
+@pytest.mark.timeout(600)
+def test_the_srun_tasks_of_a_batch_job_train_as_one_group_equal_to_the_same_script_under_torchrun(runs):
+    uninterrupted = runs['sbatch']
+    _assert_same_run(runs['torchrun'], uninterrupted)
+    records = _records(uninterrupted)
+    assert {(r['rank'], r['world_size']) for r in records} == {(0, 2), (1, 2)}
+    _assert_every_sample_once_per_epoch(records)
+    # The group met on the job's first node, at the port derived from the job id.
+    [job_id] = re.findall(r'SLURM job (\d+): 2 tasks train as one group', _output(uninterrupted))
+    assert f'rendezvous at localhost:{slurm.master_port_for_job(job_id)}' in _output(uninterrupted)
+
+
+@pytest.mark.timeout(600)
+def test_the_time_limit_warning_checkpoints_requeues_the_job_and_the_requeued_job_continues_exactly(
+        slurm_cluster, uninterrupted, tmp_path):
+    # What `#SBATCH --signal=USR1@90` sends 90 s before the time limit.
+    job_id = _interrupted_job(slurm_cluster, tmp_path, lambda job: slurm_cluster.run('scancel', '--signal=USR1', job),
+                              '--requeue')
+    slurm_cluster.release(job_id)          # the job requeued itself
+    job = slurm_cluster.wait_until_finished(job_id, JOB_TIMEOUT_S)
+    output = _output(tmp_path)
+    assert job['JobState'] == 'COMPLETED' and job['Restarts'] == '1', output
+    assert 'training stopped on SIGUSR1 (the time-limit warning), the checkpoint is saved and the job is requeued' \
+        in output
+    _assert_continued_mid_epoch_exactly(uninterrupted, tmp_path)
+
+
+@pytest.mark.timeout(600)
+def test_a_job_requeued_by_the_scheduler_mid_epoch_checkpoints_on_sigterm_and_continues_exactly(
+        slurm_cluster, uninterrupted, tmp_path):
+    # A preemption: SLURM sends SIGTERM to every process of the job and SIGKILL after KillWait, then requeues it.
+    job_id = _interrupted_job(slurm_cluster, tmp_path, lambda job: slurm_cluster.run('scontrol', 'requeue', job),
+                              '--requeue')
+    slurm_cluster.release(job_id)
+    job = slurm_cluster.wait_until_finished(job_id, JOB_TIMEOUT_S)
+    output = _output(tmp_path)
+    assert job['JobState'] == 'COMPLETED' and job['Restarts'] == '1', output
+    assert 'training stopped on SIGTERM and the checkpoint is saved' in output
+    assert 'Exited with exit code 143' in output        # every rank exited at once, not killed after KillWait
+    _assert_continued_mid_epoch_exactly(uninterrupted, tmp_path)
+
+
+@pytest.mark.timeout(600)
+def test_a_job_that_cannot_be_requeued_fails_with_the_command_that_continues_it(
+        slurm_cluster, uninterrupted, tmp_path):
+    job_id = _interrupted_job(slurm_cluster, tmp_path, lambda job: slurm_cluster.run('scancel', '--signal=USR1', job),
+                              '--no-requeue')
+    job = slurm_cluster.wait_until_finished(job_id, JOB_TIMEOUT_S)
+    output = _output(tmp_path)
+    assert job['JobState'] == 'FAILED' and job['Restarts'] == '0', output
+    assert 'the job could not be requeued' in output
+    [command] = re.findall(r'submit it again: `([^`]+)`', output)
+
+    resubmitted = subprocess.run(command, shell=True, env=dict(slurm_cluster.env, **_job_env()), capture_output=True,
+                                 text=True, timeout=60)
+    [new_job] = re.findall(r'Submitted batch job (\d+)', resubmitted.stdout)
+    job = slurm_cluster.wait_until_finished(new_job, JOB_TIMEOUT_S)
+    assert job['JobState'] == 'COMPLETED', _output(tmp_path)
+    _assert_every_sample_once_per_epoch(_records(tmp_path))
+    _assert_same_run(uninterrupted, tmp_path)
+
+
+def test_a_job_of_two_tasks_that_runs_the_script_without_srun_fails_before_training_naming_srun(
+        slurm_cluster, tmp_path):
+    job = submit_and_wait(slurm_cluster, _batch_script(tmp_path, launcher=''), env=_job_env(), timeout=JOB_TIMEOUT_S)
+    output = _output(tmp_path)
+    assert job['JobState'] == 'FAILED', output
+    assert 'SlurmLaunchError: this SLURM job has 2 tasks (SLURM_NTASKS=2), but the script runs in the batch ' \
+           'script itself' in output and '`srun python train.py`' in output
+    assert not _records(tmp_path)
+
+
+def test_the_example_batch_script_trains_its_srun_tasks_as_one_group(slurm_cluster, tmp_path):
+    example = REPO_ROOT / 'examples' / 'slurm' / 'train_ddp.sbatch'
+    # The example asks for 2 nodes of 4 GPUs; this cluster has one node and no GPU. `python` is this interpreter.
+    job = submit_and_wait(slurm_cluster, example, '--nodes=1', '--ntasks-per-node=2', '--gpus-per-node=0',
+                          '--cpus-per-task=1', f'--chdir={REPO_ROOT}', f'--output={tmp_path}/job.out',
+                          args=['--epochs', '2', '--output-dir', str(tmp_path / 'results')], timeout=JOB_TIMEOUT_S,
+                          env=dict(_job_env(), PATH=os.pathsep.join([os.path.dirname(sys.executable),
+                                                                     os.environ['PATH']])))
+    output = _output(tmp_path)
+    assert job['JobState'] == 'COMPLETED', output
+    assert re.search(r'SLURM job \d+: 2 tasks train as one group', output)
+    [experiment] = (tmp_path / 'results' / 'digits_slurm').iterdir()
+    assert list((experiment / 'checkpoint_model').glob('*_E1.pth'))
+    accuracy = [float(a) for a in re.findall(r'^val_Accuracy: ([0-9.]+)', output, re.M)]
+    assert len(accuracy) == 2 and accuracy[-1] > 0.8, output
+
+
+# ---------------------------------------------------------------------------------------------- the parts
+
+
+def test_host_lists_expand_as_scontrol_show_hostnames_does(slurm_cluster):
+    for hostlist in ('gpu[01-04,07]', 'node1,node[3-5],gpu-[1,3]', 'r[1-2]n[08-10]', 'login', 'a[9-11],b'):
+        shown = slurm_cluster.run('scontrol', 'show', 'hostnames', hostlist).stdout.split()
+        assert slurm.expand_hostlist(hostlist) == shown, hostlist
+
+
+def test_tasks_per_node_expand_the_repeat_counts():
+    assert slurm.expand_tasks_per_node('2(x3),1') == [2, 2, 2, 1]
+    assert slurm.expand_tasks_per_node('4') == [4]
+
+
+def _step_env(**extra):
+    env = dict(SLURM_JOB_ID='7311', SLURM_STEP_ID='0', SLURM_STEP_NUM_TASKS='8', SLURM_NTASKS='8',
+               SLURM_PROCID='5', SLURM_LOCALID='1', SLURM_STEP_NODELIST='gpu[07-08]', SLURMD_NODENAME='gpu08',
+               SLURM_STEP_TASKS_PER_NODE='4(x2)')
+    env.update(extra)
+    return env
+
+
+def test_a_task_of_a_step_of_several_tasks_gets_its_rank_and_the_rendezvous_of_the_first_node():
+    env = _step_env()
+    task = slurm.join_step_as_rank(env)
+    assert (task.rank, task.world_size, task.local_rank, task.local_world_size) == (5, 8, 1, 4)
+    assert env['RANK'] == '5' and env['WORLD_SIZE'] == '8' and env['LOCAL_RANK'] == '1'
+    assert env['MASTER_ADDR'] == 'gpu07' and env['MASTER_PORT'] == str(slurm.master_port_for_job('7311'))
+    # Set by the user: kept.
+    assert slurm.step_task(_step_env(MASTER_PORT='29999', MASTER_ADDR='gpu07-ib')).master_port == '29999'
+    assert slurm.step_task(_step_env(MASTER_ADDR='gpu07-ib')).master_addr == 'gpu07-ib'
+    # A step of one task, or no SLURM at all: not a group (fit trains as it would without SLURM).
+    assert slurm.step_task(_step_env(SLURM_STEP_NUM_TASKS='1', SLURM_NTASKS='1')) is None
+    assert slurm.step_task({}) is None
+
+
+def test_jobs_running_together_get_different_ports():
+    ports = {slurm.master_port_for_job(str(job)) for job in range(1000, 1100)}
+    assert len(ports) == 100 and all(12000 <= p < 32768 for p in ports)
+
+
+def test_more_tasks_on_a_node_than_gpus_is_refused_naming_the_fix():
+    task = slurm.step_task(_step_env())              # 4 tasks on this node, local rank 1
+    assert slurm.task_device(task, device_count=4) == 1
+    assert slurm.task_device(task, device_count=8) == 1
+    assert slurm.task_device(task, device_count=1) == 0      # one GPU per task (--gpus-per-task=1)
+    with pytest.raises(slurm.SlurmLaunchError, match=r'4 tasks .* 2 GPUs visible: .*--ntasks-per-node=2'):
+        slurm.task_device(task, device_count=2)
