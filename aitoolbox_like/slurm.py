@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple
 
@@ -269,6 +270,10 @@ def end_stopped_task(signals_received: Sequence[int], warning_signal: Optional[i
     """
     warned = warning_signal is not None and warning_signal in signals_received
     other = max((s for s in signals_received if s != warning_signal), default=0)
+    # From here the process is (most likely) leaving: the SIGTERM that SLURM sends every process of the job when rank
+    # 0 requeues it must not cut the exit short on a rank that is slower to get here.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN) if main_thread else None
     if distributed.is_distributed() and distributed.get_world_size() > 1:
         everyone: List[Optional[Tuple[bool, int]]] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, (warned, other))
@@ -276,10 +281,9 @@ def end_stopped_task(signals_received: Sequence[int], warning_signal: Optional[i
         warned = any(w for w, _ in gathered)
         other = max(o for _, o in gathered)
     if not warned and not other:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
         return
-    # This process is leaving: the SIGTERM that SLURM sends the job's processes when it requeues the job (or ends
-    # the step) must not cut the exit short.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signum = other or warning_signal
     assert signum is not None
     name, job_id = signal.Signals(signum).name, os.environ.get('SLURM_JOB_ID', '')

@@ -8,6 +8,7 @@ reference of every interrupted one.
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from aitoolbox_like import slurm
+from aitoolbox_like import AbstractCallback, slurm
+from aitoolbox_like.callbacks.basic import Timer
+from aitoolbox_like.callbacks.preemption import find_preemption_callback
 from aitoolbox_like.distributed import find_free_port
+from aitoolbox_like.tracking import TrainLoopCheckpoint
+from helpers import MLP, loaders
 from slurm_cluster import submit_and_wait, write_batch_script
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -197,6 +202,54 @@ def test_the_example_batch_script_trains_its_srun_tasks_as_one_group(slurm_clust
     assert list((experiment / 'checkpoint_model').glob('*_E1.pth'))
     accuracy = [float(a) for a in re.findall(r'^val_Accuracy: ([0-9.]+)', output, re.M)]
     assert len(accuracy) == 2 and accuracy[-1] > 0.8, output
+
+
+# ---------------------------------------------------------------------------------------------- one process
+
+
+class SignalSelfAt(AbstractCallback):
+    """Sends a signal to this process at the end of batch T (the handler runs in this main thread)."""
+
+    def __init__(self, batch_idx, signum):
+        super().__init__('signal self', execution_order=0)
+        self.batch_idx, self.signum = batch_idx, signum
+        self.handler_during_fit = None
+
+    def on_batch_end(self):
+        if self.train_loop_obj.total_iteration_idx == self.batch_idx:
+            self.handler_during_fit = signal.getsignal(signal.SIGUSR1)
+            os.kill(os.getpid(), self.signum)
+
+
+def _checkpoint_loop(root):
+    torch.manual_seed(0)
+    model = MLP()
+    train, val, _ = loaders()
+    return TrainLoopCheckpoint(model, train, val, None, torch.optim.SGD(model.parameters(), lr=0.1),
+                               torch.nn.CrossEntropyLoss(), 'proj', 'run', str(root), {}, cloud_save_mode='local',
+                               progress_bar=False)
+
+
+def test_in_a_slurm_job_a_signal_ends_the_process_after_its_checkpoint_and_a_stop_without_signal_returns(
+        tmp_path, monkeypatch):
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)
+    monkeypatch.setenv('SLURM_JOB_ID', '4242')          # what SLURM sets in every process of a job
+    loop, stop = _checkpoint_loop(tmp_path / 'a'), SignalSelfAt(3, signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            loop.fit(num_epochs=2, callbacks=[stop])
+    finally:
+        signal.signal(signal.SIGTERM, before[0])       # ignored while the process leaves
+    assert exited.value.code == 128 + signal.SIGTERM
+    preemption = find_preemption_callback(loop)
+    assert preemption.checkpoint_path.endswith('_ITER3.pth') and os.path.exists(preemption.checkpoint_path)
+    assert stop.handler_during_fit == preemption._handle_signal     # SLURM's warning signal is handled too
+    assert signal.getsignal(signal.SIGUSR1) == before[1]
+
+    timed = _checkpoint_loop(tmp_path / 'b')
+    timed.fit(num_epochs=2, callbacks=[Timer(max_duration_s=1e-6)])      # returns: no signal, nothing to end
+    assert find_preemption_callback(timed).stop_reason is not None and timed.epochs_completed < 2
+    assert signal.getsignal(signal.SIGTERM) == before[0]
 
 
 # ---------------------------------------------------------------------------------------------- the parts
