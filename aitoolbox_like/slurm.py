@@ -265,8 +265,8 @@ def end_stopped_task(signals_received: Sequence[int], warning_signal: Optional[i
       (SLURM requeues a preempted job itself, and a cancelled one must end).
 
     Every rank then ends its process group and raises ``SystemExit(exit_code)`` (default ``128 + signal number``,
-    what a process killed by the signal reports), so that the script does not go on as if training had finished. Returns when no rank received
-    a signal (a stop by ``Timer``): fit returns as usual.
+    what a process killed by the signal reports), so that the script does not go on as if training had finished.
+    Returns when no rank received a signal (a stop by ``Timer``): fit returns as usual.
     """
     warned = warning_signal is not None and warning_signal in signals_received
     other = max((s for s in signals_received if s != warning_signal), default=0)

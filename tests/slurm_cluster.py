@@ -17,6 +17,7 @@ What the tests use, checked on this SLURM (22.05):
 - a requeued job waits about two minutes (its begin time) unless released with :meth:`SlurmCluster.release`;
 - ``--open-mode=append`` keeps the output of every run of a requeued job in one file.
 """
+import atexit
 import os
 import random
 import re
@@ -38,8 +39,16 @@ FINISHED = ('COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'NODE_FAIL', 'OUT_OF_
             'PREEMPTED')
 
 
+def _command(name):
+    """The path of a SLURM or munge program (the daemons are in /usr/sbin, which a user's PATH may lack), or None."""
+    found = shutil.which(name)
+    if found is None and os.path.exists(f'/usr/sbin/{name}'):
+        found = f'/usr/sbin/{name}'
+    return found
+
+
 def _missing_commands():
-    return [c for c in COMMANDS if shutil.which(c) is None and not os.path.exists(f'/usr/sbin/{c}')]
+    return [c for c in COMMANDS if _command(c) is None]
 
 
 def ensure_installed():
@@ -119,12 +128,12 @@ class SlurmCluster:
         key.chmod(0o600)
         (root / 'plugstack.conf').write_text('')
         self.conf.write_text(_config(root, _free_port(), _free_port(), random.randint(10_000, 60_000_000)))
-        self._spawn('munged', ['munged', '--foreground', '--force', f'--key-file={key}',
+        self._spawn('munged', [_command('munged'), '--foreground', '--force', f'--key-file={key}',
                                f'--socket={root}/munge.socket', f'--pid-file={root}/munged.pid',
                                f'--log-file={root}/munged.log', f'--seed-file={root}/munged.seed'])
         self._wait_until(lambda: (root / 'munge.socket').exists(), 'munged to create its socket')
-        self._spawn('slurmctld', ['slurmctld', '-D', '-i', '-f', str(self.conf)])
-        self._spawn('slurmd', ['slurmd', '-D', '-N', NODE, '-f', str(self.conf)])
+        self._spawn('slurmctld', [_command('slurmctld'), '-D', '-i', '-f', str(self.conf)])
+        self._spawn('slurmd', [_command('slurmd'), '-D', '-N', NODE, '-f', str(self.conf)])
         self._wait_until(self._node_idle, 'the node to be idle')
 
     def _spawn(self, name, command):
@@ -134,6 +143,7 @@ class SlurmCluster:
                                                     stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             log.close()
+        _LIVE_PROCESSES.add(self.processes[name])
 
     def _wait_until(self, condition, what, timeout=_START_TIMEOUT_S):
         deadline = time.monotonic() + timeout
@@ -181,8 +191,13 @@ class SlurmCluster:
 
     def job(self, job_id):
         """``scontrol show job``'s fields of the job, as a dict (JobState, Restarts, ExitCode, ...)."""
+        return self.records(job_id)[0]
+
+    def records(self, job_id):
+        """``scontrol show job``'s fields, one dict per record: one for a job, one per task of a job array (its
+        tasks still pending together share one record, ``ArrayTaskId=2-7``)."""
         shown = self.run('scontrol', 'show', 'job', '--oneliner', str(job_id)).stdout
-        return dict(re.findall(r'(\w+)=(\S*)', shown))
+        return [dict(re.findall(r'(\w+)=(\S*)', line)) for line in shown.splitlines() if line.strip()]
 
     def wait_for(self, job_id, condition, what, timeout=180):
         """Poll the job until ``condition(fields)`` is true; the fields. Fails naming ``what`` at the deadline."""
@@ -197,7 +212,20 @@ class SlurmCluster:
             time.sleep(0.2)
 
     def wait_until_finished(self, job_id, timeout=180):
+        """Wait until the job has ended (COMPLETED, FAILED, CANCELLED, ...); its fields."""
         return self.wait_for(job_id, lambda f: f.get('JobState') in FINISHED, 'the job to finish', timeout)
+
+    def wait_until_array_finished(self, job_id, timeout=300):
+        """Wait until every task of the job array ``job_id`` has ended; their fields, one dict per task."""
+        deadline = time.monotonic() + timeout
+        while True:
+            records = self.records(job_id)
+            if all(r.get('JobState') in FINISHED for r in records):
+                return records
+            if time.monotonic() > deadline:
+                states = ', '.join(f'{r.get("ArrayTaskId")}: {r.get("JobState")}' for r in records)
+                raise AssertionError(f'job array {job_id}: timed out waiting for every task to finish ({states})')
+            time.sleep(0.2)
 
     def release(self, job_id, restarts=1, timeout=120):
         """Wait until the job is pending again after its ``restarts``-th requeue, and let it start now instead of
@@ -228,6 +256,19 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=_STOP_TIMEOUT_S)
+            _LIVE_PROCESSES.discard(process)
+
+
+_LIVE_PROCESSES = set()
+
+
+@atexit.register
+def _kill_leftovers():
+    # Last resort if the session dies without running the fixture's teardown.
+    for process in list(_LIVE_PROCESSES):
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=_STOP_TIMEOUT_S)
 
 
 def submit_and_wait(cluster, script, *options, timeout=180, env=None, args=()):
@@ -237,6 +278,13 @@ def submit_and_wait(cluster, script, *options, timeout=180, env=None, args=()):
     fields = cluster.wait_until_finished(job_id, timeout)
     fields.setdefault('JobId', job_id)
     return fields
+
+
+def submit_array_and_wait(cluster, script, *options, timeout=300, env=None, args=()):
+    """Submit the job array ``script`` (``--array=...`` among its directives or ``options``), wait until every task
+    has ended; their ``scontrol show job`` fields, one dict per task (``ArrayTaskId``, ``JobState``, ...)."""
+    job_id = cluster.sbatch(script, *options, env=env, args=args)
+    return cluster.wait_until_array_finished(job_id, timeout)
 
 
 def write_batch_script(path, body, *directives):

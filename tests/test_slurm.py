@@ -47,7 +47,8 @@ def _output(out_dir):
 
 def _records(out_dir):
     """Every trained batch of every process, as recorded by slurm_fit.py."""
-    return [json.loads(line) for path in Path(out_dir).glob('samples_*.jsonl') for line in path.read_text().splitlines()]
+    return [json.loads(line) for path in Path(out_dir).glob('samples_*.jsonl')
+            for line in path.read_text().splitlines()]
 
 
 def _final(out_dir):
@@ -202,6 +203,18 @@ def test_the_example_batch_script_trains_its_srun_tasks_as_one_group(slurm_clust
     assert list((experiment / 'checkpoint_model').glob('*_E1.pth'))
     accuracy = [float(a) for a in re.findall(r'^val_Accuracy: ([0-9.]+)', output, re.M)]
     assert len(accuracy) == 2 and accuracy[-1] > 0.8, output
+
+
+def test_the_batch_scripts_shown_in_the_docs_are_the_example_files():
+    docs = (REPO_ROOT / 'docs' / 'distributed.md').read_text()
+    section = docs[docs.index('\n## SLURM\n'):docs.index('\n## Ray Train\n')]
+    examples = {line for name in ('train_ddp.sbatch', 'tune_array.sbatch')
+                for line in (REPO_ROOT / 'examples' / 'slurm' / name).read_text().splitlines()}
+    shown = [block for block in re.findall(r'```bash\n(.*?)```', section, re.S)
+             if re.search('^#SBATCH', block, re.M)]
+    assert len(shown) == 2
+    for block in shown:
+        assert [line for line in block.splitlines() if line and line not in examples] == []
 
 
 # ---------------------------------------------------------------------------------------------- one process
