@@ -11,6 +11,7 @@ file per process); rank 0 writes the final weights and history once training is 
     ``waiting_rank<R>`` and waits (up to 5 minutes) until a signal has asked its PreemptionCheckpoint to stop:
     the test sends the signal then, so it arrives in the middle of an epoch.
 --bucket NAME   checkpoints also go to this S3 bucket (cloud_save_mode='s3').
+--fsdp          gpu_mode='fsdp' instead of 'ddp'.
 """
 import argparse
 import json
@@ -22,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from aitoolbox_like import AbstractCallback, TrainLoop
+from aitoolbox_like import AbstractCallback, TrainLoop, sharded_checkpoint
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint
 from aitoolbox_like.callbacks.preemption import find_preemption_callback
 from elastic_fit import IndexedRegression, Net
@@ -73,21 +74,23 @@ def main():
     parser.add_argument('--batch-size', type=int, default=8)
     parser.add_argument('--wait-for-signal', type=int, nargs=2, default=None, metavar=('EPOCH', 'ITERATION'))
     parser.add_argument('--bucket', default=None)
+    parser.add_argument('--fsdp', action='store_true')
     args = parser.parse_args()
 
     torch.manual_seed(0)
     model = Net()
     train = DataLoader(IndexedRegression(args.samples), batch_size=args.batch_size, shuffle=True)
     loop = TrainLoop(model, train, None, None, torch.optim.Adam(model.parameters(), lr=1e-2), nn.MSELoss(),
-                     gpu_mode='ddp')
+                     gpu_mode='fsdp' if args.fsdp else 'ddp')
     cloud = dict(cloud_save_mode='s3', bucket_name=args.bucket) if args.bucket else dict(cloud_save_mode='local')
     callbacks = [ModelCheckpoint('slurm', 'run', os.path.join(args.out_dir, 'exp'), {}, async_save=False, **cloud),
                  RecordSamples(args.out_dir)]
     if args.wait_for_signal:
         callbacks.append(WaitForSignal(args.out_dir, *args.wait_for_signal))
     loop.fit(num_epochs=args.epochs, callbacks=callbacks, resume_from='auto', on_gpu=False)
+    weights = sharded_checkpoint.full_state(loop)[0] if args.fsdp else model.state_dict()
     if dist.get_rank() == 0:
-        torch.save({'weights': model.state_dict(), 'history': dict(loop.train_history),
+        torch.save({'weights': weights, 'history': dict(loop.train_history),
                     'world_size': dist.get_world_size()}, os.path.join(args.out_dir, 'final.pt'))
     dist.destroy_process_group()
 
