@@ -308,6 +308,7 @@ def _requeue_after_warning(job_id: str, name: str, how_to_resume: str) -> None:
                        "the job is requeued: its fit(resume_from='auto') continues from the checkpoint", job_id, name)
         return
     logger.error("SLURM job %s: training stopped on %s (the time-limit warning) and the checkpoint is saved, but the "
-                 "job could not be requeued (%s). To continue, submit it again: `%s` (a script with "
-                 "fit(resume_from='auto') continues from the checkpoint; otherwise continue with %s)",
+                 "job could not be requeued (%s). To continue, submit it again: `%s` (with the sbatch options given "
+                 "on its command line, if any; a script with fit(resume_from='auto') continues from the checkpoint, "
+                 "otherwise continue with %s)",
                  job_id, name, why, resubmit_command(job_id), how_to_resume)
