@@ -14,6 +14,9 @@ What the tests use, checked on this SLURM (22.05):
 - ``scancel --signal=USR1 JOB`` signals every task of the job's steps, as ``#SBATCH --signal=USR1@N`` does before
   the time limit;
 - ``scontrol requeue JOB`` sends SIGCONT and SIGTERM to every process of the job, SIGKILL after KillWait (30 s);
+- a job of the ``preemptor`` partition (:data:`PREEMPTOR`) that needs the node (``--exclusive``) preempts the
+  jobs of the default partition: they are requeued, and each of their processes gets SIGTERM, SIGCONT and SIGTERM
+  again within milliseconds, then SIGKILL after KillWait;
 - a requeued job waits about two minutes (its begin time) unless released with :meth:`SlurmCluster.release`;
 - ``--open-mode=append`` keeps the output of every run of a requeued job in one file.
 """
@@ -33,6 +36,9 @@ import pytest
 PACKAGES = ('slurmctld', 'slurmd', 'slurm-client', 'munge')
 COMMANDS = ('slurmctld', 'slurmd', 'sbatch', 'munged')
 NODE = 'localhost'
+#: A partition whose jobs preempt (requeue) the jobs of the default one, as a job of higher priority does on a
+#: cluster: ``sbatch --partition=preemptor --exclusive ...``.
+PREEMPTOR = 'preemptor'
 _START_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 10.0
 FINISHED = ('COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'NODE_FAIL', 'OUT_OF_MEMORY', 'BOOT_FAIL', 'DEADLINE',
@@ -105,16 +111,20 @@ ReturnToService=2
 KillWait=30
 MinJobAge=3600
 FirstJobId={first_job_id}
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 NodeName={NODE} NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName={PREEMPTOR} Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 """
 
 
 class SlurmCluster:
     """munged, slurmctld and slurmd of one node, configured under ``root``."""
 
-    def __init__(self, root):
+    def __init__(self, root, extra_config=''):
         self.root = Path(root)
+        self.extra_config = extra_config        # slurm.conf lines added at the end (partitions, preemption)
         self.conf = self.root / 'slurm.conf'
         self.processes = {}
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
@@ -127,7 +137,8 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         (root / 'plugstack.conf').write_text('')
-        self.conf.write_text(_config(root, _free_port(), _free_port(), random.randint(10_000, 60_000_000)))
+        self.conf.write_text(_config(root, _free_port(), _free_port(), random.randint(10_000, 60_000_000))
+                             + self.extra_config)
         self._spawn('munged', [_command('munged'), '--foreground', '--force', f'--key-file={key}',
                                f'--socket={root}/munge.socket', f'--pid-file={root}/munged.pid',
                                f'--log-file={root}/munged.log', f'--seed-file={root}/munged.seed'])
@@ -158,8 +169,9 @@ class SlurmCluster:
         raise RuntimeError(f'the test SLURM cluster: timed out waiting for {what}:\n{self.logs()}')
 
     def _node_idle(self):
-        done = self.run('sinfo', '-h', '-N', '-o', '%T', check=False)
-        return done.returncode == 0 and done.stdout.strip() == 'idle'
+        done = self.run('sinfo', '-h', '-N', '-o', '%T', check=False)      # one line per partition of the node
+        states = done.stdout.split()
+        return done.returncode == 0 and bool(states) and all(state == 'idle' for state in states)
 
     def logs(self, lines=20):
         parts = []

@@ -22,7 +22,7 @@ from aitoolbox_like.callbacks.preemption import find_preemption_callback
 from aitoolbox_like.distributed import find_free_port
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 from helpers import MLP, loaders
-from slurm_cluster import submit_and_wait, write_batch_script
+from slurm_cluster import PREEMPTOR, submit_and_wait, write_batch_script
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = REPO_ROOT / 'tests' / 'ddp_scripts' / 'slurm_fit.py'
@@ -69,26 +69,32 @@ def _assert_every_sample_once_per_epoch(records):
         assert trained == list(range(SAMPLES)), f'epoch {epoch}'
 
 
-def _wait_for_files(cluster, job_id, paths):
+def _wait_until_waiting(cluster, job_id, out_dir, run=0):
+    """Until every rank of the job's run ``run`` waits for a signal in the middle of an epoch (slurm_fit.py)."""
+    paths = [out_dir / f'waiting_run{run}_rank{rank}' for rank in (0, 1)]
     cluster.wait_for(job_id, lambda fields: all(p.exists() for p in paths) or fields['JobState'] not in
-                     ('PENDING', 'RUNNING'), 'every rank to reach the batch where the signal is sent')
-    assert all(p.exists() for p in paths), f'job {job_id} ended early'
+                     ('PENDING', 'RUNNING'), f'every rank of run {run} to reach the batch where the signal is sent')
+    assert all(p.exists() for p in paths), f'job {job_id} ended early:\n{_output(out_dir)}'
 
 
 def _interrupted_job(cluster, out_dir, interrupt, *directives):
     """Submit a job that waits after batch 3 of epoch 1 in its first run; ``interrupt(job_id)`` once every rank is
     there. The job id."""
-    job_id = cluster.sbatch(_batch_script(out_dir, *directives, args='--wait-for-signal 1 3'), env=_job_env())
-    _wait_for_files(cluster, job_id, [out_dir / 'waiting_rank0', out_dir / 'waiting_rank1'])
+    job_id = cluster.sbatch(_batch_script(out_dir, *directives, args='--wait-for-signal 0 1 3'), env=_job_env())
+    _wait_until_waiting(cluster, job_id, out_dir)
     interrupt(job_id)
     return job_id
 
 
-def _assert_continued_mid_epoch_exactly(reference, out_dir):
+def _assert_continued_mid_epoch_exactly(reference, out_dir, stopped_in=(1,)):
+    """Run r of the job stopped in the middle of epoch ``stopped_in[r]``, and the runs together trained the
+    uninterrupted run, every sample once per epoch."""
     records = _records(out_dir)
-    first, second = [r for r in records if r['run'] == 0], [r for r in records if r['run'] == 1]
-    # The stop came in the middle of epoch 1: both runs trained some of its batches.
-    assert {r['epoch'] for r in first} == {0, 1} and {r['epoch'] for r in second} == {1, 2}
+    first_epoch = 0
+    for run, epoch in enumerate(list(stopped_in) + [EPOCHS - 1]):
+        # Both runs around a stop trained some of its epoch's batches.
+        assert {r['epoch'] for r in records if r['run'] == run} == set(range(first_epoch, epoch + 1)), run
+        first_epoch = epoch
     assert {(r['rank'], r['world_size']) for r in records} == {(0, 2), (1, 2)}
     _assert_every_sample_once_per_epoch(records)        # so no step was trained twice, none skipped
     _assert_same_run(reference, out_dir)
@@ -144,18 +150,31 @@ def test_the_time_limit_warning_checkpoints_requeues_the_job_and_the_requeued_jo
 
 
 @pytest.mark.timeout(600)
-def test_a_job_requeued_by_the_scheduler_mid_epoch_checkpoints_on_sigterm_and_continues_exactly(
+def test_a_job_preempted_then_requeued_by_scontrol_mid_epoch_checkpoints_on_sigterm_and_continues_exactly(
         slurm_cluster, uninterrupted, tmp_path):
-    # A preemption: SLURM sends SIGTERM to every process of the job and SIGKILL after KillWait, then requeues it.
-    job_id = _interrupted_job(slurm_cluster, tmp_path, lambda job: slurm_cluster.run('scontrol', 'requeue', job),
-                              '--requeue')
-    slurm_cluster.release(job_id)
+    """Run 0 is preempted by a job of a partition of higher priority (SLURM sends SIGTERM twice within
+    milliseconds, SIGKILL after KillWait, and requeues the job); run 1 is requeued with `scontrol requeue` (one
+    SIGTERM); run 2 finishes."""
+    job_id = slurm_cluster.sbatch(_batch_script(tmp_path, '--requeue', args='--wait-for-signal 0 1 3 '
+                                                '--wait-for-signal 1 2 5'), env=_job_env())
+    _wait_until_waiting(slurm_cluster, job_id, tmp_path, run=0)
+    preemptor = slurm_cluster.sbatch(write_batch_script(tmp_path / 'preemptor.sh', 'true', f'--partition={PREEMPTOR}',
+                                                        '--exclusive', f'--output={tmp_path}/preemptor.out'))
+    slurm_cluster.wait_until_finished(preemptor, JOB_TIMEOUT_S)
+    slurm_cluster.release(job_id, restarts=1)
+    _wait_until_waiting(slurm_cluster, job_id, tmp_path, run=1)
+    slurm_cluster.run('scontrol', 'requeue', job_id)
+    slurm_cluster.release(job_id, restarts=2)
     job = slurm_cluster.wait_until_finished(job_id, JOB_TIMEOUT_S)
+
     output = _output(tmp_path)
-    assert job['JobState'] == 'COMPLETED' and job['Restarts'] == '1', output
-    assert 'training stopped on SIGTERM and the checkpoint is saved' in output
-    assert 'Exited with exit code 143' in output        # every rank exited at once, not killed after KillWait
-    _assert_continued_mid_epoch_exactly(uninterrupted, tmp_path)
+    assert job['JobState'] == 'COMPLETED' and job['Restarts'] == '2', output
+    assert re.search(rf'JOB {job_id} ON \S+ CANCELLED AT \S+ DUE TO PREEMPTION', output)
+    assert re.search(rf'JOB {job_id} ON \S+ CANCELLED AT \S+ DUE TO JOB REQUEUE', output)
+    assert output.count('training stopped on SIGTERM and the checkpoint is saved') == 2
+    # Every rank exited at once both times, not killed by SLURM after KillWait.
+    assert output.count('tasks 0-1: Exited with exit code 143') == 2, output
+    _assert_continued_mid_epoch_exactly(uninterrupted, tmp_path, stopped_in=(1, 2))
 
 
 @pytest.mark.timeout(600)

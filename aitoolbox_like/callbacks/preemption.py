@@ -153,6 +153,7 @@ class PreemptionCheckpoint(AbstractCallback):
         self.checkpoint_path: Optional[str] = None    # the checkpoint written on the way out (rank 0), or None
         self._requested: Optional[str] = None         # set by the signal handler / request_stop: the reason
         self._signals_seen: List[int] = []            # every signal handled in this fit (SLURM: requeue or not)
+        self._in_slurm_job = False
         self._previous_handlers: Dict[signal.Signals, _Handler] = {}
         self._between_steps = False
         self._group: Any = None
@@ -175,9 +176,11 @@ class PreemptionCheckpoint(AbstractCallback):
 
     def _handle_signal(self, signum: int, frame: Any) -> None:
         # Runs between two bytecodes of the main thread: only set the flag (logging here could re-enter a
-        # stream's write). A second signal of the same kind goes to the previous handler.
+        # stream's write). A second signal of the same kind goes to the previous handler, except SIGTERM in a SLURM
+        # job: SLURM sends it twice at a preemption (its SIGKILL after KillWait is the hard stop).
         if self.received_signal == signum:
-            self._forward_to_previous(signum, frame)
+            if not (signum == signal.SIGTERM and self._in_slurm_job):
+                self._forward_to_previous(signum, frame)
             return
         if self.received_signal is None:
             self.received_signal = signum
@@ -231,7 +234,8 @@ class PreemptionCheckpoint(AbstractCallback):
                            'signals keep their previous behaviour (request_stop() still works)', type(self).__name__)
             return
         signals = self.signals
-        if self.slurm_signal is not None and self.slurm_signal not in signals and slurm.in_job():
+        self._in_slurm_job = slurm.in_job()
+        if self.slurm_signal is not None and self.slurm_signal not in signals and self._in_slurm_job:
             signals += (self.slurm_signal,)
         for signum in signals:
             self._previous_handlers[signum] = signal.getsignal(signum)

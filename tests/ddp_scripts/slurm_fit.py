@@ -1,5 +1,5 @@
 """A SLURM job's training script, started by tests/test_slurm.py with ``srun`` in a batch job (and, for the
-comparison, under torchrun): ``slurm_fit.py OUT_DIR [--wait-for-signal EPOCH ITERATION] [--bucket NAME]``.
+comparison, under torchrun): ``slurm_fit.py OUT_DIR [--wait-for-signal RUN EPOCH ITERATION ...] [--bucket NAME]``.
 
 It is what docs/distributed.md tells SLURM users to write: a TrainLoop(gpu_mode='ddp') script with a checkpoint
 callback (ModelCheckpoint: one checkpoint per epoch; the default PreemptionCheckpoint writes the mid-epoch one)
@@ -7,9 +7,10 @@ and ``fit(resume_from='auto')``, so a requeued job continues from the newest che
 elastic_fit.py's. Every rank records which samples each of its batches trained, and in which run of the job (one
 file per process); rank 0 writes the final weights and history once training is done.
 
---wait-for-signal EPOCH ITERATION   in the job's first run, after that batch every rank writes
-    ``waiting_rank<R>`` and waits (up to 5 minutes) until a signal has asked its PreemptionCheckpoint to stop:
-    the test sends the signal then, so it arrives in the middle of an epoch.
+--wait-for-signal RUN EPOCH ITERATION   in the job's run RUN (0: the first, 1: after one requeue, ...), after that
+    batch every rank writes ``waiting_run<RUN>_rank<R>`` and waits (up to 5 minutes) until a signal has asked its
+    PreemptionCheckpoint to stop: the test sends the signal then, so it arrives in the middle of an epoch.
+    Repeatable.
 --bucket NAME   checkpoints also go to this S3 bucket (cloud_save_mode='s3').
 --fsdp          gpu_mode='fsdp' instead of 'ddp'.
 """
@@ -48,16 +49,16 @@ class RecordSamples(AbstractCallback):
 
 
 class WaitForSignal(AbstractCallback):
-    def __init__(self, out_dir, at_epoch, at_iteration):
+    def __init__(self, out_dir, points):
         super().__init__('wait for a signal', execution_order=1000)
-        self.out_dir, self.at = out_dir, (at_epoch, at_iteration)
+        self.out_dir, self.points = out_dir, {tuple(point) for point in points}
 
     def on_batch_end(self):
         loop = self.train_loop_obj
-        if RUN > 0 or (loop.epoch, loop.iteration) != self.at:
+        if (RUN, loop.epoch, loop.iteration) not in self.points:
             return
         preemption = find_preemption_callback(loop)
-        with open(os.path.join(self.out_dir, f'waiting_rank{loop.global_rank}'), 'w') as file:
+        with open(os.path.join(self.out_dir, f'waiting_run{RUN}_rank{loop.global_rank}'), 'w') as file:
             file.write(str(time.time()))
         deadline = time.monotonic() + 300
         while not preemption.stop_requested:
@@ -72,7 +73,8 @@ def main():
     parser.add_argument('--epochs', type=int, default=3)
     parser.add_argument('--samples', type=int, default=640)
     parser.add_argument('--batch-size', type=int, default=8)
-    parser.add_argument('--wait-for-signal', type=int, nargs=2, default=None, metavar=('EPOCH', 'ITERATION'))
+    parser.add_argument('--wait-for-signal', type=int, nargs=3, action='append', default=[],
+                        metavar=('RUN', 'EPOCH', 'ITERATION'))
     parser.add_argument('--bucket', default=None)
     parser.add_argument('--fsdp', action='store_true')
     args = parser.parse_args()
@@ -86,7 +88,7 @@ def main():
     callbacks = [ModelCheckpoint('slurm', 'run', os.path.join(args.out_dir, 'exp'), {}, async_save=False, **cloud),
                  RecordSamples(args.out_dir)]
     if args.wait_for_signal:
-        callbacks.append(WaitForSignal(args.out_dir, *args.wait_for_signal))
+        callbacks.append(WaitForSignal(args.out_dir, args.wait_for_signal))
     loop.fit(num_epochs=args.epochs, callbacks=callbacks, resume_from='auto', on_gpu=False)
     weights = sharded_checkpoint.full_state(loop)[0] if args.fsdp else model.state_dict()
     if dist.get_rank() == 0:
