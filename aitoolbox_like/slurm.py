@@ -12,11 +12,13 @@ checkpointed, requeued when the signal was the time-limit warning.
 
 See docs/distributed.md, section "SLURM".
 """
+import atexit
 import logging
 import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple
@@ -264,8 +266,9 @@ def end_stopped_task(signals_received: Sequence[int], warning_signal: Optional[i
     - Another signal (SIGTERM of a preemption, a ``scontrol requeue`` or a ``scancel``; SIGINT): no requeue
       (SLURM requeues a preempted job itself, and a cancelled one must end).
 
-    Every rank then ends its process group and raises ``SystemExit(exit_code)`` (default ``128 + signal number``,
-    what a process killed by the signal reports), so that the script does not go on as if training had finished.
+    Every rank then raises ``SystemExit(exit_code)`` (default ``128 + signal number``, what a process killed by the
+    signal reports), so that the script does not go on as if training had finished; in a distributed fit the
+    process ends with that status as soon as the interpreter starts its exit.
     Returns when no rank received a signal (a stop by ``Timer``): fit returns as usual.
     """
     warned = warning_signal is not None and warning_signal in signals_received
@@ -294,11 +297,27 @@ def end_stopped_task(signals_received: Sequence[int], warning_signal: Optional[i
                            'otherwise continue with %s', job_id, name, how_to_resume)
         else:
             _requeue_after_warning(job_id, name, how_to_resume)
+    code = 128 + signum if exit_code is None else exit_code
     if distributed.is_distributed():
-        # The script will not reach its own destroy_process_group(); a group left to the interpreter's exit can abort
-        # the process there (gloo: "terminate called without an active exception"), which hides the exit status.
-        dist.destroy_process_group()
-    raise SystemExit(128 + signum if exit_code is None else exit_code)
+        _leave_at_interpreter_exit(code)
+    raise SystemExit(code)
+
+
+def _leave_at_interpreter_exit(code: int) -> None:
+    """End the process with ``code`` as soon as the interpreter starts its exit, once ``SystemExit`` has unwound fit
+    and the script (their ``finally`` blocks and exception handlers run, and non-daemon threads are joined before
+    atexit functions run). What is skipped is the clean-up of torch's distributed objects, which can block once
+    the rank holding the group's store has exited (seen: a rank waiting until SLURM's SIGKILL after KillWait, with
+    no Python code running) or abort the process (gloo: "terminate called without an active exception")."""
+    def leave() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        logging.shutdown()
+        os._exit(code)
+    atexit.register(leave)        # registered last, so it runs first
 
 
 def _requeue_after_warning(job_id: str, name: str, how_to_resume: str) -> None:

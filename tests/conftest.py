@@ -11,6 +11,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # One SLURM cluster per session for every test that asks for it (started on first use).
 from slurm_cluster import slurm_cluster  # noqa: E402,F401  (pytest fixture)
 
+# The suite may itself run inside a SLURM job: its fits would then act as SLURM tasks (signals end the process,
+# srun's tasks form groups). The SLURM tests start jobs of their own, which get their variables from SLURM.
+for _name in [name for name in os.environ if name.startswith('SLURM_')]:
+    del os.environ[_name]
+
 
 def _let_cuda_torchvision_import_on_cpu_torch():
     """The PyPI torchvision wheel is a CUDA build: with CPU-only torch its import (and torchmetrics', which

@@ -24,6 +24,7 @@ ALLOWED_THIRD_PARTY_PRIVATES = {
     ('aitoolbox_like.storage.s3', '_credentials'),
     # os._exit is public (the documented way to end a process without interpreter clean-up).
     ('aitoolbox_like.ddp_launch', '_exit'),
+    ('aitoolbox_like.slurm', '_exit'),
 }
 
 
