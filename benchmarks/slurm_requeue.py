@@ -9,8 +9,9 @@ with apt-get when missing, as root) and runs benchmarks/slurm_requeue_job.py, a 
 - **time limit**: ``scancel --signal=USR1`` (what ``#SBATCH --signal=USR1@N`` sends N seconds before the time limit)
   ``--signal-after`` seconds after the first training step: the ranks stop at an agreed step, write the checkpoint,
   rank 0 requeues the job (``scontrol requeue``), every rank exits;
-- **preemption**: ``scontrol requeue`` instead (SIGTERM to every process of the job, SIGKILL after KillWait): the
-  ranks checkpoint and exit, SLURM requeues the job.
+- **preemption**: a job of a partition of higher priority (tests/slurm_cluster.py's ``preemptor``) takes the node
+  instead; SLURM sends every process of the job SIGTERM (twice) and SIGKILL after KillWait, and requeues it: the
+  ranks checkpoint and exit. The preempting job (``true``) ends before the requeued one is released.
 
 A requeued job waits for the begin time SLURM gives it (about two minutes after the requeue), printed as SLURM's
 hold; the benchmark then lets it start at once (``scontrol update StartTime=now``) and measures from there. Printed
@@ -38,7 +39,7 @@ import torch
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(REPO_ROOT, 'benchmarks', 'slurm_requeue_job.py')
 sys.path.insert(0, os.path.join(REPO_ROOT, 'tests'))
-from slurm_cluster import SlurmCluster, ensure_installed, write_batch_script  # noqa: E402
+from slurm_cluster import PREEMPTOR, SlurmCluster, ensure_installed, write_batch_script  # noqa: E402
 
 
 def job_env():
@@ -78,21 +79,36 @@ def wait_for(condition, what, timeout=600):
         time.sleep(0.05)
 
 
+def warn(cluster, job_id):
+    """What ``#SBATCH --signal=USR1@N`` sends N seconds before the time limit."""
+    cluster.run('scancel', '--signal=USR1', job_id)
+
+
+def preempt(cluster, out_dir):
+    """Submit a job that needs the whole node in the partition that preempts the others; its job id."""
+    script = write_batch_script(os.path.join(out_dir, 'preemptor.sh'), 'true', f'--partition={PREEMPTOR}',
+                                '--exclusive', f'--output={out_dir}/preemptor.out')
+    return cluster.sbatch(script)
+
+
 def interrupted_run(cluster, out_dir, job_args, interrupt, signal_after):
     job_id = submit(cluster, out_dir, job_args)
     wait_for(lambda: len(records(out_dir, 'start_*.json')) == 2, 'the first training step')
     time.sleep(signal_after)
     signalled = time.time()
-    interrupt(job_id)
+    preemptor = interrupt(job_id)       # the preempting job's id, or None
     fields = cluster.wait_for(job_id, lambda f: f['JobState'] == 'PENDING' and f.get('Restarts') == '1',
                               'the requeue', timeout=300)
     pending = time.time()
+    if preemptor is not None:
+        cluster.wait_until_finished(preemptor, timeout=300)
     hold = datetime.fromisoformat(fields['StartTime']).timestamp() - pending
     cluster.run('scontrol', 'update', f'jobid={job_id}', 'StartTime=now')
     released = time.time()
     job = cluster.wait_until_finished(job_id, timeout=600)
     if job['JobState'] != 'COMPLETED':
-        raise RuntimeError(f'job {job_id} ended {job["JobState"]}:\n{open(os.path.join(out_dir, "job.out")).read()}')
+        raise RuntimeError(f'job {job_id} ended {job["JobState"]} ({job}):\n'
+                           f'{open(os.path.join(out_dir, "job.out")).read()}\n{cluster.logs()}')
     [checkpoint] = glob.glob(os.path.join(out_dir, 'exp', '*', '*', 'checkpoint_model', '*_ITER*.pth'))
     stop_step = int(re.search(r'_ITER(\d+)\.pth$', checkpoint).group(1))
     second = [s for s in records(out_dir, 'start_*.json') if s['restart'] == 1]
@@ -131,10 +147,10 @@ def main():
         step_ms = (reference_steps[-1][1] - reference_steps[0][1]) / (reference_steps[-1][0] or 1) * 1e3
         runs = {'time limit (SIGUSR1, the job requeues itself)': interrupted_run(
                     cluster, os.path.join(folder, 'warning'), job_args,
-                    lambda job: cluster.run('scancel', '--signal=USR1', job), args.signal_after),
-                'preemption (scontrol requeue: SIGTERM)': interrupted_run(
+                    lambda job: warn(cluster, job), args.signal_after),
+                'preemption (a job of higher priority; SIGTERM)': interrupted_run(
                     cluster, os.path.join(folder, 'preemption'), job_args,
-                    lambda job: cluster.run('scontrol', 'requeue', job), args.signal_after)}
+                    lambda job: preempt(cluster, os.path.join(folder, 'preemption')), args.signal_after)}
     finally:
         cluster.stop()
         shutil.rmtree(folder, ignore_errors=True)

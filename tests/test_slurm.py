@@ -45,6 +45,11 @@ def _output(out_dir):
     return path.read_text(errors='replace') if path.exists() else '(no output)'
 
 
+def _failure(cluster, job, out_dir):
+    """What to read when a job did not end as expected: its fields, its output and the daemons' logs."""
+    return f'job: {job}\n--- job output\n{_output(out_dir)}\n{cluster.logs()}'
+
+
 def _records(out_dir):
     """Every trained batch of every process, as recorded by slurm_fit.py."""
     return [json.loads(line) for path in Path(out_dir).glob('samples_*.jsonl')
@@ -113,7 +118,7 @@ def runs(slurm_cluster, tmp_path_factory):
     done = subprocess.run(command, env=dict(env, **_job_env()), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     job = slurm_cluster.wait_until_finished(job_id, JOB_TIMEOUT_S)
-    assert job['JobState'] == 'COMPLETED', _output(folders['sbatch'])
+    assert job['JobState'] == 'COMPLETED', _failure(slurm_cluster, job, folders['sbatch'])
     return folders
 
 
@@ -143,7 +148,7 @@ def test_the_time_limit_warning_checkpoints_requeues_the_job_and_the_requeued_jo
     slurm_cluster.release(job_id)          # the job requeued itself
     job = slurm_cluster.wait_until_finished(job_id, JOB_TIMEOUT_S)
     output = _output(tmp_path)
-    assert job['JobState'] == 'COMPLETED' and job['Restarts'] == '1', output
+    assert job['JobState'] == 'COMPLETED' and job['Restarts'] == '1', _failure(slurm_cluster, job, tmp_path)
     assert 'training stopped on SIGUSR1 (the time-limit warning), the checkpoint is saved and the job is requeued' \
         in output
     _assert_continued_mid_epoch_exactly(uninterrupted, tmp_path)
@@ -168,7 +173,7 @@ def test_a_job_preempted_then_requeued_by_scontrol_mid_epoch_checkpoints_on_sigt
     job = slurm_cluster.wait_until_finished(job_id, JOB_TIMEOUT_S)
 
     output = _output(tmp_path)
-    assert job['JobState'] == 'COMPLETED' and job['Restarts'] == '2', output
+    assert job['JobState'] == 'COMPLETED' and job['Restarts'] == '2', _failure(slurm_cluster, job, tmp_path)
     assert re.search(rf'JOB {job_id} ON \S+ CANCELLED AT \S+ DUE TO PREEMPTION', output)
     assert re.search(rf'JOB {job_id} ON \S+ CANCELLED AT \S+ DUE TO JOB REQUEUE', output)
     assert output.count('training stopped on SIGTERM and the checkpoint is saved') == 2
@@ -184,7 +189,7 @@ def test_a_job_that_cannot_be_requeued_fails_with_the_command_that_continues_it(
                               '--no-requeue')
     job = slurm_cluster.wait_until_finished(job_id, JOB_TIMEOUT_S)
     output = _output(tmp_path)
-    assert job['JobState'] == 'FAILED' and job['Restarts'] == '0', output
+    assert job['JobState'] == 'FAILED' and job['Restarts'] == '0', _failure(slurm_cluster, job, tmp_path)
     assert 'the job could not be requeued' in output
     [command] = re.findall(r'submit it again: `([^`]+)`', output)
 
@@ -192,7 +197,7 @@ def test_a_job_that_cannot_be_requeued_fails_with_the_command_that_continues_it(
                                  text=True, timeout=60)
     [new_job] = re.findall(r'Submitted batch job (\d+)', resubmitted.stdout)
     job = slurm_cluster.wait_until_finished(new_job, JOB_TIMEOUT_S)
-    assert job['JobState'] == 'COMPLETED', _output(tmp_path)
+    assert job['JobState'] == 'COMPLETED', _failure(slurm_cluster, job, tmp_path)
     _assert_every_sample_once_per_epoch(_records(tmp_path))
     _assert_same_run(uninterrupted, tmp_path)
 
@@ -201,7 +206,7 @@ def test_a_job_of_two_tasks_that_runs_the_script_without_srun_fails_before_train
         slurm_cluster, tmp_path):
     job = submit_and_wait(slurm_cluster, _batch_script(tmp_path, launcher=''), env=_job_env(), timeout=JOB_TIMEOUT_S)
     output = _output(tmp_path)
-    assert job['JobState'] == 'FAILED', output
+    assert job['JobState'] == 'FAILED', _failure(slurm_cluster, job, tmp_path)
     assert 'SlurmLaunchError: this SLURM job has 2 tasks (SLURM_NTASKS=2), but the script runs in the batch ' \
            'script itself' in output and '`srun python train.py`' in output
     assert not _records(tmp_path)
@@ -216,7 +221,7 @@ def test_the_example_batch_script_trains_its_srun_tasks_as_one_group(slurm_clust
                           env=dict(_job_env(), PATH=os.pathsep.join([os.path.dirname(sys.executable),
                                                                      os.environ['PATH']])))
     output = _output(tmp_path)
-    assert job['JobState'] == 'COMPLETED', output
+    assert job['JobState'] == 'COMPLETED', _failure(slurm_cluster, job, tmp_path)
     assert re.search(r'SLURM job \d+: 2 tasks train as one group', output)
     [experiment] = (tmp_path / 'results' / 'digits_slurm').iterdir()
     assert list((experiment / 'checkpoint_model').glob('*_E1.pth'))
