@@ -225,6 +225,16 @@ def join_step_as_rank(environ: Optional[MutableMapping[str, str]] = None) -> Opt
 # ---------------------------------------------------------------------------------------------- the end of a job
 
 
+def this_job(environ: Mapping[str, str]) -> str:
+    """The job this process runs in, as scontrol names it: ``<array job>_<task>`` for a task of a job array (its own
+    ``SLURM_JOB_ID`` is, for the array's first task, the id of the whole array: requeueing that requeues every task),
+    else ``SLURM_JOB_ID``; '' outside SLURM."""
+    array, task = environ.get('SLURM_ARRAY_JOB_ID'), environ.get('SLURM_ARRAY_TASK_ID')
+    if array and task:
+        return f'{array}_{task}'
+    return environ.get('SLURM_JOB_ID', '')
+
+
 def requeue(job_id: str) -> Tuple[bool, str]:
     """``scontrol requeue JOB_ID``: (True, '') when SLURM accepted it, else (False, why)."""
     try:
@@ -289,7 +299,7 @@ def end_stopped_task(signals_received: Sequence[int], warning_signal: Optional[i
         return
     signum = other or warning_signal
     assert signum is not None
-    name, job_id = signal.Signals(signum).name, os.environ.get('SLURM_JOB_ID', '')
+    name, job_id = signal.Signals(signum).name, this_job(os.environ)
     if distributed.get_rank() == 0:
         if other:
             logger.warning('SLURM job %s: training stopped on %s and the checkpoint is saved; when SLURM requeues the '

@@ -337,3 +337,51 @@ def test_more_tasks_on_a_node_than_gpus_is_refused_naming_the_fix():
     assert slurm.task_device(task, device_count=1) == 0      # one GPU per task (--gpus-per-task=1)
     with pytest.raises(slurm.SlurmLaunchError, match=r'4 tasks .* 2 GPUs visible: .*--ntasks-per-node=2'):
         slurm.task_device(task, device_count=2)
+
+
+TUNE_TRIALS = 2
+
+
+def _tune_array_script(out_dir):
+    """The example's job array in small: 2 tasks run the same search command on one shared study."""
+    console = Path(sys.executable).parent / 'aitoolbox-like'
+    recipe = REPO_ROOT / 'examples' / 'recipes' / 'digits.yaml'
+    return write_batch_script(
+        out_dir / 'tune.sh',
+        f"srun {console} tune {recipe} fit.num_epochs=8 vars.output_dir={out_dir / 'runs'} --trials {TUNE_TRIALS} "
+        f"--param 'optimizer.lr=loguniform(1e-3,1e-2)' --monitor val_loss --mode min "
+        f"--storage sqlite:///{out_dir / 'study.db'} --output {out_dir / 'results'}",
+        '--array=0-1', '--ntasks=1', '--requeue', f'--output={out_dir}/tune-%a.out', '--open-mode=append')
+
+
+@pytest.mark.timeout(600)
+def test_a_search_run_by_a_job_array_shares_one_study_and_a_task_requeued_mid_trial_leaves_it_fail(
+        slurm_cluster, tmp_path):
+    import optuna
+
+    array_id = slurm_cluster.sbatch(_tune_array_script(tmp_path), env=_job_env())
+    # Both tasks are in their first trial, past its first epoch (a trial's history file has a row per epoch).
+    slurm_cluster.wait_for(array_id, lambda fields: len(list(tmp_path.glob('runs/digits/*/results/results.csv'))) >= 2
+                           or fields['JobState'] not in ('PENDING', 'RUNNING'), 'both tasks in their first trial')
+    tasks = {r['JobId'] for r in slurm_cluster.records(array_id)}
+    assert len(tasks) == 2, slurm_cluster.records(array_id)
+    slurm_cluster.run('scancel', '--signal=USR1', array_id)       # the time-limit warning, to every task
+    for task in tasks:
+        slurm_cluster.release(task)                                 # each requeued itself
+    records = slurm_cluster.wait_until_array_finished(array_id, JOB_TIMEOUT_S)
+    outputs = '\n'.join(p.read_text(errors='replace') for p in tmp_path.glob('tune-*.out'))
+    assert [(r['JobState'], r['Restarts']) for r in records] == [('COMPLETED', '1')] * 2, \
+        f'{records}\n{outputs}\n{slurm_cluster.logs()}'
+
+    study = optuna.load_study(study_name='digits', storage=f'sqlite:///{tmp_path / "study.db"}')
+    states = sorted(t.state.name for t in study.trials)
+    # The two interrupted trials are FAIL, not counted (no error of their own); the study has its 2 trials besides.
+    assert states == ['COMPLETE'] * TUNE_TRIALS + ['FAIL'] * 2, states
+    assert all('error' not in t.user_attrs for t in study.trials if t.state.name == 'FAIL')
+    # Each trial trained once, in a folder of its own; the interrupted ones left their checkpoint and their log.
+    folders = [t.user_attrs.get('experiment_dir') for t in study.trials if t.state.name == 'COMPLETE']
+    assert len(set(folders)) == TUNE_TRIALS and len(list(tmp_path.glob('runs/digits/*'))) == TUNE_TRIALS + 2
+    interrupted_logs = [f.read_text() for f in tmp_path.glob('runs/digits/*/train.log') if str(f.parent) not in folders]
+    assert len(interrupted_logs) == 2 and all(
+        'training stopped on SIGUSR1 (the time-limit warning), the checkpoint is saved and the job is requeued' in log
+        for log in interrupted_logs), interrupted_logs

@@ -12,8 +12,11 @@ Nothing is lost:
 - a trial that fails (an exception, a NaN value) is recorded as FAIL with its error (the trial's user attribute
   ``error``) and the search goes on.
 
-``--concurrent K`` runs K trials at once, in K processes (this one and K-1 started for it) sharing the storage;
-the study may then end with up to K-1 more trials than N.
+``--concurrent K`` runs K trials at once, in K processes (this one and K-1 started for it) sharing the storage, as
+do the tasks of a SLURM job array running the same command. On a SQLite storage a new trial is added under the
+database folder's lock after counting the study's trials, so the study ends with exactly N; on a database server up
+to K-1 more are possible. A trial whose process leaves in its middle (SystemExit: a SLURM job requeued after a
+signal) is marked FAIL (interrupted) on the way out.
 """
 import contextlib
 import functools
@@ -93,7 +96,13 @@ def make_pruner(pruner: Any) -> Any:
     raise ValueError(f"pruner: expected 'median', 'none' or an optuna pruner, got {pruner!r}")
 
 
-def _storage(url: str) -> Any:
+class StudyFull(Exception):
+    """A new trial was refused: the study has its ``--trials`` trials (finished ones and the ones running)."""
+
+
+def _storage(url: str, trials: Optional[int] = None) -> Any:
+    """The study's storage; for SQLite, trial claims and (with ``trials``) new trials are made under the database
+    folder's lock."""
     optuna = import_optuna()
     claim_lock = _sqlite_folder(url)
     options = {'heartbeat_interval': HEARTBEAT_INTERVAL_S, 'grace_period': HEARTBEAT_GRACE_S}
@@ -102,7 +111,7 @@ def _storage(url: str) -> Any:
         warnings.simplefilter('ignore', optuna.exceptions.ExperimentalWarning)
         if claim_lock is None:
             return optuna.storages.RDBStorage(url, **options)
-        return _sqlite_storage_class()(url, claim_lock, **options)
+        return _sqlite_storage_class()(url, claim_lock, trials, **options)
 
 
 def _sqlite_folder(url: str) -> Optional[str]:
@@ -127,9 +136,22 @@ def _sqlite_storage_class() -> Any:
     optuna = import_optuna()
 
     class SQLiteStorage(optuna.storages.RDBStorage):  # type: ignore[name-defined]
-        def __init__(self, url: str, claim_lock: str, **options: Any) -> None:
+        def __init__(self, url: str, claim_lock: str, trials: Optional[int], **options: Any) -> None:
             super().__init__(url, **options)
             self.claim_lock = claim_lock
+            self.trials = trials
+
+        def _create_new_trial(self, study_id: int, template_trial: Any = None) -> Any:
+            # Counting the study's trials and adding one is one step across processes (the tasks of a SLURM job
+            # array, --concurrent workers): the study ends with exactly its --trials trials, none twice. Optuna's
+            # private method, because its cache in front of every RDBStorage calls this one, not create_new_trial.
+            if self.trials is None or template_trial is not None:
+                return super()._create_new_trial(study_id, template_trial)
+            with exclusive_lock(self.claim_lock):
+                finished, running = count_trials(self.get_all_trials(study_id, deepcopy=False))
+                if finished + running >= self.trials:
+                    raise StudyFull(f'the study has its {self.trials} trials')
+                return super()._create_new_trial(study_id, template_trial)
 
         def set_trial_state_values(self, trial_id: int, state: Any, values: Any = None) -> bool:
             if state != optuna.trial.TrialState.RUNNING:
@@ -176,8 +198,9 @@ def open_study(settings: StudySettings) -> 'optuna.Study':
     optuna = import_optuna()
     url = storage_url(settings)
     direction = 'minimize' if settings.mode == 'min' else 'maximize'
-    study = optuna.create_study(storage=_storage(url), study_name=settings.study_name, direction=direction,
-                                load_if_exists=True, pruner=make_pruner(settings.pruner), sampler=settings.sampler)
+    study = optuna.create_study(storage=_storage(url, settings.trials), study_name=settings.study_name,
+                                direction=direction, load_if_exists=True, pruner=make_pruner(settings.pruner),
+                                sampler=settings.sampler)
     expected = optuna.study.StudyDirection.MINIMIZE if settings.mode == 'min' else \
         optuna.study.StudyDirection.MAXIMIZE
     if study.direction != expected:
@@ -193,7 +216,7 @@ def load_study(settings: StudySettings) -> 'optuna.Study':
     search's pruner and sampler)."""
     optuna = import_optuna()
     url = storage_url(settings)
-    return optuna.load_study(study_name=settings.study_name, storage=_storage(url),
+    return optuna.load_study(study_name=settings.study_name, storage=_storage(url, settings.trials),
                              pruner=make_pruner(settings.pruner), sampler=settings.sampler)
 
 
@@ -254,10 +277,15 @@ def mark_interrupted(study: 'optuna.Study') -> List[int]:
 def counts(study: 'optuna.Study') -> Tuple[int, int]:
     """``(finished, running)``: trials that count towards ``--trials`` (completed, pruned, or failed with an error
     of their own, not interrupted) and trials running now."""
+    return count_trials(study.get_trials(deepcopy=False))
+
+
+def count_trials(trials: Any) -> Tuple[int, int]:
+    """:func:`counts` of a list of Optuna's frozen trials."""
     optuna = import_optuna()
     state = optuna.trial.TrialState
     finished = running = 0
-    for trial in study.get_trials(deepcopy=False):
+    for trial in trials:
         if trial.state in (state.COMPLETE, state.PRUNED) or (trial.state == state.FAIL and 'error' in trial.user_attrs):
             finished += 1
         elif trial.state == state.RUNNING:
@@ -298,9 +326,16 @@ def objective(settings: StudySettings, also_report: Optional[Callable[[int, floa
         label = f'trial {trial.number} of study {settings.study_name!r} (results in {settings.output_dir})'
         if settings.command:
             label += f', searched by: {settings.command}'
-        outcome = run_trial(settings.recipe, settings.overrides, values, settings.monitor, report, label=label,
-                            hyperparams={'tune_study': settings.study_name, 'tune_trial': trial.number},
-                            log_path=trial_log_path(settings, trial.number))
+        try:
+            outcome = run_trial(settings.recipe, settings.overrides, values, settings.monitor, report, label=label,
+                                hyperparams={'tune_study': settings.study_name, 'tune_trial': trial.number},
+                                log_path=trial_log_path(settings, trial.number))
+        except SystemExit:
+            # The process leaves in the middle of the trial (inside a SLURM job a scheduler's signal ends it once the
+            # trial's checkpoint is written, and the job is requeued). Optuna records nothing for a SystemExit: the
+            # trial is FAIL (interrupted, not counted) now, not once its heartbeat has been missed for a minute.
+            trial.study.tell(trial.number, state=import_optuna().trial.TrialState.FAIL)
+            raise
         print(outcome_line(trial.number, outcome, settings.monitor, values), flush=True)
         if outcome.experiment_dir:
             trial.set_user_attr('experiment_dir', outcome.experiment_dir)
@@ -326,7 +361,10 @@ def work(settings: StudySettings, study: Optional['optuna.Study'] = None) -> Non
             break
         # gc after each trial: the loop and its callbacks refer to each other, and a cycle holding a model's
         # (GPU) memory must not wait for Python's next collection while the next trial builds its own.
-        study.optimize(run, n_trials=1, catch=(TrialFailed,), gc_after_trial=True)
+        try:
+            study.optimize(run, n_trials=1, catch=(TrialFailed,), gc_after_trial=True)
+        except StudyFull:       # another process took the last trial between the count above and this one's start
+            break
 
 
 def _work_in_child(settings: StudySettings, log_level: int, threads: int, ready: Any, start: Any) -> None:

@@ -310,3 +310,39 @@ def test_two_processes_sharing_the_sqlite_study_never_run_the_same_enqueued_tria
     ran = [int(n) for worker in workers for n in worker.communicate(timeout=120)[0].split()]
     assert all(worker.returncode == 0 for worker in workers)
     assert sorted(ran) == list(range(40))
+
+
+_TAKE_TRIALS = '''
+import os, sys, time
+import optuna
+from aitoolbox_like.tuning.optuna_backend import StudyFull, load_study
+from aitoolbox_like.tuning.trial import StudySettings
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+settings = StudySettings(recipe='', overrides=[], params=[], monitor='v', mode='min', trials=12,
+                         output_dir=sys.argv[1], study_name='slots')
+study = load_study(settings)
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.01)
+try:
+    study.optimize(lambda trial: print(trial.number, flush=True) or 0.0, n_trials=30)
+except StudyFull:
+    pass
+'''
+
+
+def test_processes_sharing_the_sqlite_study_end_it_with_exactly_its_trials(tmp_path):
+    # The tasks of a SLURM job array (or --concurrent workers) each add trials until the study has --trials: counting
+    # and adding are one step under the database folder's lock, so two never take the last slot.
+    from aitoolbox_like.tuning.optuna_backend import open_study
+    from aitoolbox_like.tuning.trial import StudySettings
+    open_study(StudySettings(recipe='', overrides=[], params=[], monitor='v', mode='min', trials=12,
+                             output_dir=str(tmp_path), study_name='slots'))
+    go = tmp_path / 'go'
+    workers = [subprocess.Popen([sys.executable, '-c', _TAKE_TRIALS, str(tmp_path), str(go)], stdout=subprocess.PIPE,
+                                text=True) for _ in range(2)]
+    time.sleep(3)       # both have loaded the study (no timing is asserted)
+    go.touch()
+    ran = [int(n) for worker in workers for n in worker.communicate(timeout=120)[0].split()]
+    assert all(worker.returncode == 0 for worker in workers)
+    assert sorted(ran) == list(range(12))
+    assert len(optuna.load_study(study_name='slots', storage=f'sqlite:///{tmp_path}/study.db').trials) == 12
