@@ -48,7 +48,7 @@ $(AZURITE):
 # The type check runs first: a type error fails `make test` before the (slower) test suite starts.
 test: $(DEV_STAMP) $(AZURITE)
 	$(PY) -m mypy aitoolbox_like
-	$(PY) -m pytest -q --durations=30 tests
+	$(PY) -m pytest -q -n auto --dist loadgroup --durations=30 tests
 
 # AIToolbox 1.8.0's own test suite against this checkout (../shared/aitoolbox-suite, see its README): it builds its
 # own venv from the package registry and prints "N passed, M failed" last. Fails when fewer than COMPAT_MIN pass:

@@ -46,6 +46,7 @@ setup(
         'dev': DEMO + [
             'pytest>=7.4',
             'pytest-timeout>=2.2',
+            'pytest-xdist>=3.5',    # make test runs the tests on every core
             'torchmetrics>=1.2',
             'boto3>=1.28',
             'google-cloud-storage>=3.0',

@@ -23,6 +23,9 @@ sys.path.insert(0, SCRIPTS)
 
 from ray_train_fn import KILL_AT, NUM_EPOCHS, build_loop, train_fn  # noqa: E402
 
+# One ray at a time, in one pytest-xdist worker (its set-up is paid once, and two would share 2 cores).
+pytestmark = pytest.mark.xdist_group('ray')
+
 
 @pytest.mark.timeout(600)
 def test_killed_worker_resumes_from_the_s3_checkpoint_to_the_uninterrupted_weights(tmp_path, s3_server, monkeypatch):

@@ -24,6 +24,9 @@ from aitoolbox_like.tracking import TrainLoopCheckpoint
 from helpers import MLP, loaders
 from slurm_cluster import PREEMPTOR, submit_and_wait, write_batch_script
 
+# One slurm at a time, in one pytest-xdist worker (its set-up is paid once, and two would share 2 cores).
+pytestmark = pytest.mark.xdist_group('slurm')
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = REPO_ROOT / 'tests' / 'ddp_scripts' / 'slurm_fit.py'
 SAMPLES, EPOCHS = 640, 3

@@ -27,6 +27,9 @@ from aitoolbox_like.train_loop import TrainLoop  # noqa: E402
 from helpers import MLP, loaders  # noqa: E402
 from s3_server import make_bucket, s3_server  # noqa: E402,F401  (pytest fixture)
 
+# One mlflow at a time, in one pytest-xdist worker (its set-up is paid once, and two would share 2 cores).
+pytestmark = pytest.mark.xdist_group('mlflow')
+
 _SERVER_START_TIMEOUT_S = 60.0
 
 
@@ -51,8 +54,11 @@ class MlflowServer:
         return f'http://127.0.0.1:{self.port}'
 
     def start(self):
+        # MLFLOW_SERVER_ENABLE_JOB_EXECUTION: no job runner (8 huey consumer processes that poll all the while, and
+        # outlive the server's process group): the tests log runs, they run no MLflow jobs.
         env = dict(os.environ, MLFLOW_S3_ENDPOINT_URL=self.s3.endpoint_url, AWS_ACCESS_KEY_ID=self.s3.access_key,
-                   AWS_SECRET_ACCESS_KEY=self.s3.secret_key, AWS_DEFAULT_REGION='us-east-1')
+                   AWS_SECRET_ACCESS_KEY=self.s3.secret_key, AWS_DEFAULT_REGION='us-east-1',
+                   MLFLOW_SERVER_ENABLE_JOB_EXECUTION='false')
         log = open(os.path.join(self.folder, 'mlflow-server.log'), 'ab')
         self.process = subprocess.Popen(
             [sys.executable, '-m', 'mlflow', 'server', '--backend-store-uri',

@@ -10,6 +10,9 @@ from aitoolbox_like.recipes import Recipe
 from aitoolbox_like.tuning import tune
 from aitoolbox_like.tuning.ray_backend import trial_resources
 
+# One ray at a time, in one pytest-xdist worker (its set-up is paid once, and two would share 2 cores).
+pytestmark = pytest.mark.xdist_group('ray')
+
 
 def test_ray_tune_runs_two_trials_at_once_prunes_like_optuna_and_writes_the_same_files(tmp_path, digits_recipe,
                                                                                        read_csv, monkeypatch, capfd):
