@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -183,7 +184,6 @@ def _fit_spawned(loop, num_nodes, node_rank, num_gpus, backend, init_method, set
         raise ValueError('training on several machines needs MASTER_ADDR and MASTER_PORT set to the address and a free '
                          'port of the node_rank=0 machine, the same on every machine (or start each machine with '
                          'torchrun, see docs/distributed.md)')
-    start_method = start_method_for(sys.modules.get('__main__'))
     rendezvous = dict(backend=backend, init_method=init_method, master_addr=master_addr or '127.0.0.1',
                       master_port=master_port or str(distributed.find_free_port()), node_rank=node_rank,
                       num_gpus=num_gpus, world_size=num_nodes * num_gpus,
@@ -199,6 +199,7 @@ def _fit_spawned(loop, num_nodes, node_rank, num_gpus, backend, init_method, set
                         f"pickled ({exc}). Build the data inside each process with fit(..., in_process_data_load="
                         f"InMultiProcessDataLoad(train_loader_build_fn=...)) from aitoolbox_like.callbacks.ddp, use "
                         f"module-level functions instead of lambdas, or start the script with torchrun.") from exc
+    start_method = start_method_for(sys.modules.get('__main__'), payload)
     result_dir = tempfile.mkdtemp(prefix='aitoolbox_like_ddp_')
     try:
         try:
@@ -217,13 +218,15 @@ def _fit_spawned(loop, num_nodes, node_rank, num_gpus, backend, init_method, set
     return loop.model
 
 
-def start_method_for(main_module) -> str:
+def start_method_for(main_module: Any, payload: bytes) -> str:
     """How the processes of a fit started as a plain program are started: ``'spawn'`` (fresh interpreters that
-    import the program's ``__main__`` file, safe with CUDA), or ``'fork'`` when ``__main__`` is not a file (a Jupyter
-    notebook, the IPython prompt, ``python -c``), whose classes and functions a spawned process could not import:
-    forked processes have them already. Fork needs CUDA untouched in this process; otherwise, and where there is no
-    fork (Windows), a RuntimeError says why and what to do."""
-    if hasattr(main_module, '__file__'):
+    import what ``payload``, the pickled loop, names, safe with CUDA), or ``'fork'`` when the loop holds classes or
+    functions of a ``__main__`` that is not a file (defined in a Jupyter notebook's cells, at the IPython prompt, in
+    ``python -c``), which a spawned process could not import: forked processes have them already. Fork needs CUDA
+    untouched in this process; otherwise, and where there is no fork (Windows), a RuntimeError says why and what to
+    do."""
+    # A pickle names a class or function by its module: a payload without '__main__' imports from files only.
+    if hasattr(main_module, '__file__') or b'__main__' not in payload:
         return 'spawn'
     where = 'a notebook (or another program whose __main__ is not a file)'
     if 'fork' not in mp.get_all_start_methods():
