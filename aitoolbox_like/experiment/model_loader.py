@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from ..checkpoint import CheckpointError, load_checkpoint, load_model_weights
-from . import CHECKPOINT_DIR, LATEST_POINTER, model_file_name, read_pointer
+from .layout import CHECKPOINT_DIR, LATEST_POINTER, model_file_name
+from .pointers import read_pointer
 from .savers import ExperimentFolder
 
 logger = logging.getLogger(__name__)

@@ -18,8 +18,9 @@ import torch
 
 from ..storage.base import join_key
 from ..storage.local import write_atomically
-from . import (HYPERPARAMS_TXT, SOURCE_ZIP, copy_experiment_script, write_hyperparams_text, zip_source_dirs)
 from .folder import ExperimentFolder
+from .hyperparams import copy_experiment_script, write_hyperparams_text, zip_source_dirs
+from .layout import HYPERPARAMS_TXT, SOURCE_ZIP
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -29,8 +29,9 @@ from ..checkpoint import atomic_torch_save, check_weights_only_safe
 from ..history import TrainingHistory
 from ..storage.base import validate_key_part
 from ..storage.local import write_atomically, write_text_atomically
-from . import CHECKPOINT_DIR, MODEL_DIR, RESULTS_DIR, hyperparams_to_json, model_file_name
 from .folder import ExperimentFolder    # also importable from here, AIToolbox users' savers module
+from .hyperparams import hyperparams_to_json
+from .layout import CHECKPOINT_DIR, MODEL_DIR, RESULTS_DIR, model_file_name
 from .reporting import TrainingHistoryPlotter, matplotlib_available
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ import sys
 from typing import Sequence
 
 from ..storage.journal import JOURNAL_NAME, SyncReport
-from . import sync_experiment
+from .pending_uploads import sync_experiment
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,6 +25,8 @@ Compared with AIToolbox 1.8.0 the following are fixed:
   clashing names prefixed by the package name;
 * ``MultipleResultPackageWrapper.get_additional_results_dump_paths()`` grew the sub-package path
   list on every call.
+
+The conversions of targets, predictions and results live in :mod:`.conversion`.
 """
 from __future__ import annotations
 
@@ -36,117 +38,12 @@ import warnings
 from abc import ABC, abstractmethod
 from typing import Any, Dict, List, Optional, Sequence, Union, cast
 
-import numpy as np
+# is_torch_tensor, to_numpy, to_python, check_targets_and_predictions: importable from here, where they were defined.
+from .conversion import (auto_to_numpy, check_targets_and_predictions, is_torch_tensor, to_numpy,  # noqa: F401
+                         to_python)
 
 __all__ = ['AbstractResultPackage', 'PreCalculatedResultPackage', 'MultipleResultPackageWrapper']
 
-
-# ----------------------------------------------------------------------------------------------
-# Conversion helpers (shared with metrics.py / basic.py)
-# ----------------------------------------------------------------------------------------------
-
-def is_torch_tensor(obj: object) -> bool:
-    """True for a torch.Tensor, without importing torch."""
-    cls = type(obj)
-    return cls.__module__.split('.')[0] == 'torch' and hasattr(obj, 'detach') and hasattr(obj, 'cpu')
-
-
-def _detached_cpu(tensor: Any) -> Any:
-    """The tensor detached on the CPU, bfloat16 widened to float32 (numpy has no bfloat16)."""
-    tensor = tensor.detach().cpu()
-    if str(tensor.dtype) == 'torch.bfloat16':
-        tensor = tensor.float()
-    return tensor
-
-
-def _tensor_to_numpy(tensor: Any) -> np.ndarray:
-    return _detached_cpu(tensor).numpy()
-
-
-def to_numpy(values: Any, name: str = 'y') -> np.ndarray:
-    """Convert a list / tuple / numpy array / torch tensor (or a list of tensors) to a numpy array."""
-    if isinstance(values, np.ndarray):
-        return values
-    if is_torch_tensor(values):
-        return _tensor_to_numpy(values)
-    if isinstance(values, (list, tuple)) and any(is_torch_tensor(el) for el in values):
-        values = [_tensor_to_numpy(el) if is_torch_tensor(el) else el for el in values]
-    try:
-        return np.asarray(values)
-    except ValueError as exc:
-        raise ValueError(
-            f'{name} could not be converted to a numpy array ({exc}). It is probably a list of '
-            f'differently sized elements (e.g. per-batch outputs): concatenate them first '
-            f'(np.concatenate / torch.cat) or create the package with np_array=False.'
-        ) from exc
-
-
-def _auto_to_numpy(values: Any) -> Any:
-    """np_array='auto': convert when the input forms a regular array, otherwise leave it as it is."""
-    if isinstance(values, np.ndarray) or is_torch_tensor(values):
-        return to_numpy(values)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter('ignore')
-            array = np.asarray(values)
-    except ValueError:
-        return values
-    if array.dtype == object:
-        return values
-    return array
-
-
-def to_python(value: Any) -> Any:
-    """Turn numpy / torch scalars and arrays (possibly nested in dicts, lists, tuples) into plain Python."""
-    if isinstance(value, dict):
-        return {k: to_python(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_python(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.item() if value.ndim == 0 else value.tolist()
-    if is_torch_tensor(value):
-        value = _detached_cpu(value)
-        return value.item() if value.ndim == 0 else value.tolist()
-    return value
-
-
-def _num_samples(values: Any) -> Optional[int]:
-    """Number of examples (length of the first axis) or None when it cannot be told."""
-    shape = getattr(values, 'shape', None)
-    if shape is not None:
-        if len(shape) == 0:
-            return None
-        return int(shape[0])
-    try:
-        return len(values)
-    except TypeError:
-        return None
-
-
-def check_targets_and_predictions(y_true: Any, y_predicted: Any) -> None:
-    """Raise ValueError for missing, 0-d, empty or mismatched-length targets / predictions."""
-    for name, values in (('y_true', y_true), ('y_predicted', y_predicted)):
-        if values is None:
-            raise ValueError(f'{name} is None: pass the ground-truth targets and the model predictions '
-                             f'to prepare_result_package(y_true, y_predicted).')
-        shape = getattr(values, 'shape', None)
-        if shape is not None and len(shape) == 0:
-            raise ValueError(f'{name} is a scalar: pass one value (or one row) per example, '
-                             f'e.g. a 1-D array of length n_examples.')
-    n_true, n_pred = _num_samples(y_true), _num_samples(y_predicted)
-    if n_true == 0 or n_pred == 0:
-        raise ValueError(f'y_true has {n_true} and y_predicted has {n_pred} examples: metrics need at least '
-                         f'one example. Check that the evaluation data loader is not empty.')
-    if n_true is not None and n_pred is not None and n_true != n_pred:
-        raise ValueError(f'y_true has {n_true} examples but y_predicted has {n_pred}: pass one prediction per '
-                         f'target (same first dimension), e.g. concatenate all batches of both.')
-
-
-# ----------------------------------------------------------------------------------------------
-# Result packages
-# ----------------------------------------------------------------------------------------------
 
 class AbstractResultPackage(ABC):
     """Turns targets and predictions into a ``{metric_name: value}`` dict (see ``__init__`` and the module)."""
@@ -251,8 +148,8 @@ class AbstractResultPackage(ABC):
             y_true = to_numpy(y_true, 'y_true')
             y_predicted = to_numpy(y_predicted, 'y_predicted')
         elif self.np_array == 'auto':
-            y_true = _auto_to_numpy(y_true)
-            y_predicted = _auto_to_numpy(y_predicted)
+            y_true = auto_to_numpy(y_true)
+            y_predicted = auto_to_numpy(y_predicted)
         self._check_targets_and_predictions(y_true, y_predicted)
 
         self.y_true = y_true
@@ -271,7 +168,7 @@ class AbstractResultPackage(ABC):
     @staticmethod
     def auto_y_input_array_convert(y_array: Any) -> Any:
         """Convert to numpy array when the input is regular, otherwise return it unchanged (np_array='auto')"""
-        return _auto_to_numpy(y_array)
+        return auto_to_numpy(y_array)
 
     def get_results(self) -> Optional[Dict[str, Any]]:
         """Get the results dict, computing it on the first call after ``prepare_result_package()``

@@ -22,7 +22,8 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .abstract import AbstractResultPackage, is_torch_tensor
+from .abstract import AbstractResultPackage
+from .conversion import is_torch_tensor
 from .metrics import (AbstractBaseMetric, AccuracyMetric, F1ScoreMetric, MeanAbsoluteErrorMetric,
                       MeanSquaredErrorMetric, PrecisionMetric, PrecisionRecallCurveAUCMetric, R2ScoreMetric,
                       RecallMetric, ROCAUCMetric, is_integer_valued, positive_class_scores, true_labels)

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Dict, Optional, Tuple, Union, cast
 
 import numpy as np
 
-from .abstract import check_targets_and_predictions, to_numpy, to_python
+from .conversion import check_targets_and_predictions, to_numpy, to_python
 
 __all__ = ['AbstractBaseMetric', 'AccuracyMetric', 'F1ScoreMetric', 'PrecisionMetric', 'RecallMetric',
            'ROCAUCMetric', 'PrecisionRecallCurveAUCMetric', 'MeanSquaredErrorMetric', 'MeanAbsoluteErrorMetric',
