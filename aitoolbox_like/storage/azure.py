@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Any, Callable, NoReturn
+from typing import Any
 
 from .._typing import StrPath
-from .base import (Storage, StorageAuthError, StorageError, join_key, missing_client_error, require_bucket_name,
-                   validate_key)
+from .cloud import CloudStorage
+from .base import (StorageAuthError, StorageError, missing_client_error)
 from .local import write_atomically
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def is_transient(error: BaseException) -> bool | None:
     return None
 
 
-class AzureBlobStorage(Storage):
+class AzureBlobStorage(CloudStorage):
     """Keys live under ``az://<container>/cloud_dir_prefix/`` (``bucket_name`` is the container).
 
     ``endpoint_url``: the account URL (``https://<account>.blob.core.windows.net``; None: the connection string's,
@@ -84,15 +84,12 @@ class AzureBlobStorage(Storage):
 
     scheme = 'az'
     cloud_name = 'Azure Blob Storage'
+    bucket_word = 'container'
 
     def __init__(self, bucket_name: str, cloud_dir_prefix: str = '', endpoint_url: str | None = None,
                  max_attempts: int = 8, credential: Any = None, client: Any = None) -> None:
-        self.bucket_name = require_bucket_name(bucket_name, 'container')
+        super().__init__(bucket_name, cloud_dir_prefix)
         _import_client()
-        prefix = (cloud_dir_prefix or '').strip('/')
-        if prefix:
-            validate_key(prefix, 'cloud_dir_prefix')
-        self.cloud_dir_prefix = prefix
         self.max_attempts = max_attempts
         self.credential = credential
         self._explicit_endpoint = endpoint_url.rstrip('/') if endpoint_url else None
@@ -167,20 +164,8 @@ class AzureBlobStorage(Storage):
 
     # -- keys -------------------------------------------------------------------------------------
 
-    def _full_key(self, key: str) -> str:
-        validate_key(key)
-        return join_key(self.cloud_dir_prefix, key)
-
-    def _relative_key(self, full_key: str) -> str:
-        return full_key[len(self.cloud_dir_prefix) + 1:] if self.cloud_dir_prefix else full_key
-
     def _blob(self, key: str) -> Any:
         return self.container.get_blob_client(self._full_key(key))
-
-    def uri(self, key: str) -> str:
-        """The ``az://container/prefix/key`` URL of ``key``."""
-        return f'az://{self.bucket_name}/{self._full_key(key)}' if key else \
-            f'az://{self.bucket_name}/{self.cloud_dir_prefix}'.rstrip('/')
 
     # -- errors -----------------------------------------------------------------------------------
 
@@ -209,20 +194,6 @@ class AzureBlobStorage(Storage):
             error.message = self._scrub(str(error.message))
             error.args = tuple(self._scrub(a) if isinstance(a, str) else a for a in error.args)
         return error
-
-    def _raise_translated(self, error: BaseException, operation: str, key: str | None = None) -> NoReturn:
-        translated = self._translate(error, operation, key)
-        if translated is error:
-            raise error
-        raise translated from None
-
-    def _call(self, operation: str, key: str | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except StorageError:
-            raise
-        except Exception as error:
-            self._raise_translated(error, operation, key)
 
     # -- operations -------------------------------------------------------------------------------
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, NoReturn
+from typing import Any
 
 from .._typing import StrPath
-from .base import (Storage, StorageAuthError, StorageError, join_key, missing_client_error, require_bucket_name,
-                   validate_key)
+from .cloud import CloudStorage
+from .base import (StorageAuthError, StorageError, missing_client_error)
 from .local import write_atomically
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def is_transient(error: BaseException) -> bool | None:
     return None
 
 
-class GCSStorage(Storage):
+class GCSStorage(CloudStorage):
     """Keys live under ``gs://bucket_name/cloud_dir_prefix/``.
 
     ``endpoint_url``: another API endpoint than Google's (None: ``STORAGE_EMULATOR_HOST`` when set, else Google's).
@@ -58,12 +58,8 @@ class GCSStorage(Storage):
 
     def __init__(self, bucket_name: str, cloud_dir_prefix: str = '', endpoint_url: str | None = None,
                  project: str | None = None, max_attempts: int = 8, client: Any = None) -> None:
-        self.bucket_name = require_bucket_name(bucket_name)
+        super().__init__(bucket_name, cloud_dir_prefix)
         _import_client()
-        prefix = (cloud_dir_prefix or '').strip('/')
-        if prefix:
-            validate_key(prefix, 'cloud_dir_prefix')
-        self.cloud_dir_prefix = prefix
         self.project = project
         self.max_attempts = max_attempts
         # The endpoint the client would find by itself is left to it (an emulator's then comes with anonymous
@@ -102,20 +98,6 @@ class GCSStorage(Storage):
     def _blob(self, key: str) -> Any:
         return self.client.bucket(self.bucket_name).blob(self._full_key(key))
 
-    # -- keys -------------------------------------------------------------------------------------
-
-    def _full_key(self, key: str) -> str:
-        validate_key(key)
-        return join_key(self.cloud_dir_prefix, key)
-
-    def _relative_key(self, full_key: str) -> str:
-        return full_key[len(self.cloud_dir_prefix) + 1:] if self.cloud_dir_prefix else full_key
-
-    def uri(self, key: str) -> str:
-        """The ``gs://bucket/prefix/key`` URL of ``key``."""
-        return f'gs://{self.bucket_name}/{self._full_key(key)}' if key else \
-            f'gs://{self.bucket_name}/{self.cloud_dir_prefix}'.rstrip('/')
-
     # -- errors -----------------------------------------------------------------------------------
 
     def _missing_bucket(self) -> StorageError:
@@ -145,18 +127,6 @@ class GCSStorage(Storage):
             self.check_bucket()     # a read answers 404 for a missing bucket too: say which
             return FileNotFoundError(f'No such key in storage: {self.uri(key)}')
         return error
-
-    def _raise_translated(self, error: BaseException, operation: str, key: str | None = None) -> NoReturn:
-        translated = self._translate(error, operation, key)
-        if translated is error:
-            raise error
-        raise translated from None
-
-    def _call(self, operation: str, key: str | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as error:
-            self._raise_translated(error, operation, key)
 
     # -- operations -------------------------------------------------------------------------------
 

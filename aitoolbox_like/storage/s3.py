@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, NoReturn
+from typing import Any
 
 from .._typing import StrPath
-from .base import (Storage, StorageAuthError, StorageError, join_key, missing_client_error, require_bucket_name,
-                   validate_key)
+from .cloud import CloudStorage
+from .base import (StorageAuthError, StorageError, missing_client_error)
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def is_transient(error: BaseException) -> bool | None:
     return code.isdigit() and int(code) >= 500
 
 
-class S3Storage(Storage):
+class S3Storage(CloudStorage):
     """Keys live under ``s3://bucket_name/cloud_dir_prefix/``.
 
     ``endpoint_url=None`` leaves endpoint resolution to botocore, which honours
@@ -82,16 +82,10 @@ class S3Storage(Storage):
                  region_name: str | None = None, max_attempts: int = 8,
                  multipart_threshold: int = 64 * 1024 * 1024, multipart_chunksize: int = 16 * 1024 * 1024,
                  client: Any = None) -> None:
-        require_bucket_name(bucket_name)
+        super().__init__(bucket_name, cloud_dir_prefix)
         boto3 = _import_boto3()
         import botocore.config
         from boto3.s3.transfer import TransferConfig
-
-        self.bucket_name = bucket_name
-        prefix = (cloud_dir_prefix or '').strip('/')
-        if prefix:
-            validate_key(prefix, 'cloud_dir_prefix')
-        self.cloud_dir_prefix = prefix
 
         if client is None:
             config_kwargs: dict[str, Any] = dict(
@@ -115,21 +109,6 @@ class S3Storage(Storage):
 
     def __repr__(self) -> str:
         return f'S3Storage({self.bucket_name!r}, {self.cloud_dir_prefix!r}, endpoint_url={self.endpoint_url!r})'
-
-    # -- keys -------------------------------------------------------------------------------------
-
-    def _full_key(self, key: str) -> str:
-        validate_key(key)
-        return join_key(self.cloud_dir_prefix, key)
-
-    def _relative_key(self, full_key: str) -> str:
-        if not self.cloud_dir_prefix:
-            return full_key
-        return full_key[len(self.cloud_dir_prefix) + 1:]
-
-    def uri(self, key: str) -> str:
-        """The ``s3://bucket/prefix/key`` URI of ``key``."""
-        return f's3://{self.bucket_name}/{self._full_key(key)}'
 
     # -- errors -----------------------------------------------------------------------------------
 
@@ -188,23 +167,6 @@ class S3Storage(Storage):
                 if secret:
                     text = text.replace(secret, '***')
         return text
-
-    def _raise_translated(self, error: BaseException, operation: str, key: str | None = None) -> NoReturn:
-        translated = self._translate(error, operation, key)
-        if translated is error:
-            raise error
-        if isinstance(translated, BaseException) and not isinstance(translated, (StorageError, FileNotFoundError)):
-            # An unwrapped botocore error: keep its type so callers can decide to retry.
-            raise translated
-        # from None: the chained botocore error would add nothing but noise (and, for auth
-        # failures, server responses that may echo the access key id).
-        raise translated from None
-
-    def _call(self, operation: str, key: str | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as error:
-            self._raise_translated(error, operation, key)
 
     # -- operations -------------------------------------------------------------------------------
 
