@@ -25,10 +25,11 @@ The event order of one fit (see docs/event-order.md):
 TrainLoop is made of parts, one idea each (aitoolbox_like/loop/): training.py (a fit in this process: the epochs and
 their batches), step.py (one training step and the optimizer update), evaluation.py (losses and predictions over a
 loader, the end-of-epoch evaluation). This module holds TrainLoop's construction and run state, its devices, and
-fit's entry (its arguments and the gpu_mode).
+fit's entry (its arguments and the gpu_mode); and AIToolbox's tracking loops, a TrainLoop with savers registered.
 """
 import contextlib
 import datetime
+import inspect
 import logging
 import os
 import sys
@@ -41,7 +42,9 @@ from . import distributed, loop_state
 from .amp import AmpPolicy
 from .console import default_console_output, in_notebook
 from .callbacks.abstract import AbstractCallback
+from .callbacks.defaults import checkpoint_saver, end_saver     # the tracking loops' savers (no callback library here)
 from .callbacks.handler import CallbacksHandler
+from .experiment import normalize_cloud_save_mode
 from .history import TrainingHistory
 from .loop.checks import check_fit_inputs, check_fit_keywords
 from .loop.checks import launcher_parameters  # noqa: F401  (kept importable from here)
@@ -53,6 +56,7 @@ from .model import CompiledFeed, ModelWrap, resolve_model
 from .multi_loss_optim import MultiOptimizer
 from .parallel import TTDataParallel
 from .predictions import append_predictions, torch_cat_transf
+from .storage.base import validate_key_part
 
 if TYPE_CHECKING:
     from .experiment import Experiment, ExperimentUploader
@@ -407,18 +411,138 @@ class TrainLoop(EvaluationMixin, StepMixin, TrainingMixin):
         return "fit(resume_from='latest')"
 
 
-# The tracking loops live in tracking.py (they subclass TrainLoop, so defining them here would import the saving
-# callbacks into the core). They stay importable from here, where AIToolbox and DESIGN.md put them, through a
-# lazy module attribute: nothing is imported until the name is used, so no import circle comes back.
-_TRACKING_LOOPS = ('TrainLoopCheckpoint', 'TrainLoopEndSave', 'TrainLoopCheckpointEndSave')
+# ---------------------------------------------------------------------------------------------- tracking loops
+# AIToolbox's TrainLoopCheckpoint, TrainLoopEndSave and TrainLoopCheckpointEndSave (documented in tracking.py, their
+# own module): defined here, beside TrainLoop, where AIToolbox's train_loop package and DESIGN.md offer them too;
+# their saving callbacks come from callbacks/defaults.py, so this module names no callback library.
 
 
-def __getattr__(name: str) -> Any:
-    if name in _TRACKING_LOOPS:
-        from . import tracking
-        return getattr(tracking, name)
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+def _caller_file():
+    """The file of the code that created the tracking loop: the first caller outside this module (so the
+    subclasses' __init__ chains need no depth bookkeeping)."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None and frame.f_globals.get('__name__') == __name__:
+            frame = frame.f_back
+        return os.path.abspath(frame.f_code.co_filename) if frame is not None else None
+    finally:
+        del frame
 
 
-def __dir__() -> List[str]:
-    return sorted(set(globals()) | set(_TRACKING_LOOPS))
+class _TrackingMixin(TrainLoop):
+    """What the tracking loops add to a TrainLoop: the experiment's names and where it is saved."""
+
+    def _set_tracking_attributes(self, project_name, experiment_name, local_model_result_folder_path, hyperparams,
+                                 cloud_save_mode, bucket_name, cloud_dir_prefix, source_dirs, caller_file):
+        validate_key_part(project_name, 'project_name')
+        validate_key_part(experiment_name, 'experiment_name')
+        normalize_cloud_save_mode(cloud_save_mode)
+        if hyperparams is None:
+            hyperparams = {}
+        if not isinstance(hyperparams, dict):
+            raise TypeError(f'hyperparams must be a dict, got {type(hyperparams).__qualname__}')
+        self.project_name = project_name
+        self.experiment_name = experiment_name
+        self.local_model_result_folder_path = os.path.expanduser(os.fspath(local_model_result_folder_path))
+        # As in AIToolbox, the dict is completed in place so the caller sees what is saved.
+        if 'experiment_file_path' not in hyperparams and caller_file:
+            hyperparams['experiment_file_path'] = caller_file
+        if 'source_dirs_paths' not in hyperparams:
+            # As given (AIToolbox's default is the tuple ()): the saved hyperparameters show what the caller passed.
+            hyperparams['source_dirs_paths'] = source_dirs
+        self.hyperparams = hyperparams
+        self.cloud_save_mode = cloud_save_mode
+        self.bucket_name = bucket_name
+        self.cloud_dir_prefix = cloud_dir_prefix
+        self.source_dirs = source_dirs
+
+    def _register_checkpoint_callback(self, rm_subopt_local_models, num_best_checkpoints_kept, iteration_save_freq):
+        if isinstance(iteration_save_freq, bool) or not isinstance(iteration_save_freq, int) or iteration_save_freq < 0:
+            raise ValueError(f'iteration_save_freq must be an int >= 0 (0: checkpoint after every epoch), got '
+                             f'{iteration_save_freq!r}')
+        self.rm_subopt_local_models = rm_subopt_local_models
+        self.iteration_save_freq = iteration_save_freq
+        args = (self.project_name, self.experiment_name, self.local_model_result_folder_path, self.hyperparams)
+        kwargs = dict(cloud_save_mode=self.cloud_save_mode, bucket_name=self.bucket_name,
+                      cloud_dir_prefix=self.cloud_dir_prefix, rm_subopt_local_models=rm_subopt_local_models,
+                      num_best_checkpoints_kept=num_best_checkpoints_kept)
+        callback = checkpoint_saver(iteration_save_freq, *args, **kwargs)
+        self.callbacks_handler.register_callbacks([callback], cache_callbacks=True)
+
+
+class TrainLoopCheckpoint(_TrackingMixin, TrainLoop):
+    """TrainLoop that checkpoints the full training state after every epoch (ModelCheckpoint) or every
+    ``iteration_save_freq`` batches (ModelIterationCheckpoint). Arguments as in AIToolbox; see
+    ModelCheckpoint for rm_subopt_local_models / num_best_checkpoints_kept."""
+
+    def __init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion, project_name,
+                 experiment_name, local_model_result_folder_path, hyperparams, cloud_save_mode='s3',
+                 bucket_name='model-result', cloud_dir_prefix='', source_dirs=(), rm_subopt_local_models=False,
+                 num_best_checkpoints_kept=2, iteration_save_freq=0, collate_batch_pred_fn=append_predictions,
+                 pred_transform_fn=torch_cat_transf, end_auto_eval=True, lazy_experiment_save=False,
+                 print_callbacks=False, gpu_mode='single', cuda_device_idx=None, use_amp=False, progress_bar=None,
+                 preemption_safe=True):
+        TrainLoop.__init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion,
+                           collate_batch_pred_fn, pred_transform_fn, end_auto_eval, lazy_experiment_save,
+                           print_callbacks, gpu_mode, cuda_device_idx, use_amp, progress_bar)
+        # Read by callbacks/defaults.py: False leaves out the default PreemptionCheckpoint.
+        self.preemption_safe = bool(preemption_safe)
+        self._set_tracking_attributes(project_name, experiment_name, local_model_result_folder_path, hyperparams,
+                                      cloud_save_mode, bucket_name, cloud_dir_prefix, source_dirs, _caller_file())
+        self._register_checkpoint_callback(rm_subopt_local_models, num_best_checkpoints_kept, iteration_save_freq)
+
+
+class TrainLoopEndSave(_TrackingMixin, TrainLoop):
+    """TrainLoop that saves the final model and evaluates the result packages at the end of training
+    (ModelTrainEndSave). Arguments as in AIToolbox."""
+
+    def __init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion, project_name,
+                 experiment_name, local_model_result_folder_path, hyperparams, val_result_package=None,
+                 test_result_package=None, cloud_save_mode='s3', bucket_name='model-result', cloud_dir_prefix='',
+                 source_dirs=(), collate_batch_pred_fn=append_predictions, pred_transform_fn=torch_cat_transf,
+                 end_auto_eval=True, lazy_experiment_save=False, print_callbacks=False, gpu_mode='single',
+                 cuda_device_idx=None, use_amp=False, progress_bar=None, preemption_safe=True):
+        TrainLoop.__init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion,
+                           collate_batch_pred_fn, pred_transform_fn, end_auto_eval, lazy_experiment_save,
+                           print_callbacks, gpu_mode, cuda_device_idx, use_amp, progress_bar)
+        self.preemption_safe = bool(preemption_safe)     # read by callbacks/defaults.py
+        self._set_tracking_attributes(project_name, experiment_name, local_model_result_folder_path, hyperparams,
+                                      cloud_save_mode, bucket_name, cloud_dir_prefix, source_dirs, _caller_file())
+        self.val_result_package = val_result_package
+        self.test_result_package = test_result_package
+        self.check_if_result_packages_possible()
+        self.callbacks_handler.register_callbacks([end_saver(
+            self.project_name, self.experiment_name, self.local_model_result_folder_path, self.hyperparams,
+            val_result_package, test_result_package, cloud_save_mode=cloud_save_mode, bucket_name=bucket_name,
+            cloud_dir_prefix=cloud_dir_prefix)], cache_callbacks=True)
+
+    def check_if_result_packages_possible(self):
+        if self.val_result_package is None and self.test_result_package is None:
+            raise ValueError('give val_result_package and/or test_result_package (both are None)')
+        if self.val_result_package is not None and self.validation_loader is None:
+            raise ValueError('val_result_package was given but validation_loader is None')
+        if self.test_result_package is not None and self.test_loader is None:
+            raise ValueError('test_result_package was given but test_loader is None')
+        for package in (self.val_result_package, self.test_result_package):
+            if package is not None and not callable(getattr(package, 'prepare_result_package', None)):
+                raise TypeError(f'result packages must be AbstractResultPackage instances, got '
+                                f'{type(package).__qualname__}')
+
+
+class TrainLoopCheckpointEndSave(TrainLoopEndSave):
+    """TrainLoopEndSave plus a checkpoint after every epoch (or every ``iteration_save_freq`` batches)."""
+
+    def __init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion, project_name,
+                 experiment_name, local_model_result_folder_path, hyperparams, val_result_package=None,
+                 test_result_package=None, cloud_save_mode='s3', bucket_name='model-result', cloud_dir_prefix='',
+                 source_dirs=(), rm_subopt_local_models=False, num_best_checkpoints_kept=2, iteration_save_freq=0,
+                 collate_batch_pred_fn=append_predictions, pred_transform_fn=torch_cat_transf, end_auto_eval=True,
+                 lazy_experiment_save=False, print_callbacks=False, gpu_mode='single', cuda_device_idx=None,
+                 use_amp=False, progress_bar=None, preemption_safe=True):
+        TrainLoopEndSave.__init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion,
+                                  project_name, experiment_name, local_model_result_folder_path, hyperparams,
+                                  val_result_package, test_result_package, cloud_save_mode, bucket_name,
+                                  cloud_dir_prefix, source_dirs, collate_batch_pred_fn, pred_transform_fn,
+                                  end_auto_eval, lazy_experiment_save, print_callbacks, gpu_mode, cuda_device_idx,
+                                  use_amp, progress_bar, preemption_safe)
+        self._register_checkpoint_callback(rm_subopt_local_models, num_best_checkpoints_kept, iteration_save_freq)
