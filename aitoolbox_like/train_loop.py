@@ -21,35 +21,42 @@ The event order of one fit (see docs/event-order.md):
     end-of-training evaluation -> history 'train_end_test_loss'
     on_train_end
     (on any exception: on_exception(exc), then re-raise)
+
+TrainLoop is made of parts, one idea each (aitoolbox_like/loop/): training.py (a fit in this process: the epochs and
+their batches), step.py (one training step and the optimizer update), evaluation.py (losses and predictions over a
+loader, the end-of-epoch evaluation). This module holds TrainLoop's construction and run state, its devices, and
+fit's entry (its arguments and the gpu_mode); and AIToolbox's tracking loops, a TrainLoop with savers registered.
 """
 import contextlib
-import copy
 import datetime
-import difflib
 import inspect
 import logging
-import math
-import numbers
 import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import IterableDataset
 
 from . import distributed, loop_state
 from .amp import AmpPolicy
 from .console import default_console_output, in_notebook
-from .callbacks.abstract import AbstractCallback, AbstractScheduler, StopTraining, TrainingInterrupted
-from .callbacks.defaults import add_default_callbacks       # the one place default callbacks come from
-from .callbacks.handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError
+from .callbacks.abstract import AbstractCallback
+from .callbacks.defaults import checkpoint_saver, end_saver     # the tracking loops' savers (no callback library here)
+from .callbacks.handler import CallbacksHandler
+from .experiment import normalize_cloud_save_mode
 from .history import TrainingHistory
+from .loop.checks import check_fit_inputs, check_fit_keywords
+from .loop.checks import launcher_parameters  # noqa: F401  (kept importable from here)
+from .loop.evaluation import EVAL_LOSS_WEIGHTINGS, EvaluationMixin
+from .loop.step import StepMixin
+from .loop.training import TrainingMixin
 from .message_passing import MessageService
-from .model import CompiledFeed, ModelWrap, TTBasicModel, resolve_model
-from .multi_loss_optim import MultiLoss, MultiOptimizer
+from .model import CompiledFeed, ModelWrap, resolve_model
+from .multi_loss_optim import MultiOptimizer
 from .parallel import TTDataParallel
-from .predictions import append_predictions, batch_size_of, combine_prediction_metadata_batches, torch_cat_transf
+from .predictions import append_predictions, torch_cat_transf
+from .storage.base import validate_key_part
 
 if TYPE_CHECKING:
     from .experiment import Experiment, ExperimentUploader
@@ -57,10 +64,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 GPU_MODES = ('single', 'dp', 'ddp', 'fsdp')
-EVAL_LOSS_WEIGHTINGS = ('batch', 'sample')
 
 
-class TrainLoop:
+class TrainLoop(EvaluationMixin, StepMixin, TrainingMixin):
     """Train a TTModel (or ModelWrap) with an optimizer and a criterion, extended by callbacks.
 
     Construction accepts ``None`` for the loaders, the optimizer and the criterion (a loop that only
@@ -211,8 +217,6 @@ class TrainLoop:
         self._step_counters: Dict[int, Tuple[Any, Optional[List[int]]]] = {}   # id(optimizer) -> (it, steps)
         self._last_amp_scale: Optional[float] = None
 
-    # ------------------------------------------------------------------ set-up helpers
-
     def _select_device(self, cuda_device_idx):
         if torch.cuda.is_available():
             if cuda_device_idx is not None and not 0 <= cuda_device_idx < torch.cuda.device_count():
@@ -236,6 +240,9 @@ class TrainLoop:
     def is_main_process(self) -> bool:
         """True in the process of global rank 0 (always in a single-process run)."""
         return self.global_rank == 0
+
+    def _collective_device(self):
+        return self.device if dist.get_backend() == 'nccl' else torch.device('cpu')
 
     def move_to_device(self, device: torch.device) -> None:
         """Train on ``device`` from now on (a DDP process takes its own GPU, or the CPU). The mixed-precision
@@ -306,8 +313,6 @@ class TrainLoop:
         optimizer = self.optimizer
         return optimizer.optimizer_list if isinstance(optimizer, MultiOptimizer) else (optimizer,)
 
-    # ------------------------------------------------------------------ fit
-
     def __call__(self, num_epochs=0, num_iterations=0, callbacks=None, grad_accumulation=1, **kwargs):
         return self.fit(num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
 
@@ -335,7 +340,7 @@ class TrainLoop:
             says why (None after a run that trained to its end, early stopping included): read it before treating
             the model as trained.
         """
-        self._check_fit_keywords(kwargs)
+        check_fit_keywords(self, kwargs)
         for name, value in (('num_epochs', num_epochs), ('num_iterations', num_iterations),
                             ('grad_accumulation', grad_accumulation)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -350,7 +355,7 @@ class TrainLoop:
                             f"az://), 'latest' or a loaded checkpoint dict, got {type(resume_from).__qualname__}")
         # What can be judged before any process starts; the rest once callbacks are registered (a callback
         # may build the loaders in each DDP process or set the optimizer).
-        self._check_fit_inputs(final=False)
+        check_fit_inputs(self, self._amp.unavailable, final=False)
         if resume_from == loop_state.AUTO:
             loop_state.check_auto_resume(self, callbacks)
         # The plan travels with the loop into each DDP process, which loads the checkpoint itself.
@@ -372,34 +377,8 @@ class TrainLoop:
         finally:
             self.resume_plan = None
 
-    def _check_fit_keywords(self, kwargs):
-        """Unknown keyword arguments first (a misspelt ``epochs=1`` must not be reported as a missing num_epochs),
-        each with the closest accepted name."""
-        if not kwargs:
-            return
-        from .ddp_launch import fit_ddp, fit_fsdp      # the launchers' own signatures say what they accept
-        own = ['num_epochs', 'num_iterations', 'callbacks', 'grad_accumulation', 'resume_from']
-        by_mode = {'ddp': launcher_parameters(fit_ddp), 'fsdp': launcher_parameters(fit_fsdp),
-                   'dp': ['dp_model_args'], 'single': []}
-        accepted = own + by_mode.get(self.gpu_mode, [])
-        anywhere = set(accepted).union(*by_mode.values())
-        unknown = [name for name in kwargs if name not in anywhere]
-        if unknown:
-            hints = []
-            for name in unknown:
-                close = difflib.get_close_matches(name, accepted, n=1, cutoff=0.6)
-                hints.append(f'{name!r} (did you mean {close[0]!r}?)' if close else repr(name))
-            raise TypeError(f'fit() got unexpected keyword argument(s) {", ".join(hints)}; fit accepts '
-                            f'{", ".join(accepted)}')
-        elsewhere = sorted(name for name in kwargs if name not in accepted)
-        if elsewhere:
-            modes = sorted({mode for mode, names in by_mode.items() for name in elsewhere if name in names})
-            raise TypeError(f'fit() got unexpected arguments {elsewhere}; these are only accepted with '
-                            f'gpu_mode={" or ".join(repr(m) for m in modes)} (this TrainLoop has '
-                            f'gpu_mode={self.gpu_mode!r})')
-
     def _fit_data_parallel(self, num_epochs, num_iterations, callbacks, grad_accumulation, dp_model_args=None):
-        # Any other keyword argument: fit() has refused it already (_check_fit_keywords).
+        # Any other keyword argument: fit() has refused it already (check_fit_keywords).
         if not isinstance(self.model, torch.nn.DataParallel):
             if self.compiled_model is not None:
                 logger.warning("gpu_mode='dp': the DataParallel wrapper's forward is not torch.compile'd")
@@ -414,84 +393,6 @@ class TrainLoop:
                 self.model, self._feed = resolve_model(
                     ModelWrap(torch.nn.DataParallel(self.model, **args), self.batch_model_feed_def))
         return self.train_in_this_process(num_epochs, num_iterations, callbacks, grad_accumulation)
-
-    def register_fit_callbacks(self, callbacks: Optional[Sequence[AbstractCallback]]) -> None:
-        """The start of a fit, before any training: load the checkpoint being resumed from (so the run continues
-        in its experiment folder), then register ``callbacks`` and the cached ones (a tracking loop's savers).
-        A DDP process calls it once its rank is known; calling it again in the same fit does no harm."""
-        loop_state.prepare_fit(self, callbacks)
-        self.callbacks_handler.register_callbacks(callbacks)      # also registers cached callbacks
-
-    def train_in_this_process(self, num_epochs: int, num_iterations: int,
-                              callbacks: Optional[Sequence[AbstractCallback]] = None,
-                              grad_accumulation: int = 1) -> torch.nn.Module:
-        """Train in this process: what ``fit`` does once its arguments are checked (and, in a DDP fit, what
-        each process does once its process group, loaders and model wrapper are set up). Returns the model."""
-        steps_before = self.total_iteration_idx
-        claimed_before = self.experiment is not None and self.experiment.claimed
-        try:
-            with default_console_output():
-                return self._train_in_this_process(num_epochs, num_iterations, callbacks, grad_accumulation)
-        except BaseException:
-            experiment = self.experiment
-            if self.total_iteration_idx == steps_before and experiment is not None and not claimed_before:
-                experiment.discard_untrained()      # a run that never trained leaves no folder behind
-            raise
-
-    def _train_in_this_process(self, num_epochs, num_iterations, callbacks, grad_accumulation):
-        self.num_iterations = num_iterations
-        self.grad_accumulation = grad_accumulation
-        self.num_epochs = num_epochs or self._epochs_for_iterations(num_iterations)
-        self.early_stop = False
-        self.interrupted = None
-        self._eval_cache.clear()
-
-        self.register_fit_callbacks(callbacks)
-        add_default_callbacks(self)
-        self.train_step_owner = self._find_train_step_owner()
-        if self.print_callbacks:
-            self.callbacks_handler.print_registered_callback_names()
-        self._check_fit_inputs(final=False, need_train_loader=True)
-
-        self.model.to(self.device)
-        self.move_criterion_to_device()
-        self.model.train()
-        if self.resume_plan is not None:
-            self.resume_plan.apply(self)
-        experiment = self.experiment
-        if experiment is not None and experiment.claimed and self.is_main_process():
-            logger.info('Experiment folder: %s (checkpoints in %s/)', experiment.dir_path, loop_state.CHECKPOINT_DIR)
-
-        try:
-            try:
-                self.callbacks_handler.execute_train_begin()
-                self._check_fit_inputs(final=True, need_train_loader=True)
-                self._train_epochs()
-            except StopTraining as stop:
-                if isinstance(stop, TrainingInterrupted):
-                    self.interrupted = stop.reason
-                else:
-                    logger.info('Training stopped by a callback: %s', stop or 'StopTraining')
-                for fn in self.callbacks_handler.hook_lists['on_train_stopped']:
-                    fn(stop)
-            try:
-                if self.interrupted is None:    # the end-of-training evaluation belongs to the run's real end
-                    self.auto_execute_end_of_training()
-                self.callbacks_handler.execute_train_end()
-            except StopTraining:
-                pass
-            self.message_service.end_of_training_trigger()
-            self.wait_for_pending_saves()
-            self.wait_for_uploads()
-        except BaseException as exc:
-            self.callbacks_handler.execute_exception(exc)
-            try:
-                self.wait_for_pending_saves()
-            except Exception:
-                logger.exception('A background checkpoint write failed while fit was failing with %r', exc)
-            self.wait_for_uploads(after_exception=True)
-            raise
-        return self.model
 
     def move_criterion_to_device(self) -> None:
         """Move the criterion to ``device`` when it can be moved: AIToolbox calls ``criterion.to(device)`` on
@@ -509,759 +410,139 @@ class TrainLoop:
             return self.resume_hint.format(experiment_dir=self.experiment.dir_path)
         return "fit(resume_from='latest')"
 
-    def wait_for_pending_saves(self) -> None:
-        """Wait until the checkpoints the saving callbacks write in the background are complete (the end of fit
-        does this); a failed background write is raised here."""
-        # Saving callbacks write checkpoints in the background and wait in their own on_train_end; this also covers
-        # a fit whose on_train_end was cut short (StopTraining raised there by an earlier callback).
-        for callback in self.callbacks:
-            wait = getattr(callback, 'wait_for_pending_save', None)
-            if callable(wait):
-                wait()
 
-    def wait_for_uploads(self, after_exception: bool = False) -> List[Any]:
-        """Wait for the experiment's pending cloud uploads (the end of fit does this) and return the ones that
-        failed; they are also added to ``upload_failures``. The local files are complete either way."""
-        if self.experiment is None:
-            return []
-        failures = self.experiment.wait_for_uploads(after_exception)
-        self.upload_failures += failures
-        return failures
-
-    def _check_fit_inputs(self, final, need_train_loader=False):
-        """What fit is about to use, checked before the first step so that a mistake never costs an epoch.
-        Construction accepts None pieces (AIToolbox code builds loops that way), so the checks live here.
-        ``final`` is the last check before the first batch: pieces a callback could still have set
-        (the optimizer) must exist by then."""
-        for name in ('train_loader', 'validation_loader', 'test_loader'):
-            loader = getattr(self, name)
-            if isinstance(loader, torch.Tensor):
-                # A tensor iterates row by row, so training would feed single samples to the model and fail there.
-                raise TypeError(f'{name} is a torch.Tensor of shape {tuple(loader.shape)}, not a loader of batches: '
-                                f'wrap the inputs and targets, e.g. DataLoader(TensorDataset(x, y), batch_size=32)')
-            if loader is not None and (not hasattr(loader, '__iter__') or isinstance(loader, (str, bytes))):
-                raise TypeError(f'{name} must be an iterable of batches (e.g. a torch DataLoader) or None, got '
-                                f'{type(loader).__qualname__}: TrainLoop(model, train_loader, validation_loader, '
-                                f'test_loader, optimizer, criterion)')
-        criterion = self.criterion
-        if isinstance(criterion, type):
-            # Called on the predictions, a loss class would build a module from them and fail deep in torch
-            # ("Boolean value of Tensor with more than one value is ambiguous").
-            raise TypeError(f'criterion is the class {criterion.__qualname__}, not a loss: pass an instance, e.g. '
-                            f'{criterion.__qualname__}() (note the parentheses)')
-        if self._amp.unavailable is not None:
-            raise ValueError(self._amp.unavailable)
-        if need_train_loader and self.train_loader is None:
-            raise ValueError("fit() needs a train_loader, but the TrainLoop was given train_loader=None: pass a "
-                             "DataLoader as the TrainLoop's second argument (with gpu_mode='ddp' it may instead be "
-                             "built in each process: fit(..., in_process_data_load=InMultiProcessDataLoad(...)))")
-        if final and self.criterion is None and isinstance(self.model, TTBasicModel) \
-                and type(self.model).get_loss is TTBasicModel.get_loss:
-            raise ValueError(f'{type(self.model).__qualname__} is a TTBasicModel, whose get_loss calls the criterion, '
-                             f'but the TrainLoop has criterion=None: pass one as the sixth argument (e.g. '
-                             f'nn.CrossEntropyLoss())')
-        optimizer = self.optimizer
-        if optimizer is None:
-            if final:
-                raise ValueError('fit() needs an optimizer, but the TrainLoop has optimizer=None: pass one as the '
-                                 "TrainLoop's fifth argument, e.g. torch.optim.SGD(model.parameters(), lr=0.1), or set "
-                                 'train_loop_obj.optimizer from a callback before training starts '
-                                 '(on_train_loop_registration or on_train_begin)')
-            return
-        if isinstance(optimizer, type):
-            raise TypeError(f'optimizer is the class {optimizer.__qualname__}, not an optimizer: pass an instance, '
-                            f'e.g. {optimizer.__qualname__}(model.parameters(), lr=...)')
-        missing = [m for m in ('step', 'zero_grad') if not callable(getattr(optimizer, m, None))]
-        if missing:
-            raise TypeError(f'optimizer ({type(optimizer).__qualname__}) has no {" or ".join(missing)}(); pass a '
-                            f'torch.optim optimizer or aitoolbox_like.MultiOptimizer([...])')
-        own = {id(p) for p in self.model.parameters()}
-        held = [id(p) for o in self.optimizers for g in getattr(o, 'param_groups', ()) for p in g['params']]
-        if own and held and not own.intersection(held):
-            raise ValueError(f'the optimizer ({type(optimizer).__qualname__}) holds none of the model\'s parameters: '
-                             f'it was built for another model (or a copy); build it from this one, e.g. '
-                             f'torch.optim.SGD(model.parameters(), lr=...)')
-
-    def _epochs_for_iterations(self, num_iterations):
-        try:
-            return math.ceil(num_iterations / max(len(self.train_loader), 1))
-        except TypeError:
-            return None       # a loader without len(): epochs last until the data runs out
-
-    def _train_epochs(self):
-        epoch = self.epochs_completed
-        num_epochs = self.num_epochs or 0      # None only with num_iterations (a loader without len())
-        if not self.num_iterations and epoch >= num_epochs:
-            logger.warning('Nothing to train: %d epochs are already done and num_epochs=%d is the total; pass a '
-                           'larger num_epochs to continue', epoch, self.num_epochs)
-        # With num_iterations the batch count decides (num_epochs is only an estimate then: a previous
-        # fit may have ended mid-epoch).
-        self._epochs_running = True
-        try:
-            self._train_epochs_from(epoch, num_epochs)
-        finally:
-            self._epochs_running = False
-
-    def _train_epochs_from(self, epoch, num_epochs):
-        handler = self.callbacks_handler
-        while not self._iterations_done() if self.num_iterations else epoch < num_epochs:
-            iteration_before = self.total_iteration_idx
-            self.epoch = self.train_history.current_epoch = epoch
-            self.loss_batch_accum = []
-            handler.execute_epoch_begin()
-            hooks = handler.hook_lists
-            custom_step = self.train_step_owner is not None
-            for self.iteration, batch_data, self._is_last_batch in self._batches():
-                self.total_iteration_idx += 1
-                self.batch = batch_data
-                for fn in hooks['on_batch_begin']:
-                    fn()
-                if custom_step:
-                    self._run_custom_step(batch_data)
-                else:
-                    self._train_step(batch_data)
-                for fn in hooks['on_batch_end']:
-                    fn()
-                if self._is_last_batch:
-                    break
-            for fn in hooks['on_train_epoch_end']:
-                fn()
-            if self.total_iteration_idx == iteration_before and self.num_iterations:
-                raise ValueError(f'train_loader yielded no batches in epoch {epoch}; fit(num_iterations='
-                                 f'{self.num_iterations}) cannot make progress')
-            self.epochs_completed = epoch + 1
-            self.auto_execute_end_of_epoch()
-            handler.execute_epoch_end()
-            self.message_service.end_of_epoch_trigger()
-            if self._agree_on_early_stop():
-                logger.info('Early stopping after epoch %d', epoch)
-                break
-            epoch += 1
-
-    def _iterations_done(self):
-        num_iterations = self.num_iterations
-        return bool(num_iterations) and self.total_iteration_idx + 1 >= (num_iterations or 0)
-
-    def _batches(self):
-        """Yield (index, batch, is_last). is_last marks the end of the epoch (or of num_iterations) so the
-        last partial gradient-accumulation window is applied. Sized loaders use len() so that batches
-        are fetched exactly when a hand-written loop would fetch them; others look one batch ahead."""
-        remaining = self.num_iterations - (self.total_iteration_idx + 1) if self.num_iterations else None
-        iterator, start, loader = self._open_epoch()
-        sized = not isinstance(getattr(loader, 'dataset', None), IterableDataset)
-        try:
-            length = len(loader) if sized else None
-        except TypeError:
-            length = None
-        if length is not None:
-            last = length - 1 if remaining is None else min(length, start + remaining) - 1
-            for i, batch in enumerate(iterator, start):
-                yield i, batch, i == last
-            return
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            return
-        i = start
-        while True:
-            try:
-                upcoming = next(iterator)
-            except StopIteration:
-                yield i, batch, True
-                return
-            yield i, batch, remaining is not None and i - start == remaining - 1
-            batch, i = upcoming, i + 1
-
-    def _open_epoch(self):
-        """The train loader's iterator for the epoch now starting, the index of its first batch (after the
-        batches a mid-epoch checkpoint already trained, when the run resumes inside this epoch) and the loader it
-        comes from (the epoch's number of batches is its len())."""
-        plan, self.resume_plan = self.resume_plan, None
-        if plan is not None and plan.resumes_inside(self.epoch):
-            return plan.reopen_epoch(self)
-        self.epoch_start_rng = loop_state.capture_rng_state(self)
-        self.epoch_samples_offset = 0
-        return iter(self.train_loader), 0, self.train_loader
-
-    def _train_step(self, batch_data):
-        # The per-step path: hook lists are read directly (no dispatch method per hook) and nothing here
-        # reads a tensor value on the host.
-        hooks = self.callbacks_handler.hook_lists
-        update = (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch
-        # DDP: micro-batches that do not update skip the gradient all-reduce (no_sync must cover the forward too).
-        # The try blocks cost nothing unless they catch: they turn common mistakes into errors naming the fix.
-        with distributed.skip_grad_sync(self.ddp_model, not update):
-            try:
-                if self._amp.enabled:
-                    with self._amp.autocast():
-                        loss = self._feed.get_loss(batch_data, self.criterion, self.device)
-                else:
-                    loss = self._feed.get_loss(batch_data, self.criterion, self.device)
-            except TypeError as error:
-                if self.criterion is None and "'NoneType' object is not callable" in str(error):
-                    raise TypeError(f'{self._get_loss_name()} called the criterion, but the TrainLoop has '
-                                    f'criterion=None: pass one as the TrainLoop\'s sixth argument (e.g. '
-                                    f'nn.CrossEntropyLoss())') from error
-                raise
-            after_loss = hooks['on_after_loss']
-            if after_loss:
-                self.loss = loss
-                for fn in after_loss:
-                    fn()
-                loss = self.loss
-            else:
-                self.loss = loss
-            try:
-                self.loss_batch_accum.append(loss.detach())
-            except AttributeError:
-                if loss is None:
-                    raise TypeError(f'{self._get_loss_name()} returned None; it must return the loss tensor, e.g. '
-                                    f'"return criterion(self(x), y)" (is its return statement missing?)') from None
-                if isinstance(loss, numbers.Number):
-                    raise TypeError(f'{self._get_loss_name()} returned the Python number {loss!r}; return the loss '
-                                    f'tensor itself (not loss.item()), so that backward() can reach the '
-                                    f'parameters') from None
-                self.loss_batch_accum.append(_loss_value(loss))
-            loss = self._divide_for_accumulation(loss)
-            if self._amp.uses_scaler:
-                loss = self.amp_scaler.scale(loss) if isinstance(loss, torch.Tensor) else loss.scale(self.amp_scaler)
-            try:
-                loss.backward()
-            except RuntimeError as error:
-                if isinstance(loss, torch.Tensor) and loss.dim() > 0 and loss.numel() != 1:
-                    raise ValueError(f'{self._get_loss_name()} returned a loss of shape {tuple(loss.shape)}; return '
-                                     f'a scalar (e.g. criterion with reduction=\'mean\', or loss.mean())') from error
-                if isinstance(self.loss, torch.Tensor) and not self.loss.requires_grad and torch.is_grad_enabled():
-                    raise RuntimeError(f'{self._get_loss_name()} returned a loss that is not connected to the '
-                                       f'parameters (it does not require grad), so backward() cannot reach them: '
-                                       f'return the loss tensor itself, not loss.detach() or a tensor built from '
-                                       f'loss.item(), and compute it outside torch.no_grad()') from error
-                raise
-        for fn in hooks['on_after_backward']:
-            fn()
-        if update:
-            self._optimizer_update(hooks)
-
-    # ------------------------------------------------------------------ custom steps
-
-    def _find_train_step_owner(self):
-        owners: List[Any] = [cb for cb in self.callbacks if 'train_step' in cb.hooks_in_use()]
-        model_step = getattr(self.model, 'train_step', None)
-        if callable(model_step):
-            owners.append(self.model)
-        if len(owners) > 1:
-            raise ValueError(f'only one callback (or the model) may own the training step, but train_step is defined '
-                             f'by {[type(o).__name__ for o in owners]}: keep one of them')
-        return owners[0] if owners else None
-
-    def _run_custom_step(self, batch_data):
-        update = (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch
-        owner: Any = self.train_step_owner
-        with distributed.skip_grad_sync(self.ddp_model, not update):
-            step = owner.train_step
-            loss = step(batch_data, self) if owner is self.model else step(batch_data)
-        self.loss = loss
-        if loss is not None:
-            try:
-                self.loss_batch_accum.append(loss.detach())
-            except AttributeError:
-                self.loss_batch_accum.append(_loss_value(loss))
-
-    def forward_loss(self, batch_data: Any) -> Any:
-        """The model's training loss for ``batch_data`` (``get_loss`` under the loop's autocast, through the DDP
-        wrapper in a DDP fit): the forward pass a custom ``train_step`` starts from."""
-        with self._amp.autocast():
-            return self._feed.get_loss(batch_data, self.criterion, self.device)
-
-    def backward(self, loss: Any) -> None:
-        """Backpropagate ``loss`` as the standard step does: divided by grad_accumulation, scaled by the fp16
-        GradScaler; then the on_after_backward hooks. For custom ``train_step`` code."""
-        loss = self._divide_for_accumulation(loss)
-        if self._amp.uses_scaler:
-            loss = self.amp_scaler.scale(loss) if isinstance(loss, torch.Tensor) else loss.scale(self.amp_scaler)
-        loss.backward()
-        for fn in self.callbacks_handler.hook_lists['on_after_backward']:
-            fn()
-
-    def step_optimizers(self, optimizer_indices: Optional[Sequence[int]] = None) -> None:
-        """Apply an update with the given optimizers (all by default) as the standard step does: unscale once under
-        fp16, on_after_gradient_update, step (GradScaler.step under fp16), on_after_optimizer_step, zero_grad, then
-        the scaler update; ``update_applied`` records what was applied (schedulers read it). For custom
-        ``train_step`` code; call it on update steps (``should_execute_optimizer_update()``) when accumulating."""
-        self._optimizer_update(self.callbacks_handler.hook_lists, optimizer_indices)
-
-    def _divide_for_accumulation(self, loss):
-        # A tensor divided by 1 is the same tensor bit for bit, so that kernel is skipped; any other loss object
-        # (MultiLoss, a user's class) is divided as AIToolbox always did, since its division may do more.
-        if self.grad_accumulation > 1 or not isinstance(loss, torch.Tensor):
-            return loss / self.grad_accumulation
-        return loss
-
-    def _get_loss_name(self) -> str:
-        feed_def = self.batch_model_feed_def
-        owner = feed_def if feed_def is not None else self.model
-        return f'{type(owner).__qualname__}.get_loss'
-
-    def _optimizer_update(self, hooks, optimizer_indices=None):
-        all_optimizers = self.optimizers
-        indices = range(len(all_optimizers)) if optimizer_indices is None else optimizer_indices
-        optimizers = [all_optimizers[i] for i in indices]
-        uses_scaler = self._amp.uses_scaler
-        applied = self.update_applied = [optimizer_indices is None or i in indices for i in range(len(all_optimizers))]
-        if uses_scaler:
-            for optimizer in optimizers:     # once, so callbacks see and clip the real gradients
-                self.amp_scaler.unscale_(optimizer)
-        for idx, optimizer in zip(indices, optimizers):
-            self.optimizer_idx = idx
-            for fn in hooks['on_after_gradient_update']:
-                fn(idx)
-            if uses_scaler:
-                applied[idx] = self._scaled_step(optimizer)
-            else:
-                optimizer.step()
-            for fn in hooks['on_after_optimizer_step']:
-                fn()
-            optimizer.zero_grad()
-        if uses_scaler:
-            if self._last_amp_scale is None and _any_fused(all_optimizers):
-                # The first update has no earlier scale to compare with: read it before update() (one sync, once).
-                self._last_amp_scale = self.amp_scaler.get_scale()
-            self.amp_scaler.update()
-            self._mark_fused_skips(all_optimizers, applied)
-        self.optimizer_idx = 0
-
-    def _scaled_step(self, optimizer):
-        """GradScaler.step, and whether it applied the update. GradScaler calls optimizer.step() only when the
-        gradients are finite, and a post-step hook counts the real calls: no host sync."""
-        entry = self._step_counters.get(id(optimizer))
-        if entry is None or entry[0] is not optimizer:
-            register = getattr(optimizer, 'register_step_post_hook', None)
-            counter: Optional[List[int]] = None
-            if callable(register):
-                counter = [0]
-                register(lambda opt, args, kwargs, counter=counter: counter.__setitem__(0, counter[0] + 1))
-            entry = self._step_counters[id(optimizer)] = (optimizer, counter)
-        counter = entry[1]
-        before = counter[0] if counter is not None else None
-        self.amp_scaler.step(optimizer)
-        return counter is None or counter[0] != before
-
-    def _mark_fused_skips(self, optimizers, applied):
-        # A fused optimizer gets the inf flag inside step(), which GradScaler then always calls; a skipped update
-        # shows as a lower loss scale after update(). One host sync per update, only for fused optimizers.
-        if not _any_fused(optimizers):
-            return
-        scale = self.amp_scaler.get_scale()
-        skipped = self._last_amp_scale is not None and scale < self._last_amp_scale
-        self._last_amp_scale = scale
-        for idx, optimizer in enumerate(optimizers):
-            if getattr(optimizer, 'defaults', {}).get('fused') and skipped:
-                applied[idx] = False
-
-    def optimizer_update_applied(self, optimizer_idx: int = 0) -> bool:
-        """True when this batch was an optimizer-update step and optimizer ``optimizer_idx`` really changed the
-        weights: False on gradient-accumulation micro-batches and when the fp16 GradScaler skipped the update
-        (inf/NaN gradients). Reliable from on_batch_end of the batch (for non-fused optimizers already in
-        on_after_optimizer_step). Schedulers step on it."""
-        return self.should_execute_optimizer_update() and optimizer_idx < len(self.update_applied) \
-            and self.update_applied[optimizer_idx]
-
-    @property
-    def is_last_batch(self) -> bool:
-        """True during the last batch of the epoch (or of num_iterations)."""
-        return self._is_last_batch
-
-    def should_execute_optimizer_update(self) -> bool:
-        """True on the batches where the optimizer steps: every grad_accumulation-th batch of the epoch and
-        the last batch of the epoch (or of num_iterations)."""
-        if (self.iteration + 1) % self.grad_accumulation == 0 or self._is_last_batch:
-            return True
-        if self._epochs_running:
-            return False        # the loop marks the last batch itself (also for loaders without len())
-        # Outside fit, AIToolbox code sets loop.iteration itself and asks: the last batch of the epoch updates too.
-        try:
-            return self.iteration == len(self.train_loader) - 1
-        except TypeError:
-            return False
-
-    def _agree_on_early_stop(self):
-        if self.world_size == 1:
-            return self.early_stop
-        flag = torch.tensor([1.0 if self.early_stop else 0.0], device=self._collective_device())
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        self.early_stop = bool(flag.item())
-        return self.early_stop
-
-    def _collective_device(self):
-        return self.device if dist.get_backend() == 'nccl' else torch.device('cpu')
-
-    # ------------------------------------------------------------------ automatic evaluation
-
-    def _auto_eval_due(self):
-        if isinstance(self.end_auto_eval, bool):
-            return self.end_auto_eval
-        return self.epoch % self.end_auto_eval == 0
-
-    def auto_execute_end_of_epoch(self) -> None:
-        """The end-of-epoch evaluation: 'accumulated_loss', and 'loss' / 'val_loss' when end_auto_eval is due."""
-        readable = [loss for loss in self.loss_batch_accum if loss is not None]
-        if readable:
-            self._insert_loss('accumulated_loss', self.parse_loss(readable))
-        elif self.loss_batch_accum:
-            logger.warning("Epoch %d: the model's get_loss returned %s, which has no detach(), item() or float(), "
-                           "so 'accumulated_loss' is not recorded", self.epoch, type(self.loss_batch_accum[0]))
-        else:
-            logger.warning('Epoch %d had no training batches', self.epoch)
-        if self._auto_eval_due():
-            self._insert_loss('loss', self.evaluate_loss_on_train_set())
-            if self.validation_loader is not None:
-                self._insert_loss('val_loss', self.evaluate_loss_on_validation_set())
-        if self.is_main_process() and logger.isEnabledFor(logging.INFO):
-            values = {k: v[-1] for k, v in self.train_history.items()
-                      if v and self.train_history.get_epochs(k)[-1] == self.epoch and isinstance(v[-1], float)}
-            logger.info('Epoch %d: %s', self.epoch, ', '.join(f'{k}={v:.5g}' for k, v in values.items()))
-
-    def auto_execute_end_of_training(self) -> None:
-        """The end-of-training evaluation: 'train_end_test_loss' when there is a test loader."""
-        if self.test_loader is not None and self.end_auto_eval:
-            self._insert_loss('train_end_test_loss', self.evaluate_loss_on_test_set())
-            logger.info('Test loss at the end of training: %.5g', self.train_history['train_end_test_loss'][-1])
-
-    def _insert_loss(self, name, loss):
-        if isinstance(loss, MultiLoss):
-            # One key per loss as in AIToolbox, plus their sum under the plain name (AIToolbox left it
-            # empty, which broke early stopping and plots on multi-loss models).
-            for loss_name, value in loss.items():
-                self.insert_metric_result_into_history(f'{name}_{loss_name}', value.item())
-            self.insert_metric_result_into_history(name, float(sum(v.item() for v in loss.values())))
-        else:
-            self.insert_metric_result_into_history(name, loss.item())
-
-    def parse_loss(self, loss_record: Sequence[Any]) -> Any:
-        """Mean of a list of per-batch losses (tensors or MultiLoss), as a float64 tensor (or MultiLoss);
-        averaged across processes in a distributed run."""
-        if isinstance(loss_record[0], MultiLoss):
-            names = list(loss_record[0].keys())
-            return MultiLoss({name: self.parse_loss([ml[name] for ml in loss_record]) for name in names})
-        mean = _mean_float64(loss_record)
-        if self.world_size > 1:
-            self._check_collective_allowed('parse_loss')
-            mean = mean.to(self._collective_device())
-            dist.all_reduce(mean)
-            mean = mean / self.world_size
-        return mean
-
-    def insert_metric_result_into_history(self, metric_name: str, metric_result: Any) -> None:
-        """Record ``metric_result`` under ``metric_name`` for the current epoch."""
-        self.train_history.insert_single_result_into_history(metric_name, metric_result)
-
-    # ------------------------------------------------------------------ loss evaluation
-
-    def evaluate_loss_on_train_set(self, force_prediction: bool = False, float_dict_format: bool = False) -> Any:
-        """Mean loss over the train set (cached per training position; see evaluate_model_loss)."""
-        return self._cached_loss('train', self.train_loader, force_prediction, float_dict_format)
-
-    def evaluate_loss_on_validation_set(self, force_prediction: bool = False, float_dict_format: bool = False) -> Any:
-        """Mean loss over the validation set (cached per training position)."""
-        return self._cached_loss('validation', self.validation_loader, force_prediction, float_dict_format)
-
-    def evaluate_loss_on_test_set(self, force_prediction: bool = False, float_dict_format: bool = False) -> Any:
-        """Mean loss over the test set (cached per training position)."""
-        return self._cached_loss('test', self.test_loader, force_prediction, float_dict_format)
-
-    def _cached_loss(self, dataset_type, data_loader, force_prediction, float_dict_format):
-        # The weighting is part of the key: changing loop.eval_loss_weighting between two requests recomputes.
-        key = ('loss', dataset_type, self.eval_loss_weighting)
-        loss = self._cached(key, force_prediction, lambda: self.evaluate_model_loss(
-            self._require_loader(data_loader, dataset_type), move_to_cpu=True, dataset_info={'type': dataset_type}))
-        return self.convert_loss_to_float_dict_format(loss) if float_dict_format else loss
-
-    @staticmethod
-    def convert_loss_to_float_dict_format(loss: Any) -> Any:
-        """A loss tensor as a float, a MultiLoss as a dict of floats."""
-        return loss.item() if isinstance(loss, (torch.Tensor, MultiLoss)) else loss
-
-    def evaluate_model_loss(self, data_loader: Any, move_to_cpu: bool = False,
-                            dataset_info: Optional[Dict[str, Any]] = None) -> Any:
-        """Loss of the model over a loader, in eval mode without gradients: the mean of the per-batch losses
-        (as AIToolbox), or with ``eval_loss_weighting='sample'`` their mean weighted by batch size."""
-        self._check_collective_allowed('evaluate_model_loss')
-        weighting = self.eval_loss_weighting
-        if weighting not in EVAL_LOSS_WEIGHTINGS:
-            raise ValueError(f'eval_loss_weighting must be one of {EVAL_LOSS_WEIGHTINGS}, got {weighting!r}')
-        by_sample = weighting == 'sample'
-        self._prepare_model_for_evaluation()
-        was_training = self.model.training
-        self.model.eval()
-        weighted_sum: Any = None
-        num_samples = 0
-        batch_losses: List[Any] = []
-        hooks = self.callbacks_handler.hook_lists
-        info = dict(dataset_info or {}, kind='loss')
-        info.setdefault('type', None)
-        batch_begin, batch_end = hooks['on_eval_batch_begin'], hooks['on_eval_batch_end']
-        for fn in hooks['on_eval_begin']:
-            fn(info)
-        try:
-            with torch.no_grad(), self._amp.autocast():
-                for batch_data in data_loader:
-                    for fn in batch_begin:
-                        fn(batch_data, info)
-                    loss = self._feed.get_loss_eval(batch_data, self.criterion, self.device)
-                    for fn in batch_end:
-                        fn(batch_data, loss, info)
-                    detached = {k: v.detach() for k, v in loss.items()} if isinstance(loss, MultiLoss) \
-                        else loss.detach()
-                    if not by_sample:
-                        batch_losses.append(detached)
-                        continue
-                    n = batch_size_of(batch_data)
-                    if isinstance(detached, dict):
-                        parts = {k: torch.as_tensor(v).double() * n for k, v in detached.items()}
-                        weighted_sum = parts if weighted_sum is None else \
-                            {k: weighted_sum[k] + parts[k] for k in weighted_sum}
-                    else:
-                        contribution = torch.as_tensor(detached).double() * n
-                        weighted_sum = contribution if weighted_sum is None else weighted_sum + contribution
-                    num_samples += n
-            if by_sample:
-                if weighted_sum is None:
-                    raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
-                means: Any = {k: v / num_samples for k, v in weighted_sum.items()} \
-                    if isinstance(weighted_sum, dict) else weighted_sum / num_samples
-            else:
-                if not batch_losses:
-                    raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
-                # The float64 mean of the batch means, computed as AIToolbox (and a hand-written loop) computes it.
-                num_samples = len(batch_losses)
-                means = {k: _mean_float64([b[k] for b in batch_losses]) for k in batch_losses[0]} \
-                    if isinstance(batch_losses[0], dict) else _mean_float64(batch_losses)
-            if isinstance(means, dict):
-                result: Any = MultiLoss({k: self._mean_over_ranks(v, num_samples) for k, v in means.items()})
-            else:
-                result = self._mean_over_ranks(means, num_samples)
-            # The pass's result, for on_eval_end (SuperGradients hands it to its loader-end phase).
-            info['loss'] = result
-        finally:
-            self.model.train(was_training)
-            # Also when the pass stops early (StopTraining from an eval hook): callbacks that swapped weights in
-            # on_eval_begin (EMA) swap them back here.
-            for fn in hooks['on_eval_end']:
-                fn(info)
-        if move_to_cpu:
-            return result.apply(torch.Tensor.cpu) if isinstance(result, MultiLoss) else result.cpu()
-        return result
-
-    def _prepare_model_for_evaluation(self):
-        # A loop built only to predict or evaluate never ran fit, which is where the model moves to the device.
-        self.model.to(self.device)
-        self.move_criterion_to_device()
-
-    def _mean_over_ranks(self, mean, count):
-        """The mean over every process of per-process means of ``count`` items each (this process's mean as it
-        is in a single-process run)."""
-        if self.world_size == 1:
-            return mean
-        device = self._collective_device()
-        totals = torch.stack([mean.to(device) * count, torch.tensor(float(count), dtype=torch.float64, device=device)])
-        dist.all_reduce(totals)
-        return totals[0] / totals[1]
-
-    # ------------------------------------------------------------------ predictions
-
-    def predict_on_train_set(self, force_prediction: bool = False, execute_callbacks: bool = False) -> Tuple[Any, Any, Any]:
-        """``(y_pred, y_true, metadata)`` over the train set (cached per training position)."""
-        return self._cached_predictions('train', self.train_loader, force_prediction, execute_callbacks)
-
-    def predict_on_validation_set(self, force_prediction: bool = False,
-                                  execute_callbacks: bool = False) -> Tuple[Any, Any, Any]:
-        """``(y_pred, y_true, metadata)`` over the validation set (cached per training position)."""
-        return self._cached_predictions('validation', self.validation_loader, force_prediction, execute_callbacks)
-
-    def predict_on_test_set(self, force_prediction: bool = False, execute_callbacks: bool = False) -> Tuple[Any, Any, Any]:
-        """``(y_pred, y_true, metadata)`` over the test set (cached per training position)."""
-        return self._cached_predictions('test', self.test_loader, force_prediction, execute_callbacks)
-
-    def _cached_predictions(self, dataset_type, data_loader, force_prediction, execute_callbacks):
-        return self._cached(('predictions', dataset_type), force_prediction, lambda: self.predict_with_model(
-            self._require_loader(data_loader, dataset_type), execute_callbacks, move_to_cpu=True,
-            dataset_info={'type': dataset_type}))
-
-    def predict_with_model(self, data_loader: Any, execute_callbacks: bool = False, move_to_cpu: bool = False,
-                           dataset_info: Optional[Dict[str, Any]] = None) -> Tuple[Any, Any, Any]:
-        """Run the model over a loader in eval mode: returns ``(y_pred, y_true, metadata)``."""
-        self._check_collective_allowed('predict_with_model')
-        self._prepare_model_for_evaluation()
-        was_training = self.model.training
-        self.model.eval()
-        y_pred: List[Any] = []
-        y_true: List[Any] = []
-        metadata_list: List[Dict[str, Any]] = []
-        hooks = self.callbacks_handler.hook_lists
-        info = dict(dataset_info or {}, kind='predictions')
-        info.setdefault('type', None)
-        batch_begin, batch_end = hooks['on_eval_batch_begin'], hooks['on_eval_batch_end']
-        for fn in hooks['on_eval_begin']:
-            fn(info)
-        try:
-            with torch.no_grad(), self._amp.autocast():
-                for batch_data in data_loader:
-                    for fn in batch_begin:
-                        fn(batch_data, info)
-                    y_pred_batch, y_true_batch, metadata_batch = self._feed.get_predictions(batch_data, self.device)
-                    for fn in batch_end:
-                        fn(batch_data, (y_pred_batch, y_true_batch, metadata_batch), info)
-                    if execute_callbacks:
-                        self.callbacks_handler.execute_after_batch_prediction(
-                            y_pred_batch, y_true_batch, metadata_batch, dataset_info)
-                    y_pred = self.collate_batch_pred_fn(y_pred_batch, y_pred)
-                    y_true = self.collate_batch_pred_fn(y_true_batch, y_true)
-                    if metadata_batch is not None:
-                        metadata_list.append(metadata_batch)
-        finally:
-            self.model.train(was_training)
-            for fn in hooks['on_eval_end']:
-                fn(info)
-        y_pred, y_true = self.pred_transform_fn(y_pred), self.pred_transform_fn(y_true)
-        # As in AIToolbox, batches that return {} give {}; None only when every batch returned None.
-        metadata = combine_prediction_metadata_batches(metadata_list) if metadata_list else None
-        if self.world_size > 1:     # every rank predicted its share; all get the whole set in dataset order
-            y_pred, y_true, metadata = distributed.gather_predictions(data_loader, y_pred, y_true, metadata)
-        if move_to_cpu:
-            y_pred, y_true = _cpu(y_pred), _cpu(y_true)
-            metadata = {k: _cpu(v) for k, v in metadata.items()} if metadata else metadata
-        return y_pred, y_true, metadata
-
-    def _cached(self, key, force, compute):
-        """Results are cached per training position: every callback asking at the same point gets the same
-        values without recomputing, and each caller gets its own copy to mutate."""
-        position = (self.epoch, self.total_iteration_idx)
-        hit = self._eval_cache.get(key)
-        if force or hit is None or hit[0] != position:
-            # Iterating a loader draws from the global RNG (sampler and worker seeds); isolating it keeps
-            # the training trajectory independent of how often and on what the model is evaluated.
-            with torch.random.fork_rng(devices=self._rng_devices()):
-                hit = (position, compute())
-            self._eval_cache[key] = hit
-        return copy.deepcopy(hit[1])
-
-    def _rng_devices(self):
-        if self.device.type != 'cuda':
-            return []
-        return [self.device.index if self.device.index is not None else torch.cuda.current_device()]
-
-    def purge_prediction_cache(self) -> None:
-        """Forget cached losses and predictions (e.g. after loading other weights into the model)."""
-        self._eval_cache.clear()
-
-    @staticmethod
-    def _require_loader(data_loader, dataset_type):
-        if data_loader is None:
-            raise ValueError(f'no {dataset_type} loader was given to the TrainLoop, so there is nothing to evaluate '
-                             f'on the {dataset_type} set')
-        return data_loader
-
-    def _check_collective_allowed(self, operation):
-        callback = self.running_rank_restricted_callback
-        if callback is not None and self.world_size > 1:
-            raise CollectiveInRankRestrictedCallbackError(
-                f'callback {callback.callback_name!r} ({type(callback).__name__}) runs only on rank '
-                f'{callback.device_idx_execution} but called {operation}, which every rank must join; it would hang. '
-                f'Set device_idx_execution=None so it runs on every rank (and guard its side effects with '
-                f'train_loop_obj.is_main_process()).')
-
-    # ------------------------------------------------------------------ schedules
-
-    def get_schedulers(self) -> List[AbstractCallback]:
-        """The registered learning-rate scheduler callbacks (checkpoints save their state)."""
-        return [cb for cb in self.callbacks if isinstance(cb, AbstractScheduler)]
-
-    def get_num_training_steps(self) -> int:
-        """AIToolbox's count of training steps: ``num_iterations // grad_accumulation``, or
-        ``len(train_loader) // grad_accumulation * num_epochs``. It leaves out the update that ends an epoch
-        whose batches are not a multiple of ``grad_accumulation``; :meth:`get_num_optimizer_updates` counts
-        them (the schedulers of this library use that one)."""
-        if self.num_epochs is None and not self.num_iterations:
-            raise RuntimeError('get_num_training_steps() is known only once fit() has started')
-        if self.num_iterations:
-            return self.num_iterations // self.grad_accumulation
-        try:
-            per_epoch = len(self.train_loader)
-        except TypeError:
-            raise RuntimeError('get_num_training_steps() needs a train_loader with len() or fit(num_iterations=...)')
-        return int(per_epoch // self.grad_accumulation * (self.num_epochs or 0))
-
-    def get_num_optimizer_updates(self) -> int:
-        """Number of optimizer updates of the whole run up to num_epochs / num_iterations, counting the
-        updates of earlier fits (both are totals), so a resumed schedule keeps its length. The last partial
-        accumulation window of each epoch counts as an update."""
-        if self.num_epochs is None and not self.num_iterations:
-            raise RuntimeError('get_num_optimizer_updates() is known only once fit() has started')
-        try:
-            per_epoch = len(self.train_loader)
-        except TypeError:
-            if self.num_iterations:
-                return math.ceil(self.num_iterations / self.grad_accumulation)
-            raise RuntimeError('get_num_optimizer_updates() needs a train_loader with len() or '
-                               'fit(num_iterations=...)')
-        total_batches = self.num_iterations or per_epoch * (self.num_epochs or 0)
-        full_epochs, rest = divmod(total_batches, per_epoch)
-        return full_epochs * math.ceil(per_epoch / self.grad_accumulation) + math.ceil(rest / self.grad_accumulation)
-
-
-def launcher_parameters(launcher: Callable[..., Any]) -> List[str]:
-    """The keyword arguments a distributed launcher (ddp_launch.fit_ddp / fit_fsdp) takes besides fit's own."""
-    skip = {'train_loop_obj', 'num_epochs', 'num_iterations', 'callbacks', 'grad_accumulation'}
-    return [name for name in inspect.signature(launcher).parameters if name not in skip and not name.startswith('_')]
-
-
-def _any_fused(optimizers):
-    return any(getattr(o, 'defaults', {}).get('fused') for o in optimizers)
-
-
-def _loss_value(loss):
-    """The number of a loss object that is not a tensor (AIToolbox users return duck-typed losses that only
-    support backward()); None when it cannot be read. Reading it syncs with the device, but only for such losses."""
-    for read in (lambda: loss.item(), lambda: float(loss)):
-        try:
-            return float(read())
-        except (AttributeError, TypeError, ValueError):
-            continue
-    return None
-
-
-def _mean_float64(losses: Sequence[Any]) -> torch.Tensor:
-    """The float64 mean of one-element losses: tensors, or the Python floats recorded for duck-typed losses
-    (see _loss_value). The common case, same-device tensors, is one stack and one conversion instead of one
-    tensor op per batch (an epoch-end cost that grows with the epoch); converting to float64 is exact, so both
-    ways give the same bits."""
-    if all(type(loss) is torch.Tensor for loss in losses):
-        try:
-            stacked = torch.stack(list(losses))
-        except RuntimeError:        # shapes or devices differ: the general path below
-            pass
-        else:
-            if stacked.numel() == len(losses):
-                return stacked.reshape(-1).to(torch.float64).mean()
-    return torch.stack([torch.as_tensor(loss, dtype=torch.float64).reshape(()) for loss in losses]).mean()
-
-
-def _cpu(value):
-    return value.cpu() if isinstance(value, torch.Tensor) else value
-
-
-# The tracking loops live in tracking.py (they subclass TrainLoop, so defining them here would import the saving
-# callbacks into the core). They stay importable from here, where AIToolbox and DESIGN.md put them, through a
-# lazy module attribute: nothing is imported until the name is used, so no import circle comes back.
-_TRACKING_LOOPS = ('TrainLoopCheckpoint', 'TrainLoopEndSave', 'TrainLoopCheckpointEndSave')
-
-
-def __getattr__(name: str) -> Any:
-    if name in _TRACKING_LOOPS:
-        from . import tracking
-        return getattr(tracking, name)
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-
-
-def __dir__() -> List[str]:
-    return sorted(set(globals()) | set(_TRACKING_LOOPS))
+# ---------------------------------------------------------------------------------------------- tracking loops
+# AIToolbox's TrainLoopCheckpoint, TrainLoopEndSave and TrainLoopCheckpointEndSave (documented in tracking.py, their
+# own module): defined here, beside TrainLoop, where AIToolbox's train_loop package and DESIGN.md offer them too;
+# their saving callbacks come from callbacks/defaults.py, so this module names no callback library.
+
+
+def _caller_file():
+    """The file of the code that created the tracking loop: the first caller outside this module (so the
+    subclasses' __init__ chains need no depth bookkeeping)."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None and frame.f_globals.get('__name__') == __name__:
+            frame = frame.f_back
+        return os.path.abspath(frame.f_code.co_filename) if frame is not None else None
+    finally:
+        del frame
+
+
+class _TrackingMixin(TrainLoop):
+    """What the tracking loops add to a TrainLoop: the experiment's names and where it is saved."""
+
+    def _set_tracking_attributes(self, project_name, experiment_name, local_model_result_folder_path, hyperparams,
+                                 cloud_save_mode, bucket_name, cloud_dir_prefix, source_dirs, caller_file):
+        validate_key_part(project_name, 'project_name')
+        validate_key_part(experiment_name, 'experiment_name')
+        normalize_cloud_save_mode(cloud_save_mode)
+        if hyperparams is None:
+            hyperparams = {}
+        if not isinstance(hyperparams, dict):
+            raise TypeError(f'hyperparams must be a dict, got {type(hyperparams).__qualname__}')
+        self.project_name = project_name
+        self.experiment_name = experiment_name
+        self.local_model_result_folder_path = os.path.expanduser(os.fspath(local_model_result_folder_path))
+        # As in AIToolbox, the dict is completed in place so the caller sees what is saved.
+        if 'experiment_file_path' not in hyperparams and caller_file:
+            hyperparams['experiment_file_path'] = caller_file
+        if 'source_dirs_paths' not in hyperparams:
+            # As given (AIToolbox's default is the tuple ()): the saved hyperparameters show what the caller passed.
+            hyperparams['source_dirs_paths'] = source_dirs
+        self.hyperparams = hyperparams
+        self.cloud_save_mode = cloud_save_mode
+        self.bucket_name = bucket_name
+        self.cloud_dir_prefix = cloud_dir_prefix
+        self.source_dirs = source_dirs
+
+    def _register_checkpoint_callback(self, rm_subopt_local_models, num_best_checkpoints_kept, iteration_save_freq):
+        if isinstance(iteration_save_freq, bool) or not isinstance(iteration_save_freq, int) or iteration_save_freq < 0:
+            raise ValueError(f'iteration_save_freq must be an int >= 0 (0: checkpoint after every epoch), got '
+                             f'{iteration_save_freq!r}')
+        self.rm_subopt_local_models = rm_subopt_local_models
+        self.iteration_save_freq = iteration_save_freq
+        args = (self.project_name, self.experiment_name, self.local_model_result_folder_path, self.hyperparams)
+        kwargs = dict(cloud_save_mode=self.cloud_save_mode, bucket_name=self.bucket_name,
+                      cloud_dir_prefix=self.cloud_dir_prefix, rm_subopt_local_models=rm_subopt_local_models,
+                      num_best_checkpoints_kept=num_best_checkpoints_kept)
+        callback = checkpoint_saver(iteration_save_freq, *args, **kwargs)
+        self.callbacks_handler.register_callbacks([callback], cache_callbacks=True)
+
+
+class TrainLoopCheckpoint(_TrackingMixin, TrainLoop):
+    """TrainLoop that checkpoints the full training state after every epoch (ModelCheckpoint) or every
+    ``iteration_save_freq`` batches (ModelIterationCheckpoint). Arguments as in AIToolbox; see
+    ModelCheckpoint for rm_subopt_local_models / num_best_checkpoints_kept."""
+
+    def __init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion, project_name,
+                 experiment_name, local_model_result_folder_path, hyperparams, cloud_save_mode='s3',
+                 bucket_name='model-result', cloud_dir_prefix='', source_dirs=(), rm_subopt_local_models=False,
+                 num_best_checkpoints_kept=2, iteration_save_freq=0, collate_batch_pred_fn=append_predictions,
+                 pred_transform_fn=torch_cat_transf, end_auto_eval=True, lazy_experiment_save=False,
+                 print_callbacks=False, gpu_mode='single', cuda_device_idx=None, use_amp=False, progress_bar=None,
+                 preemption_safe=True):
+        TrainLoop.__init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion,
+                           collate_batch_pred_fn, pred_transform_fn, end_auto_eval, lazy_experiment_save,
+                           print_callbacks, gpu_mode, cuda_device_idx, use_amp, progress_bar)
+        # Read by callbacks/defaults.py: False leaves out the default PreemptionCheckpoint.
+        self.preemption_safe = bool(preemption_safe)
+        self._set_tracking_attributes(project_name, experiment_name, local_model_result_folder_path, hyperparams,
+                                      cloud_save_mode, bucket_name, cloud_dir_prefix, source_dirs, _caller_file())
+        self._register_checkpoint_callback(rm_subopt_local_models, num_best_checkpoints_kept, iteration_save_freq)
+
+
+class TrainLoopEndSave(_TrackingMixin, TrainLoop):
+    """TrainLoop that saves the final model and evaluates the result packages at the end of training
+    (ModelTrainEndSave). Arguments as in AIToolbox."""
+
+    def __init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion, project_name,
+                 experiment_name, local_model_result_folder_path, hyperparams, val_result_package=None,
+                 test_result_package=None, cloud_save_mode='s3', bucket_name='model-result', cloud_dir_prefix='',
+                 source_dirs=(), collate_batch_pred_fn=append_predictions, pred_transform_fn=torch_cat_transf,
+                 end_auto_eval=True, lazy_experiment_save=False, print_callbacks=False, gpu_mode='single',
+                 cuda_device_idx=None, use_amp=False, progress_bar=None, preemption_safe=True):
+        TrainLoop.__init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion,
+                           collate_batch_pred_fn, pred_transform_fn, end_auto_eval, lazy_experiment_save,
+                           print_callbacks, gpu_mode, cuda_device_idx, use_amp, progress_bar)
+        self.preemption_safe = bool(preemption_safe)     # read by callbacks/defaults.py
+        self._set_tracking_attributes(project_name, experiment_name, local_model_result_folder_path, hyperparams,
+                                      cloud_save_mode, bucket_name, cloud_dir_prefix, source_dirs, _caller_file())
+        self.val_result_package = val_result_package
+        self.test_result_package = test_result_package
+        self.check_if_result_packages_possible()
+        self.callbacks_handler.register_callbacks([end_saver(
+            self.project_name, self.experiment_name, self.local_model_result_folder_path, self.hyperparams,
+            val_result_package, test_result_package, cloud_save_mode=cloud_save_mode, bucket_name=bucket_name,
+            cloud_dir_prefix=cloud_dir_prefix)], cache_callbacks=True)
+
+    def check_if_result_packages_possible(self):
+        if self.val_result_package is None and self.test_result_package is None:
+            raise ValueError('give val_result_package and/or test_result_package (both are None)')
+        if self.val_result_package is not None and self.validation_loader is None:
+            raise ValueError('val_result_package was given but validation_loader is None')
+        if self.test_result_package is not None and self.test_loader is None:
+            raise ValueError('test_result_package was given but test_loader is None')
+        for package in (self.val_result_package, self.test_result_package):
+            if package is not None and not callable(getattr(package, 'prepare_result_package', None)):
+                raise TypeError(f'result packages must be AbstractResultPackage instances, got '
+                                f'{type(package).__qualname__}')
+
+
+class TrainLoopCheckpointEndSave(TrainLoopEndSave):
+    """TrainLoopEndSave plus a checkpoint after every epoch (or every ``iteration_save_freq`` batches)."""
+
+    def __init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion, project_name,
+                 experiment_name, local_model_result_folder_path, hyperparams, val_result_package=None,
+                 test_result_package=None, cloud_save_mode='s3', bucket_name='model-result', cloud_dir_prefix='',
+                 source_dirs=(), rm_subopt_local_models=False, num_best_checkpoints_kept=2, iteration_save_freq=0,
+                 collate_batch_pred_fn=append_predictions, pred_transform_fn=torch_cat_transf, end_auto_eval=True,
+                 lazy_experiment_save=False, print_callbacks=False, gpu_mode='single', cuda_device_idx=None,
+                 use_amp=False, progress_bar=None, preemption_safe=True):
+        TrainLoopEndSave.__init__(self, model, train_loader, validation_loader, test_loader, optimizer, criterion,
+                                  project_name, experiment_name, local_model_result_folder_path, hyperparams,
+                                  val_result_package, test_result_package, cloud_save_mode, bucket_name,
+                                  cloud_dir_prefix, source_dirs, collate_batch_pred_fn, pred_transform_fn,
+                                  end_auto_eval, lazy_experiment_save, print_callbacks, gpu_mode, cuda_device_idx,
+                                  use_amp, progress_bar, preemption_safe)
+        self._register_checkpoint_callback(rm_subopt_local_models, num_best_checkpoints_kept, iteration_save_freq)

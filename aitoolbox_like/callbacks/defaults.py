@@ -1,11 +1,14 @@
-"""The callbacks every fit gets without asking: the one place that adds them (as Keras' CallbackList adds its
-History and progress bar). The loop calls :func:`add_default_callbacks` once per fit, after the user's
-callbacks are registered and, in a distributed run, after the loaders are sharded."""
-from typing import TYPE_CHECKING, List
+"""The callbacks the loop adds on its user's behalf, the one module of the core that names callback libraries:
+those every fit gets without asking (as Keras' CallbackList adds its History and progress bar), and the savers a
+tracking loop registers (TrainLoopCheckpoint & co., defined beside TrainLoop). The loop calls
+:func:`add_default_callbacks` once per fit, after the user's callbacks are registered and, in a distributed run,
+after the loaders are sharded."""
+from typing import TYPE_CHECKING, Any, List
 
 from .abstract import AbstractCallback, AbstractScheduler
 from .basic import ProgressBar
 from .ddp import DistributedSamplerSetEpoch
+from .model_save import ModelCheckpoint, ModelIterationCheckpoint, ModelTrainEndSave
 from .preemption import PreemptionCheckpoint, preemption_default_needed
 from .train_schedule import LRMonitor
 
@@ -45,3 +48,17 @@ def add_default_callbacks(loop: 'TrainLoop') -> List[AbstractCallback]:
         added.append(PreemptionCheckpoint())
     loop.callbacks_handler.register_callbacks(added)
     return added
+
+
+def checkpoint_saver(iteration_save_freq: int, *args: Any, **kwargs: Any) -> AbstractCallback:
+    """The saver of TrainLoopCheckpoint and TrainLoopCheckpointEndSave: ModelCheckpoint after every epoch
+    (``iteration_save_freq=0``), else ModelIterationCheckpoint every ``iteration_save_freq`` batches; ``args`` and
+    ``kwargs`` are theirs."""
+    if iteration_save_freq == 0:
+        return ModelCheckpoint(*args, **kwargs)
+    return ModelIterationCheckpoint(iteration_save_freq, *args, **kwargs)
+
+
+def end_saver(*args: Any, **kwargs: Any) -> AbstractCallback:
+    """The saver of TrainLoopEndSave and TrainLoopCheckpointEndSave: ModelTrainEndSave(*args, **kwargs)."""
+    return ModelTrainEndSave(*args, **kwargs)

@@ -1,0 +1,102 @@
+"""What fit checks before it trains, each mistake named with its fix: unknown keyword arguments (with the closest
+accepted name), and the pieces fit is about to use (loaders, criterion, optimizer, precision). Construction
+accepts None pieces (AIToolbox code builds loops that way), so the checks run here, at the start of fit."""
+import difflib
+import inspect
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+
+import torch
+
+from ..model import TTBasicModel
+
+if TYPE_CHECKING:
+    from ..train_loop import TrainLoop
+
+
+def launcher_parameters(launcher: Callable[..., Any]) -> List[str]:
+    """The keyword arguments a distributed launcher (ddp_launch.fit_ddp / fit_fsdp) takes besides fit's own."""
+    skip = {'train_loop_obj', 'num_epochs', 'num_iterations', 'callbacks', 'grad_accumulation'}
+    return [name for name in inspect.signature(launcher).parameters if name not in skip and not name.startswith('_')]
+
+
+def check_fit_keywords(loop: 'TrainLoop', kwargs: Dict[str, Any]) -> None:
+    """Unknown keyword arguments first (a misspelt ``epochs=1`` must not be reported as a missing num_epochs),
+    each with the closest accepted name."""
+    if not kwargs:
+        return
+    from ..ddp_launch import fit_ddp, fit_fsdp      # the launchers' own signatures say what they accept
+    own = ['num_epochs', 'num_iterations', 'callbacks', 'grad_accumulation', 'resume_from']
+    by_mode = {'ddp': launcher_parameters(fit_ddp), 'fsdp': launcher_parameters(fit_fsdp),
+               'dp': ['dp_model_args'], 'single': []}
+    accepted = own + by_mode.get(loop.gpu_mode, [])
+    anywhere = set(accepted).union(*by_mode.values())
+    unknown = [name for name in kwargs if name not in anywhere]
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, accepted, n=1, cutoff=0.6)
+            hints.append(f'{name!r} (did you mean {close[0]!r}?)' if close else repr(name))
+        raise TypeError(f'fit() got unexpected keyword argument(s) {", ".join(hints)}; fit accepts '
+                        f'{", ".join(accepted)}')
+    elsewhere = sorted(name for name in kwargs if name not in accepted)
+    if elsewhere:
+        modes = sorted({mode for mode, names in by_mode.items() for name in elsewhere if name in names})
+        raise TypeError(f'fit() got unexpected arguments {elsewhere}; these are only accepted with '
+                        f'gpu_mode={" or ".join(repr(m) for m in modes)} (this TrainLoop has '
+                        f'gpu_mode={loop.gpu_mode!r})')
+
+
+def check_fit_inputs(loop: 'TrainLoop', amp_unavailable: Optional[str], final: bool,
+                 need_train_loader: bool = False) -> None:
+    """What fit is about to use, checked before the first step so that a mistake never costs an epoch.
+    Construction accepts None pieces (AIToolbox code builds loops that way), so the checks live here.
+    ``final`` is the last check before the first batch: pieces a callback could still have set
+    (the optimizer) must exist by then."""
+    for name in ('train_loader', 'validation_loader', 'test_loader'):
+        loader = getattr(loop, name)
+        if isinstance(loader, torch.Tensor):
+            # A tensor iterates row by row, so training would feed single samples to the model and fail there.
+            raise TypeError(f'{name} is a torch.Tensor of shape {tuple(loader.shape)}, not a loader of batches: '
+                            f'wrap the inputs and targets, e.g. DataLoader(TensorDataset(x, y), batch_size=32)')
+        if loader is not None and (not hasattr(loader, '__iter__') or isinstance(loader, (str, bytes))):
+            raise TypeError(f'{name} must be an iterable of batches (e.g. a torch DataLoader) or None, got '
+                            f'{type(loader).__qualname__}: TrainLoop(model, train_loader, validation_loader, '
+                            f'test_loader, optimizer, criterion)')
+    criterion = loop.criterion
+    if isinstance(criterion, type):
+        # Called on the predictions, a loss class would build a module from them and fail deep in torch
+        # ("Boolean value of Tensor with more than one value is ambiguous").
+        raise TypeError(f'criterion is the class {criterion.__qualname__}, not a loss: pass an instance, e.g. '
+                        f'{criterion.__qualname__}() (note the parentheses)')
+    if amp_unavailable is not None:
+        raise ValueError(amp_unavailable)
+    if need_train_loader and loop.train_loader is None:
+        raise ValueError("fit() needs a train_loader, but the TrainLoop was given train_loader=None: pass a "
+                         "DataLoader as the TrainLoop's second argument (with gpu_mode='ddp' it may instead be "
+                         "built in each process: fit(..., in_process_data_load=InMultiProcessDataLoad(...)))")
+    if final and loop.criterion is None and isinstance(loop.model, TTBasicModel) \
+            and type(loop.model).get_loss is TTBasicModel.get_loss:
+        raise ValueError(f'{type(loop.model).__qualname__} is a TTBasicModel, whose get_loss calls the criterion, '
+                         f'but the TrainLoop has criterion=None: pass one as the sixth argument (e.g. '
+                         f'nn.CrossEntropyLoss())')
+    optimizer = loop.optimizer
+    if optimizer is None:
+        if final:
+            raise ValueError('fit() needs an optimizer, but the TrainLoop has optimizer=None: pass one as the '
+                             "TrainLoop's fifth argument, e.g. torch.optim.SGD(model.parameters(), lr=0.1), or set "
+                             'train_loop_obj.optimizer from a callback before training starts '
+                             '(on_train_loop_registration or on_train_begin)')
+        return
+    if isinstance(optimizer, type):
+        raise TypeError(f'optimizer is the class {optimizer.__qualname__}, not an optimizer: pass an instance, '
+                        f'e.g. {optimizer.__qualname__}(model.parameters(), lr=...)')
+    missing = [m for m in ('step', 'zero_grad') if not callable(getattr(optimizer, m, None))]
+    if missing:
+        raise TypeError(f'optimizer ({type(optimizer).__qualname__}) has no {" or ".join(missing)}(); pass a '
+                        f'torch.optim optimizer or aitoolbox_like.MultiOptimizer([...])')
+    own = {id(p) for p in loop.model.parameters()}
+    held = [id(p) for o in loop.optimizers for g in getattr(o, 'param_groups', ()) for p in g['params']]
+    if own and held and not own.intersection(held):
+        raise ValueError(f'the optimizer ({type(optimizer).__qualname__}) holds none of the model\'s parameters: '
+                         f'it was built for another model (or a copy); build it from this one, e.g. '
+                         f'torch.optim.SGD(model.parameters(), lr=...)')
