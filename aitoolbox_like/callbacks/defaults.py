@@ -4,7 +4,7 @@ callbacks are registered and, in a distributed run, after the loaders are sharde
 from typing import TYPE_CHECKING, List
 
 from .abstract import AbstractCallback, AbstractScheduler
-from .basic import ProgressBar
+from .progress import ProgressBar
 from .ddp import DistributedSamplerSetEpoch
 from .preemption import PreemptionCheckpoint, preemption_default_needed
 from .train_schedule import LRMonitor
