@@ -13,7 +13,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ..callbacks.abstract import AbstractCallback
 from ..experiment.reporting import as_number
-from ..recipes.recipe import RecipeError
+from ..recipes.schema import RecipeError
 
 # Named as before the move, so that logging set up for the search's trials still applies.
 logger = logging.getLogger('aitoolbox_like.tuning.trial')
