@@ -15,6 +15,9 @@ from .schema import (DP_FIT_ARGS, FIT_FILLED, SCHEDULER_WRAPPER_KEYS, SECTIONS, 
                      normalize_key)
 from .signatures import expected_type, recipe_parameters, type_hints_of
 
+
+# ---------------------------------------------------------------------------------------------- types
+
 _MAPPING_ORIGINS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
 _LIST_ORIGINS = (list, tuple, set, frozenset, collections.abc.Sequence, collections.abc.MutableSequence,
                  collections.abc.Iterable, collections.abc.Collection, collections.abc.Set)
