@@ -6,7 +6,7 @@ after the loaders are sharded."""
 from typing import TYPE_CHECKING, Any, List
 
 from .abstract import AbstractCallback, AbstractScheduler
-from .basic import ProgressBar
+from .progress import ProgressBar
 from .ddp import DistributedSamplerSetEpoch
 from .model_save import ModelCheckpoint, ModelIterationCheckpoint, ModelTrainEndSave
 from .preemption import PreemptionCheckpoint, preemption_default_needed

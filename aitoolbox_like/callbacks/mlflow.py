@@ -20,13 +20,12 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..experiment import BEST_POINTER, CHECKPOINT_DIR, HYPERPARAMS_JSON, LATEST_POINTER, MODEL_DIR
 from ._common import BatchLossReader, as_number, check_int, is_number
+from ._mlflow_sender import Operation, Sender, is_transient_error
 from .abstract import AbstractExperimentCallback
 from .performance_eval import history_series
 
@@ -39,8 +38,6 @@ _MAX_PARAMS_TAGS_PER_BATCH = 100
 _MAX_PARAM_VALUE_LENGTH = 6000
 # Folders of an experiment folder that are never artifacts (other trackers' own files, caches, VCS).
 _SKIP_DIRS = {'__pycache__', '.git', '.hg', '.svn', '.ipynb_checkpoints', 'wandb', 'mlruns', 'mlartifacts'}
-# HTTP statuses worth retrying: the server (or a proxy before it) is down, overloaded or restarting.
-_RETRY_STATUSES = {408, 429, 500, 502, 503, 504}
 
 
 def import_mlflow(who: str = 'MLflowTracking') -> Any:
@@ -76,156 +73,6 @@ def git_commit(folder: Optional[str]) -> Optional[str]:
         return None
     commit = result.stdout.strip()
     return commit if result.returncode == 0 and len(commit) in (40, 64) else None
-
-
-def is_transient_error(error: BaseException) -> bool:
-    """True for an error worth retrying: the server is unreachable, timing out, overloaded or failing (5xx);
-    False for a refusal of the request itself (a 4xx answer: invalid value, unknown run, no permission)."""
-    status: Optional[int] = None
-    get_status = getattr(error, 'get_http_status_code', None)       # MlflowException / RestException
-    if callable(get_status):
-        try:
-            status = int(get_status())
-        except (TypeError, ValueError):
-            status = None
-    response = getattr(error, 'response', None)                      # requests.HTTPError (artifact uploads)
-    if status is None and response is not None and getattr(response, 'status_code', None) is not None:
-        status = int(response.status_code)
-    if status is None:
-        return not isinstance(error, (ValueError, TypeError, FileNotFoundError, IsADirectoryError))
-    return status >= 500 or status in _RETRY_STATUSES
-
-
-@dataclass
-class _Operation:
-    """One call to MLflow, made by the sender thread."""
-    kind: str                                   # 'start' | 'batch' | 'artifact' | 'terminate'
-    metrics: List[Tuple[str, float, int, int]] = field(default_factory=list)   # (key, value, timestamp_ms, step)
-    params: Dict[str, str] = field(default_factory=dict)
-    tags: Dict[str, str] = field(default_factory=dict)
-    path: str = ''
-    artifact_path: Optional[str] = None
-    status: str = 'FINISHED'
-
-    def describe(self) -> str:
-        if self.kind == 'batch':
-            parts = [f'{len(self.metrics)} metric value(s)' if self.metrics else '',
-                     f'{len(self.params)} param(s)' if self.params else '',
-                     f'{len(self.tags)} tag(s)' if self.tags else '']
-            return ', '.join(p for p in parts if p) or 'an empty batch'
-        if self.kind == 'artifact':
-            return f'artifact {self.path}'
-        if self.kind == 'terminate':
-            return f'run status {self.status}'
-        return 'run start'
-
-
-class _Sender:
-    """The background thread that makes every MLflow call of one callback, in order.
-
-    A call that fails with a transient error (server down) is retried, with a growing pause, until it succeeds or
-    the sender is closed; the first failure of an outage is one warning, the recovery one info message. A call
-    the server refuses (4xx) is dropped with an error message.
-    """
-
-    def __init__(self, execute: Callable[[_Operation], None], describe_server: Callable[[], str],
-                 retry_interval_s: float, max_retry_interval_s: float, stall_warning_s: float) -> None:
-        self._execute = execute
-        self._describe_server = describe_server
-        self.retry_interval_s = retry_interval_s
-        self.max_retry_interval_s = max_retry_interval_s
-        self.stall_warning_s = stall_warning_s
-        self._queue: Deque[_Operation] = collections.deque()
-        self._condition = threading.Condition()
-        self._closed = False
-        self._busy_since: Optional[float] = None
-        self.down = False            # True from the first failed call of an outage until a call succeeds again
-        self.outages = 0
-        self.dropped: List[str] = []  # what the server refused (not retried)
-        self.last_error: Optional[str] = None
-        self._thread = threading.Thread(target=self._run, name='MLflowTracking sender', daemon=True)
-        self._thread.start()
-
-    def submit(self, operation: _Operation) -> None:
-        with self._condition:
-            self._queue.append(operation)
-            self._condition.notify_all()
-
-    def pending(self) -> List[_Operation]:
-        """The operations not done yet (the one in progress first)."""
-        with self._condition:
-            return list(self._queue)
-
-    def wait(self, timeout: Optional[float]) -> bool:
-        """Wait until every submitted operation is done (or dropped); False when ``timeout`` passed first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._condition:
-            while self._queue:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._condition.wait(remaining if remaining is None else min(remaining, 0.5))
-        return True
-
-    def check_stalled(self) -> None:
-        """Warn (once per outage) when one call has been waiting for the server longer than stall_warning_s: MLflow's
-        own HTTP retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES) can keep a call going for minutes before it fails."""
-        busy_since = self._busy_since
-        if busy_since is not None and not self.down and time.monotonic() - busy_since > self.stall_warning_s:
-            self._mark_down(f'no answer for {time.monotonic() - busy_since:.0f} s')
-
-    def close(self) -> None:
-        with self._condition:
-            self._closed = True
-            self._condition.notify_all()
-
-    def _mark_down(self, reason: str) -> None:
-        with self._condition:
-            if self.down:
-                return
-            self.down = True
-            self.outages += 1
-        logger.warning('MLflowTracking: the MLflow tracking server %s is not answering (%s); training goes on, and '
-                       'what is not logged yet is queued and sent when the server is back', self._describe_server(),
-                       reason)
-
-    def _run(self) -> None:
-        pause = self.retry_interval_s
-        while True:
-            with self._condition:
-                while not self._queue and not self._closed:
-                    self._condition.wait()
-                if not self._queue:
-                    return
-                operation = self._queue[0]
-                self._busy_since = time.monotonic()
-            try:
-                self._execute(operation)
-            except Exception as error:                      # the training must never see it
-                self.last_error = f'{type(error).__name__}: {error}'
-                if is_transient_error(error):
-                    self._mark_down(self.last_error[:300])
-                    with self._condition:
-                        self._busy_since = None
-                        if self._closed:
-                            return
-                        self._condition.wait(pause)
-                    pause = min(pause * 2, self.max_retry_interval_s)
-                    continue
-                logger.error('MLflowTracking: the MLflow server refused %s; it is not logged (%s)',
-                             operation.describe(), self.last_error)
-                self.dropped.append(f'{operation.describe()} ({self.last_error})')
-            else:
-                if self.down:
-                    logger.info('MLflowTracking: the MLflow tracking server %s answers again; sending the %d queued '
-                                'operation(s)', self._describe_server(), len(self._queue) - 1)
-                    self.down = False
-                pause = self.retry_interval_s
-            with self._condition:
-                self._busy_since = None
-                if self._queue and self._queue[0] is operation:
-                    self._queue.popleft()
-                self._condition.notify_all()
 
 
 class MLflowTracking(AbstractExperimentCallback):
@@ -329,7 +176,7 @@ class MLflowTracking(AbstractExperimentCallback):
         self.experiment_id: Optional[str] = None
         self.not_logged: List[str] = []        # what the last fit could not log (see on_train_end)
         self._client: Any = None
-        self._sender: Optional[_Sender] = None
+        self._sender: Optional[Sender] = None
         self._run_open = False
         self._known_params: Dict[str, str] = {}
         self._artifact_signatures: Dict[str, Tuple[int, int]] = {}
@@ -385,11 +232,11 @@ class MLflowTracking(AbstractExperimentCallback):
         if self._client is None:
             self._client = importlib.import_module('mlflow.tracking').MlflowClient(tracking_uri=self.tracking_uri)
         if self._sender is None:
-            self._sender = _Sender(self._execute, self._server_name, self.retry_interval_s,
+            self._sender = Sender(self._execute, self._server_name, self.retry_interval_s,
                                    self.max_retry_interval_s, self.stall_warning_s)
         self.not_logged = []
         if not self._run_open:
-            self._sender.submit(_Operation('start'))
+            self._sender.submit(Operation('start'))
             self._run_open = True
             tags = self._run_tags()
             params = _flatten_params(self.hyperparams) if self.hyperparams else {}
@@ -422,7 +269,7 @@ class MLflowTracking(AbstractExperimentCallback):
 
     # ---- the calls the sender makes -------------------------------------------------------------
 
-    def _execute(self, operation: _Operation) -> None:
+    def _execute(self, operation: Operation) -> None:
         client = self._client
         if operation.kind == 'start':
             self._start_run()
@@ -523,7 +370,7 @@ class MLflowTracking(AbstractExperimentCallback):
         if self.finish_run_on_train_end:
             # An interrupted run continues later (MLflow's KILLED: ended from outside before its end).
             status = 'KILLED' if self.train_loop_obj.interrupted else 'FINISHED'
-            self._sender.submit(_Operation('terminate', status=status))
+            self._sender.submit(Operation('terminate', status=status))
             self._run_open = False
         self.flush(self.end_wait_timeout_s)
         self._release_sender()
@@ -533,7 +380,7 @@ class MLflowTracking(AbstractExperimentCallback):
         if self._sender is None:
             return
         try:
-            self._sender.submit(_Operation('terminate', status='FAILED'))
+            self._sender.submit(Operation('terminate', status='FAILED'))
             self._run_open = False
             self.flush(min(self.end_wait_timeout_s, 10.0))
             self._release_sender()
@@ -590,7 +437,7 @@ class MLflowTracking(AbstractExperimentCallback):
         param_items = list((params or {}).items())
         tag_items = list((tags or {}).items())
         while metrics or param_items or tag_items:
-            operation = _Operation('batch', metrics=metrics[:_MAX_METRICS_PER_BATCH],
+            operation = Operation('batch', metrics=metrics[:_MAX_METRICS_PER_BATCH],
                                    params=dict(param_items[:_MAX_PARAMS_TAGS_PER_BATCH]),
                                    tags=dict(tag_items[:_MAX_PARAMS_TAGS_PER_BATCH]))
             metrics = metrics[_MAX_METRICS_PER_BATCH:]
@@ -707,4 +554,4 @@ class MLflowTracking(AbstractExperimentCallback):
                 continue
             self._artifact_signatures[rel] = signature
             folder = os.path.dirname(rel).replace(os.sep, '/')
-            self._sender.submit(_Operation('artifact', path=path, artifact_path=folder or None))
+            self._sender.submit(Operation('artifact', path=path, artifact_path=folder or None))

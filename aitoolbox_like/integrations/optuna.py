@@ -16,7 +16,7 @@ when the callback is first used, not when this module is imported.
 import logging
 from typing import Any
 
-from ..tuning.trial import TrialReport
+from ._trial_report import TrialReport
 
 logger = logging.getLogger(__name__)
 

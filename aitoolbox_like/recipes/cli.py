@@ -24,7 +24,7 @@ import tempfile
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .recipe import COMMAND_LINE_FILE, RECIPE_FILE, Recipe, RecipeError, Run, reference_entries
-from .registry import KINDS, UnknownNameError
+from .registry import KINDS, UnknownNameError, import_path
 from .run_files import PROG, attach_run_files, command_line_text, program_name
 
 if TYPE_CHECKING:
@@ -419,9 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help=import_help)
     listing.set_defaults(handler=cmd_list)
 
-    # The search lives in its own package (it builds on this one); imported here so `tune` is one more subcommand.
-    from ..tuning.cli import add_tune_parser
-    add_tune_parser(commands)
+    # Packages that build on this one add their own subcommands (`tune`), named by import path in plugins.py.
+    from .plugins import SUBCOMMANDS
+    for path in SUBCOMMANDS:
+        import_path(path)(commands)
     return parser
 
 

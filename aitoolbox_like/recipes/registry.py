@@ -197,12 +197,13 @@ def _public_classes(module: Any, base: Any) -> Iterator[Tuple[str, Any]]:
 
 
 def callback_modules() -> List[Any]:
-    """Every module of ``aitoolbox_like.callbacks`` and ``aitoolbox_like.integrations`` (imported now; none imports
-    an optional package at import time, so this works without the extras). A module that fails to import anyway is
-    left out with a warning."""
-    from .. import callbacks, integrations
+    """Every module of ``aitoolbox_like.callbacks`` and of the packages :data:`.plugins.CALLBACK_PACKAGES` names
+    (``aitoolbox_like.integrations``), imported now (none imports an optional package at import time, so this works
+    without the extras). A module that fails to import anyway is left out with a warning."""
+    from .. import callbacks
+    from .plugins import CALLBACK_PACKAGES
     modules = []
-    for package in (callbacks, integrations):
+    for package in (callbacks, *(importlib.import_module(name) for name in CALLBACK_PACKAGES)):
         for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
             if info.name.startswith('_'):
                 continue

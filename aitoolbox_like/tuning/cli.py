@@ -11,7 +11,7 @@ import shlex
 import sys
 from typing import Any, Sequence
 
-from . import BACKENDS, PRUNERS
+from .search import BACKENDS, PRUNERS
 from .trial import PROG
 
 

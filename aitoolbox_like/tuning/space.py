@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..callbacks.abstract import AbstractScheduler
 from ..experiment.reporting import is_number
+from ..integrations._trial_report import TuneInputError
 from ..recipes.recipe import Call, Recipe, RecipeError, key_parts
 
 logger = logging.getLogger(__name__)
@@ -67,18 +68,6 @@ _NON_PRODUCERS = frozenset({
     'DistributedSamplerSetEpoch', 'InMultiProcessDataLoad', 'BackboneFinetuning', 'PredictionVisualization',
     'SaveBatchImages', 'ExponentialMovingAverage', 'StochasticWeightAveraging', 'RayTrainReport', 'OptunaPruning',
 })
-
-
-class TuneInputError(RecipeError):
-    """Everything wrong with a search's input (parameters, monitor, mode), found before any trial runs: one
-    ``'what: problem'`` line per error in ``errors``. A RecipeError, so the command line reports it the same way
-    (exit status 2, no traceback)."""
-
-    def __init__(self, errors: Sequence[str], source: Optional[str] = None) -> None:
-        super().__init__(errors, source)
-        count = f'{len(self.errors)} error{"s" if len(self.errors) != 1 else ""}'
-        where = f' of {source}' if source else ''
-        self.args = (f'tune{where}: {count}\n' + '\n'.join(f'  {e}' for e in self.errors),)
 
 
 @dataclasses.dataclass(frozen=True)

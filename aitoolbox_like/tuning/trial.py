@@ -22,33 +22,25 @@ trial ends: a search prints one line per trial (:func:`outcome_line`).
 """
 import contextlib
 import dataclasses
-import difflib
 import logging
-import math
 import os
 import shutil
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
-from ..callbacks.abstract import AbstractCallback
 from ..callbacks.preemption import PreemptionCheckpoint
-from ..experiment.reporting import as_number
+# The per-epoch report and its error live below the Optuna callback that subclasses them; documented here too.
+from ..integrations._trial_report import MonitorNotRecorded, ReportFn, TrialReport
+from ..integrations._trial_report import monitor_missing_message  # noqa: F401  (importable here, where it was)
 from ..recipes.run_files import PROG, attach_run_files, command_line_text
 from ..recipes.recipe import Recipe
-from .space import Param, TuneInputError, override
+from .space import Param, override
 
 logger = logging.getLogger(__name__)
 
-#: ``report(epoch, value) -> stop``: what a backend does with each epoch's monitored value.
-ReportFn = Callable[[int, float], bool]
 #: The states of a finished trial.
 COMPLETE, PRUNED, FAIL = 'COMPLETE', 'PRUNED', 'FAIL'
-
-
-class MonitorNotRecorded(TuneInputError):
-    """The end of a trial's first epoch found no value of the monitored name in the history: the search is wrong,
-    not the trial (raised, not reported as a failed trial)."""
 
 
 class TrialFailed(Exception):
@@ -110,71 +102,6 @@ class TrialOutcome:
     epochs_reported: int = 0
     seconds: float = 0.0
     log_path: Optional[str] = None
-
-
-class TrialReport(AbstractCallback):
-    """After every epoch, hand the epoch's value of ``monitor`` to ``report(epoch, value)``; when it returns True,
-    stop training cleanly after this epoch (``stopped``), as early stopping does: the epoch's remaining callbacks run,
-    then the end-of-training evaluation and every callback's ``on_train_end``.
-
-    At the end of the first epoch, a ``monitor`` that the history has never recorded is an error
-    (:class:`MonitorNotRecorded`) that lists the names it has, with the close matches. A value that is NaN or
-    infinite fails the trial (ValueError). An epoch that does not record the monitor (evaluation every k epochs) is
-    not reported.
-
-    Args:
-        monitor (str): the history name, e.g. ``'val_loss'``.
-        report (callable or None): ``report(epoch, value) -> bool``; None: subclasses override :meth:`report_value`.
-        execution_order (int): with the stopping callbacks (98), after the metrics of the epoch are recorded.
-    """
-
-    def __init__(self, monitor: str, report: Optional[ReportFn] = None, execution_order: float = 98) -> None:
-        super().__init__(type(self).__name__, execution_order=execution_order)
-        if not isinstance(monitor, str) or not monitor:
-            raise ValueError(f'{type(self).__name__}: monitor must be the name of a history value, e.g. '
-                             f'\'val_loss\', got {monitor!r}')
-        self.monitor = monitor
-        self.report = report
-        self.reported: List[Tuple[int, float]] = []
-        self.stopped = False
-
-    @property
-    def last_value(self) -> Optional[float]:
-        """The last value reported (None before the first)."""
-        return self.reported[-1][1] if self.reported else None
-
-    def report_value(self, epoch: int, value: float) -> bool:
-        """Hand one epoch's value on; True stops training after this epoch."""
-        if self.report is None:
-            raise NotImplementedError(f'{type(self).__name__}: give report= or override report_value')
-        return bool(self.report(epoch, value))
-
-    def on_epoch_end(self) -> None:
-        loop = self.train_loop_obj
-        history = loop.train_history
-        raw = history.value_in_epoch(self.monitor, loop.epoch)
-        if raw is None:
-            if not self.reported and not history.get(self.monitor):
-                raise MonitorNotRecorded([monitor_missing_message(self.monitor, history)])
-            return
-        value = as_number(raw)
-        if value is None:
-            raise TypeError(f'{self.monitor} is not a number in epoch {loop.epoch}: {raw!r}')
-        if not math.isfinite(value):
-            raise ValueError(f'{self.monitor} is {value} in epoch {loop.epoch}')
-        self.reported.append((loop.epoch, value))
-        if self.report_value(loop.epoch, value):
-            self.stopped = True
-            loop.early_stop = True
-            logger.info('%s: stopping after epoch %d (%s=%.6g)', type(self).__name__, loop.epoch, self.monitor, value)
-
-
-def monitor_missing_message(monitor: str, history: Any) -> str:
-    """What to say when the history of a finished epoch has no ``monitor``: the names it has, close ones first."""
-    names = [name for name, values in history.items() if values]
-    close = difflib.get_close_matches(monitor, names, n=3, cutoff=0.5)
-    hint = f'did you mean {" or ".join(close)}? ' if close else ''
-    return f'--monitor {monitor}: the first epoch recorded no {monitor}; {hint}it recorded {", ".join(names)}'
 
 
 # ---------------------------------------------------------------------------------------------- one trial
