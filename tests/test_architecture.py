@@ -1,6 +1,7 @@
 """The layering rules of docs/architecture.md, checked on the source: no import cycle (imports inside functions
 included), the core never imports a callback module except the callback framework and the one module that adds
-default callbacks, and no module reaches into another module's _private names."""
+default callbacks, no module reaches into another module's _private names, no two rooms of the house import each
+other, no module grows past 600 lines, and no package's __init__.py holds logic (tools/house.py measures)."""
 import ast
 import os
 from collections import defaultdict
@@ -173,3 +174,26 @@ def test_no_module_outside_storage_imports_a_backend():
                 continue
             offenders += [(module, node.lineno, t) for t in targets if t in STORAGE_BACKENDS]
     assert offenders == []
+
+
+# ---------------------------------------------------------------------------------------------- the house
+
+
+def _house():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('house', PACKAGE.parent / 'tools' / 'house.py')
+    house = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(house)
+    return house.figures(PACKAGE.parent)
+
+
+def test_no_room_of_the_package_imports_one_that_imports_it_back():
+    # Rooms are the package's top-level modules and folders (tools/house.py): imports between them only point down.
+    figures = _house()
+    assert figures['circles'] == [] and figures['imports_up'] == [], figures['imports_up']
+
+
+def test_modules_stay_small_and_package_entrances_hold_no_logic():
+    figures = _house()
+    assert figures['over_600'] == []            # a file that grows past ~600 lines holds more than one idea
+    assert figures['init_with_logic'] == []     # an __init__.py only imports and re-exports
