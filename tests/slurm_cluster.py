@@ -244,7 +244,13 @@ class SlurmCluster:
         after the begin time SLURM gives a requeued job (about two minutes)."""
         self.wait_for(job_id, lambda f: f.get('JobState') == 'PENDING' and int(f.get('Restarts', 0)) >= restarts,
                       f'requeue number {restarts}', timeout)
-        self.run('scontrol', 'update', f'jobid={job_id}', 'StartTime=now')
+        # slurmd revokes the killed run's job credential with a time in whole seconds and refuses any credential of
+        # the job made in that second or before ("Job credential revoked", the job FAILS): start it in a later one.
+        time.sleep(_CREDENTIAL_REVOCATION_GRANULARITY_S)
+        released = self.run('scontrol', 'update', f'jobid={job_id}', 'StartTime=now', check=False)
+        # SLURM may have started the job on its own meanwhile (it gives some requeued jobs no begin time).
+        if released.returncode != 0 and 'no longer pending' not in (released.stderr + released.stdout):
+            raise RuntimeError(f'scontrol update jobid={job_id} StartTime=now failed: {released.stderr}')
 
     # ---- stop
 
@@ -272,6 +278,7 @@ class SlurmCluster:
 
 
 _LIVE_PROCESSES = set()
+_CREDENTIAL_REVOCATION_GRANULARITY_S = 1.5
 
 
 @atexit.register

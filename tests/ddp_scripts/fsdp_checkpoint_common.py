@@ -59,6 +59,12 @@ class TrainedWhileBlocked(AbstractCallback):
         super().__init__('marks batches trained during the stalled write')
         self.out_dir = out_dir
 
+    def on_epoch_begin(self):
+        # The stalled write starts in a background thread that, on a busy machine, may reach the storage only after
+        # the few batches of the next epoch: wait for it, so that those batches are the ones trained meanwhile.
+        if self.train_loop_obj.epoch == 2:
+            _blocked.wait(timeout=120)
+
     def on_batch_end(self):
         if _blocked.is_set():
             loop = self.train_loop_obj

@@ -46,9 +46,15 @@ def _blocking_save(block_at, marker):
 
 
 class TrainedWhileBlocked(AbstractCallback):
-    def __init__(self, out_dir):
+    def __init__(self, out_dir, write_blocked):
         super().__init__('marks batches trained during the blocked write')
-        self.out_dir = out_dir
+        self.out_dir, self.write_blocked = out_dir, write_blocked
+
+    def on_epoch_begin(self):
+        # The blocked write runs in a background thread that, on a busy machine, may reach its file only after the
+        # few batches of the next epoch: wait for it, so that those batches are the ones trained during the write.
+        if self.write_blocked and self.train_loop_obj.epoch == 2:
+            _blocked.wait(timeout=120)
 
     def on_batch_end(self):
         if _blocked.is_set():
@@ -74,7 +80,7 @@ def main():
     loop = TrainLoopCheckpoint(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss(), 'proj', 'run',
                                args.out_dir, {'lr': 1e-2}, cloud_save_mode='local', progress_bar=False)
     loop.fit(num_epochs=args.epochs, callbacks=[StepLRScheduler(step_size=1, gamma=0.7),
-                                                TrainedWhileBlocked(args.out_dir)],
+                                                TrainedWhileBlocked(args.out_dir, bool(args.block_write))],
              resume_from='latest' if args.resume else None)
     torch.save = _real_save
     torch.save({'weights': weights(loop.model), 'history': loop.train_history.state_dict()}, args.result_file)

@@ -197,11 +197,13 @@ def test_sigkill_during_a_background_write_keeps_the_previous_checkpoint(tmp_pat
     deadline = time.monotonic() + 180
     try:
         # The second checkpoint (epoch 1) is half written and held; training goes on into epoch 2 meanwhile.
+        reached = False
         while process.poll() is None and time.monotonic() < deadline:
             if (out / 'writing').exists() and any(n.startswith('trained_2_') for n in os.listdir(out)):
+                reached = True
                 break
             time.sleep(0.01)
-        assert process.poll() is None, process.stderr.read()[-3000:]
+        assert reached and process.poll() is None, process.stderr.read()[-3000:]
         process.send_signal(signal.SIGKILL)
     finally:
         if process.poll() is None:
