@@ -9,11 +9,13 @@ JSON summary; both runs must exit 0 and print the same summary.
 import json
 import os
 import re
-import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from warm_python import WarmPython
 
 SCRIPTS_DIR = Path(__file__).parent / 'scripts'
 SCRIPTS = sorted(p.name for p in SCRIPTS_DIR.glob('s[0-9][0-9]_*.py'))
@@ -35,22 +37,28 @@ def _env():
     return env
 
 
-def _run_both(commands, cwd, timeout):
-    """Run the commands at the same time (the two runs of a script are independent; most of each is interpreter
-    and import start-up) and return each one's summary."""
-    processes = [subprocess.Popen(cmd, cwd=str(cwd), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for cmd in commands]
-    try:
-        outputs = [proc.communicate(timeout=timeout) for proc in processes]
-    finally:
-        for proc in processes:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+@pytest.fixture(scope='module')
+def warm_python():
+    """One zygote for the module's runs (tests/warm_python.py): each run is a fork of a process that imported torch
+    and scikit-learn once, instead of a cold ``python`` paying seconds of imports for a fraction of a second of
+    training."""
+    warm = WarmPython(_env())
+    yield warm
+    warm.close()
+
+
+def _run_both(warm, commands, cwd, timeout):
+    """Run the commands at the same time (the two runs of a script are independent) and return each one's
+    summary."""
+    processes = [warm.start(cmd, cwd, _env(), cwd / f'run{i}.stdout', cwd / f'run{i}.stderr')
+                 for i, cmd in enumerate(commands)]
+    deadline = time.monotonic() + timeout
+    codes = [warm.wait(proc, max(1.0, deadline - time.monotonic())) for proc in processes]
     summaries = []
-    for cmd, proc, (stdout, stderr) in zip(commands, processes, outputs):
-        assert proc.returncode == 0, (
-            f'{" ".join(map(str, cmd))} exited {proc.returncode}\n'
+    for cmd, proc, code in zip(commands, processes, codes):
+        stdout, stderr = proc.output()
+        assert code == 0, (
+            f'python {" ".join(map(str, cmd))} exited {code}\n'
             f'--- stdout (tail) ---\n{stdout[-3000:]}\n--- stderr (tail) ---\n{stderr[-6000:]}')
         summaries.append(_summary(stdout, cmd))
     return summaries
@@ -83,7 +91,7 @@ def test_scripts_are_written_against_aitoolbox():
 
 
 @pytest.mark.parametrize('script', SCRIPTS)
-def test_script_compat_runner_and_renamed_agree(script, tmp_path):
+def test_script_compat_runner_and_renamed_agree(script, tmp_path, warm_python):
     timeout = SLOW_SCRIPTS.get(script, DEFAULT_TIMEOUT)
     original = SCRIPTS_DIR / script
 
@@ -93,7 +101,7 @@ def test_script_compat_runner_and_renamed_agree(script, tmp_path):
     renamed.write_text(rename_aitoolbox(original.read_text()))
     out_b = tmp_path / 'out_renamed'
     out_b.mkdir()
-    summary_a, summary_b = _run_both([[sys.executable, '-m', 'aitoolbox_like.compat', str(original), str(out_a)],
-                                      [sys.executable, str(renamed), str(out_b)]], cwd=tmp_path, timeout=timeout)
+    summary_a, summary_b = _run_both(warm_python, [['-m', 'aitoolbox_like.compat', original, out_a],
+                                                   [renamed, out_b]], cwd=tmp_path, timeout=timeout)
 
     assert summary_a == summary_b, f'summaries differ:\ncompat:  {summary_a}\nrenamed: {summary_b}'
