@@ -2,9 +2,10 @@
 
 Each block runs as written, as the ``__main__`` script of its own process, with a temporary folder as working
 directory and as ``HOME`` (so ``'~/results'`` and ``./experiments`` land there). To keep the file fast, the
-processes are forked from one runner process that has imported torch and aitoolbox_like (and done nothing else),
-instead of each starting a new interpreter; nothing a block does (e.g. ``compat.install()``) reaches the test
-session or the next block. DDP blocks spawn their workers as any script does (they re-import the block's file).
+processes are forked from one runner process that has imported torch and the libraries the callbacks use,
+instead of each starting a new interpreter (tests/warm_python.py); nothing a block does (e.g.
+``compat.install()``) reaches the test session or the next block. DDP blocks spawn their workers as any script
+does (they re-import the block's file).
 
 A block preceded by the line ``<!-- docs-test: fragment -->`` continues a training script: it runs after
 PRELUDE, which defines the names such fragments use (``model``, ``train_loader``, ``val_loader``,
@@ -13,12 +14,13 @@ block must be complete. A block that is not Python meant to run (program output,
 """
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from warm_python import PRELOAD, WarmPython
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAGMENT_MARKER = '<!-- docs-test: fragment -->'
@@ -95,59 +97,17 @@ def _sandbox_env(home):
     return env
 
 
-# Reads "<script>\t<working dir>\t<output file>" lines; runs each script in a forked child, as __main__, in that
-# directory (also its HOME), stdout and stderr to the output file; answers each line with the exit status.
-_RUNNER = r'''
-import os, runpy, sys, traceback
-# Imported once (modules only, no state): the children only run the blocks. torch._dynamo is what the first
-# optimizer step imports; the others are what the callbacks import.
-import torch, torch._dynamo, aitoolbox_like, matplotlib.pyplot, sklearn.metrics, torch.utils.tensorboard
-
-for request in sys.stdin:
-    script, cwd, output = request.rstrip('\n').split('\t')
-    pid = os.fork()
-    if pid == 0:
-        sys.stdin.close()
-        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.chdir(cwd)
-        os.environ['HOME'] = cwd
-        sys.path[0] = os.path.dirname(script)
-        code = 0
-        try:
-            runpy.run_path(script, run_name='__main__')
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        sys.exit(code)             # a normal interpreter exit: atexit handlers and threads finish as in a script
-    _, status = os.waitpid(pid, 0)
-    print(os.waitstatus_to_exitcode(status), flush=True)
-'''
-
-
 @pytest.fixture(scope='module')
 def block_runner(tmp_path_factory):
     home = tmp_path_factory.mktemp('docs_home')
-    runner = subprocess.Popen([sys.executable, '-c', _RUNNER], cwd=home, env=_sandbox_env(home), text=True,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    warm = WarmPython(_sandbox_env(home), preload=PRELOAD + ('torch.utils.tensorboard',))
 
     def run(script, cwd, output):
-        runner.stdin.write(f'{script}\t{cwd}\t{output}\n')
-        runner.stdin.flush()
-        answer = runner.stdout.readline()
-        assert answer, 'the block runner died'
-        return int(answer)
+        env = dict(_sandbox_env(cwd), HOME=str(cwd))
+        return warm.wait(warm.start([script], cwd, env, output, output), timeout=170)
 
     yield run
-    runner.stdin.close()
-    try:
-        runner.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(runner.pid, signal.SIGKILL)
-        runner.wait()
+    warm.close()
 
 
 def test_docs_have_python_blocks():

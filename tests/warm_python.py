@@ -12,6 +12,7 @@ uncaught exception printed with status 1). What differs from a cold ``python``: 
 Protocol (one JSON object per line on the zygote's stdin, one reply per line on its stdout): ``{"run": ARGS, "cwd",
 "env", "stdout", "stderr"}`` -> ``{"pid"}``; ``{"wait": PID}`` -> ``{"returncode"}`` (negative: the signal).
 """
+import gc
 import importlib
 import json
 import os
@@ -44,8 +45,10 @@ class WarmPython:
     matplotlib's backend choice, so give the runs the same one)."""
 
     def __init__(self, env, preload=PRELOAD):
+        # Its own session: closing kills the runs' own children too (the workers a DDP run spawns).
         self.zygote = subprocess.Popen([sys.executable, os.path.abspath(__file__), *preload], env=env,
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                       start_new_session=True)
         self.live = {}
         ready = self._reply(timeout=120)
         assert ready == {'ready': True}, ready
@@ -64,7 +67,8 @@ class WarmPython:
         self.zygote.stdin.flush()
 
     def start(self, args, cwd, env, stdout, stderr):
-        """Start ``python *args`` (``args`` as after ``python``: a script's path or ``-m MODULE``, then arguments)."""
+        """Start ``python *args`` (``args`` as after ``python``: a script's path or ``-m MODULE``, then arguments);
+        ``stderr`` may be the ``stdout`` file (both into one)."""
         self._send({'run': [str(a) for a in args], 'cwd': str(cwd), 'env': dict(env), 'stdout': str(stdout),
                     'stderr': str(stderr)})
         process = WarmProcess(self._reply(timeout=60)['pid'], str(stdout), str(stderr))
@@ -92,8 +96,12 @@ class WarmPython:
         try:
             self.zygote.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            self.zygote.kill()
-            self.zygote.wait()
+            pass
+        try:
+            os.killpg(self.zygote.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.zygote.wait()
 
 
 # ------------------------------------------------------------------------------------------------ the zygote
@@ -125,6 +133,9 @@ def _become(request):
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, path in ((1, request['stdout']), (2, request['stderr'])):
+        if fd == 2 and path == request['stdout']:
+            os.dup2(1, 2)           # one file for both, as `> file 2>&1`
+            continue
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(target, fd)
         os.close(target)
@@ -154,4 +165,5 @@ if __name__ == '__main__':
     torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     sys.stdout.flush()
     sys.stderr.flush()
+    gc.freeze()
     _become(_serve())
