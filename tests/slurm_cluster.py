@@ -109,6 +109,9 @@ SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 ReturnToService=2
 KillWait=30
+# srun binds random ports (1025-65535) unless told a range; keep it off the job-id-derived MASTER_PORT range
+# (12000-31999), as clusters with a firewall do, or a job may find its rendezvous port taken by its own srun.
+SrunPortRange=61000-63000
 MinJobAge=3600
 FirstJobId={first_job_id}
 PreemptType=preempt/partition_prio

@@ -8,6 +8,7 @@ import glob
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -69,6 +70,17 @@ def test_a_worker_killed_mid_epoch_under_torchrun_restarts_and_ends_with_the_uni
     assert got['history'] == expected['history']
 
 
+def _wait_until_listening(port, process, timeout=60):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(('127.0.0.1', port), timeout=1).close()
+            return
+        except OSError:
+            assert process.poll() is None and time.monotonic() < deadline, f'nothing listens on port {port}'
+            time.sleep(0.05)
+
+
 @pytest.mark.timeout(300)
 def test_a_machine_lost_for_good_the_other_finishes_alone_training_each_sample_of_the_epoch_once(tmp_path):
     """Two torchrun agents on localhost stand in for two machines (--nnodes=1:2, one process each). In epoch 1 the
@@ -78,7 +90,7 @@ def test_a_machine_lost_for_good_the_other_finishes_alone_training_each_sample_o
     conf = 'last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2'
     first = _torchrun(tmp_path, '--epochs', '2', '--kill', 'agent', '--kill-at', '1', '3', nnodes='1:2', nproc=1,
                       port=port, rdzv_conf=conf)
-    time.sleep(1)        # the first agent hosts the rendezvous store
+    _wait_until_listening(port, first)      # the first agent hosts the rendezvous store
     second = _torchrun(tmp_path, '--epochs', '2', '--kill', 'agent', '--kill-at', '1', '3', nnodes='1:2', nproc=1,
                        port=port, rdzv_conf=conf, env=_env(KILL_MY_AGENT='1'))
     second_code, _ = _finish(second)

@@ -286,10 +286,18 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 settings = StudySettings(recipe='', overrides=[], params=[], monitor='v', mode='min', trials=20,
                          output_dir=sys.argv[1], study_name='claims')
 study = load_study(settings)
+print('ready', flush=True)
 while not os.path.exists(sys.argv[2]):      # both processes start claiming at the same moment
     time.sleep(0.01)
 study.optimize(lambda trial: print(trial.number, flush=True) or 0.0, n_trials=20)
 '''
+
+
+def _start_together(workers, go):
+    """Let the workers go once each has loaded the study (its first line is 'ready')."""
+    for worker in workers:
+        assert worker.stdout.readline().strip() == 'ready', f'a worker ended before loading the study: {worker.wait()}'
+    go.touch()
 
 
 def test_two_processes_sharing_the_sqlite_study_never_run_the_same_enqueued_trial(tmp_path):
@@ -305,8 +313,7 @@ def test_two_processes_sharing_the_sqlite_study_never_run_the_same_enqueued_tria
     go = tmp_path / 'go'
     workers = [subprocess.Popen([sys.executable, '-c', _CLAIM_TRIALS, str(tmp_path), str(go)], stdout=subprocess.PIPE,
                                 text=True) for _ in range(2)]
-    time.sleep(3)       # both have loaded the study (no timing is asserted: a slow start only lowers the overlap)
-    go.touch()
+    _start_together(workers, go)
     ran = [int(n) for worker in workers for n in worker.communicate(timeout=120)[0].split()]
     assert all(worker.returncode == 0 for worker in workers)
     assert sorted(ran) == list(range(40))
@@ -321,6 +328,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 settings = StudySettings(recipe='', overrides=[], params=[], monitor='v', mode='min', trials=12,
                          output_dir=sys.argv[1], study_name='slots')
 study = load_study(settings)
+print('ready', flush=True)
 while not os.path.exists(sys.argv[2]):
     time.sleep(0.01)
 try:
@@ -340,8 +348,7 @@ def test_processes_sharing_the_sqlite_study_end_it_with_exactly_its_trials(tmp_p
     go = tmp_path / 'go'
     workers = [subprocess.Popen([sys.executable, '-c', _TAKE_TRIALS, str(tmp_path), str(go)], stdout=subprocess.PIPE,
                                 text=True) for _ in range(2)]
-    time.sleep(3)       # both have loaded the study (no timing is asserted)
-    go.touch()
+    _start_together(workers, go)
     ran = [int(n) for worker in workers for n in worker.communicate(timeout=120)[0].split()]
     assert all(worker.returncode == 0 for worker in workers)
     assert sorted(ran) == list(range(12))
