@@ -9,7 +9,6 @@ JSON summary; both runs must exit 0 and print the same summary.
 import json
 import os
 import re
-import sys
 import time
 from pathlib import Path
 

@@ -15,6 +15,7 @@ import pytest
 from aitoolbox_like.recipes import Recipe
 from aitoolbox_like.tuning import MonitorNotRecorded, TuneInputError, tune
 from aitoolbox_like.tuning.cli import add_tune_parser
+from warm_python import PRELOAD, WarmPython
 
 PARAMS = ['optimizer.lr=loguniform(1e-4,1e-2)', 'vars.batch_size=choice(32,64)']
 
@@ -293,14 +294,32 @@ study.optimize(lambda trial: print(trial.number, flush=True) or 0.0, n_trials=20
 '''
 
 
-def _start_together(workers, go):
-    """Let the workers go once each has loaded the study (its first line is 'ready')."""
-    for worker in workers:
-        assert worker.stdout.readline().strip() == 'ready', f'a worker ended before loading the study: {worker.wait()}'
+@pytest.fixture(scope='module')
+def warm_python():
+    """The study workers are forked from one process that imported torch and Optuna (tests/warm_python.py)."""
+    warm = WarmPython(dict(os.environ, OMP_NUM_THREADS='1'), preload=PRELOAD + ('optuna', 'sqlalchemy'))
+    yield warm
+    warm.close()
+
+
+def _run_together(warm, code, tmp_path, go, count=2, timeout=120):
+    """``count`` processes of ``code`` (argv: tmp_path, go), let go at once when each has loaded the study (its first
+    line is 'ready'); the trial numbers they printed, after each exited 0."""
+    script = tmp_path / 'worker.py'
+    script.write_text(code)
+    workers = [warm.start([script, tmp_path, go], tmp_path, os.environ, tmp_path / f'worker{i}.out',
+                          tmp_path / f'worker{i}.err') for i in range(count)]
+    deadline = time.monotonic() + timeout
+    while not all(open(w.stdout_path).readline().strip() == 'ready' for w in workers):
+        assert time.monotonic() < deadline, [w.output() for w in workers]
+        time.sleep(0.01)
     go.touch()
+    codes = [warm.wait(w, timeout) for w in workers]
+    assert codes == [0] * count, [w.output() for w in workers]
+    return [int(n) for w in workers for n in w.output()[0].split()[1:]]
 
 
-def test_two_processes_sharing_the_sqlite_study_never_run_the_same_enqueued_trial(tmp_path):
+def test_two_processes_sharing_the_sqlite_study_never_run_the_same_enqueued_trial(tmp_path, warm_python):
     # Optuna claims an enqueued (WAITING) trial with SELECT ... FOR UPDATE, which SQLite ignores: without the
     # search's claim lock, two processes took the same trial (2 to 6 of these 40 each time) and trained it twice.
     from aitoolbox_like.tuning.optuna_backend import open_study
@@ -311,11 +330,7 @@ def test_two_processes_sharing_the_sqlite_study_never_run_the_same_enqueued_tria
     for i in range(40):
         study.enqueue_trial({'x': i})
     go = tmp_path / 'go'
-    workers = [subprocess.Popen([sys.executable, '-c', _CLAIM_TRIALS, str(tmp_path), str(go)], stdout=subprocess.PIPE,
-                                text=True) for _ in range(2)]
-    _start_together(workers, go)
-    ran = [int(n) for worker in workers for n in worker.communicate(timeout=120)[0].split()]
-    assert all(worker.returncode == 0 for worker in workers)
+    ran = _run_together(warm_python, _CLAIM_TRIALS, tmp_path, go)
     assert sorted(ran) == list(range(40))
 
 
@@ -338,7 +353,7 @@ except StudyFull:
 '''
 
 
-def test_processes_sharing_the_sqlite_study_end_it_with_exactly_its_trials(tmp_path):
+def test_processes_sharing_the_sqlite_study_end_it_with_exactly_its_trials(tmp_path, warm_python):
     # The tasks of a SLURM job array (or --concurrent workers) each add trials until the study has --trials: counting
     # and adding are one step under the database folder's lock, so two never take the last slot.
     from aitoolbox_like.tuning.optuna_backend import open_study
@@ -346,10 +361,6 @@ def test_processes_sharing_the_sqlite_study_end_it_with_exactly_its_trials(tmp_p
     open_study(StudySettings(recipe='', overrides=[], params=[], monitor='v', mode='min', trials=12,
                              output_dir=str(tmp_path), study_name='slots'))
     go = tmp_path / 'go'
-    workers = [subprocess.Popen([sys.executable, '-c', _TAKE_TRIALS, str(tmp_path), str(go)], stdout=subprocess.PIPE,
-                                text=True) for _ in range(2)]
-    _start_together(workers, go)
-    ran = [int(n) for worker in workers for n in worker.communicate(timeout=120)[0].split()]
-    assert all(worker.returncode == 0 for worker in workers)
+    ran = _run_together(warm_python, _TAKE_TRIALS, tmp_path, go)
     assert sorted(ran) == list(range(12))
     assert len(optuna.load_study(study_name='slots', storage=f'sqlite:///{tmp_path}/study.db').trials) == 12
