@@ -26,6 +26,7 @@ from aitoolbox_like.result_package.basic import ClassificationResultPackage
 from aitoolbox_like.storage import StorageError, StorageUnreachableError
 from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave
 from saving_helpers import assert_same_weights, make_parts, weights
+from warm_python import PRELOAD, WarmPython
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -199,10 +200,18 @@ def test_kill_9_mid_epoch_then_resume_equals_the_uninterrupted_run_and_every_che
     assert not _journal(folder).exists()
 
 
+@pytest.fixture(scope='module')
+def warm_python():
+    warm = WarmPython(dict(os.environ, OMP_NUM_THREADS='1'), preload=PRELOAD + ('boto3', 'azure.storage.blob'))
+    yield warm
+    warm.close()
+
+
 @pytest.mark.parametrize('cloud', ['s3', 'az'], indirect=True)
-def test_three_runs_started_in_the_same_second_on_different_machines_get_their_own_prefix(cloud, tmp_path):
+def test_three_runs_started_in_the_same_second_on_different_machines_get_their_own_prefix(cloud, tmp_path,
+                                                                                         warm_python):
     """The claim of a prefix is a create-if-absent write that the server arbitrates (S3 If-None-Match: *, Azure
-    overwrite=False). Google's ifGenerationMatch=0 is checked in test_a_gcs_claim_is_a_create_if_absent_write: its
+    overwrite=False). The three machines are three processes (forked from tests/warm_python.py's zygote). Google's ifGenerationMatch=0 is checked in test_a_gcs_claim_is_a_create_if_absent_write: its
     emulator does not enforce it."""
     bucket = cloud.make_bucket()
     timestamp = '2030-01-02_03-04-05'
@@ -211,21 +220,14 @@ def test_three_runs_started_in_the_same_second_on_different_machines_get_their_o
     runs = []
     for i in range(3):
         files = {name: tmp_path / f'{name}{i}' for name in ('ready', 'result')}
-        process = subprocess.Popen([sys.executable, os.path.join(HERE, 'claim_script.py'), str(tmp_path / f'machine{i}'),
-                                    cloud.mode, bucket, timestamp, str(files['ready']), str(go), str(files['result'])],
-                                   env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        process = warm_python.start([os.path.join(HERE, 'claim_script.py'), tmp_path / f'machine{i}', cloud.mode,
+                                     bucket, timestamp, files['ready'], go, files['result']], tmp_path, env,
+                                    tmp_path / f'output{i}', tmp_path / f'output{i}')
         runs.append((process, files))
-    try:
-        assert _wait_for(lambda: all(f['ready'].exists() or p.poll() is not None for p, f in runs), 120)
-        go.touch()
-        for process, _ in runs:
-            process.wait(timeout=300)
-    finally:
-        for process, _ in runs:
-            if process.poll() is None:
-                process.kill()
-    outputs = [p.stdout.read().decode(errors='replace') for p, _ in runs]
-    assert all(p.returncode == 0 for p, _ in runs), outputs
+    assert _wait_for(lambda: all(f['ready'].exists() for _, f in runs), 120), [p.output() for p, _ in runs]
+    go.touch()
+    codes = [warm_python.wait(process, timeout=300) for process, _ in runs]
+    assert codes == [0, 0, 0], [p.output() for p, _ in runs]
     results = [json.loads(f['result'].read_text()) for _, f in runs]
     assert sorted(r['timestamp'] for r in results) == [timestamp, f'{timestamp}_1', f'{timestamp}_2']
     storage = cloud.storage(bucket, 'shared')
