@@ -11,7 +11,7 @@ CONSTRAINT := $(VENV)/torch-constraint.txt
 DEMO_STAMP := $(VENV)/.installed-demo
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install demo test typecheck bench gpu-check docs clean compat-check sg-check
+.PHONY: install demo test test-area typecheck bench gpu-check docs clean compat-check sg-check
 
 # $(call install-extra,EXTRA): the venv, torch, then the package with EXTRA, torch held at $(TORCH).
 define install-extra
@@ -45,10 +45,17 @@ $(AZURITE):
 	mkdir -p .test-servers/azurite
 	npm install --no-audit --no-fund --prefix .test-servers/azurite azurite@3 > /dev/null
 
-# The type check runs first: a type error fails `make test` before the (slower) test suite starts.
+# The type check runs first: a type error fails `make test` before the (slower) test suite starts. The tests run on
+# every core (pytest-xdist; tests sharing a server or a cluster are one xdist_group). tests/gpu is `make gpu-check`'s.
+PYTEST := $(PY) -m pytest -q -n auto --dist loadgroup --ignore=tests/gpu
 test: $(DEV_STAMP) $(AZURITE)
 	$(PY) -m mypy aitoolbox_like
-	$(PY) -m pytest -q -n auto --dist loadgroup --durations=30 tests
+	$(PYTEST) --durations=30 tests
+
+# The tests of one area, e.g. `make test-area AREA=tests/saving` or AREA=tests/test_ddp.py (README: Tests).
+AREA ?= tests
+test-area: $(DEV_STAMP) $(AZURITE)
+	$(PYTEST) --durations=10 $(AREA)
 
 # AIToolbox 1.8.0's own test suite against this checkout (../shared/aitoolbox-suite, see its README): it builds its
 # own venv from the package registry and prints "N passed, M failed" last. Fails when fewer than COMPAT_MIN pass:
