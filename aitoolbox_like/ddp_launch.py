@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import distributed, sharded_checkpoint, slurm
 from .console import label_records_with_rank
+from .devices import cuda_is_available
 from .callbacks.abstract import AbstractCallback
 from .model import TTModel
 
@@ -103,8 +104,8 @@ def fit_ddp(train_loop_obj, num_epochs, num_iterations, callbacks=None, grad_acc
         on_gpu (bool or None): train on GPUs (one per process); None: when CUDA is available.
     """
     if on_gpu is None:
-        on_gpu = torch.cuda.is_available()
-    if on_gpu and not torch.cuda.is_available():
+        on_gpu = cuda_is_available()
+    if on_gpu and not cuda_is_available():
         raise ValueError("fit(gpu_mode='ddp', on_gpu=True) needs CUDA, which is not available; pass on_gpu=False to "
                          "train with several CPU processes (backend 'gloo')")
     backend = backend or ('nccl' if on_gpu else 'gloo')

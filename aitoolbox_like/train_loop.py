@@ -41,6 +41,7 @@ import torch.distributed as dist
 from . import distributed, loop_state
 from .amp import AmpPolicy
 from .console import default_console_output, in_notebook
+from .devices import cuda_is_available
 from .callbacks.abstract import AbstractCallback
 from .callbacks.defaults import checkpoint_saver, end_saver     # the tracking loops' savers (no callback library here)
 from .callbacks.handler import CallbacksHandler
@@ -218,7 +219,7 @@ class TrainLoop(EvaluationMixin, StepMixin, TrainingMixin):
         self._last_amp_scale: Optional[float] = None
 
     def _select_device(self, cuda_device_idx):
-        if torch.cuda.is_available():
+        if cuda_is_available():
             if cuda_device_idx is not None and not 0 <= cuda_device_idx < torch.cuda.device_count():
                 raise ValueError(f'cuda_device_idx={cuda_device_idx} but only {torch.cuda.device_count()} GPUs '
                                  f'are visible')

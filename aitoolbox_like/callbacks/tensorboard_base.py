@@ -49,7 +49,7 @@ def first_batch(data_loader: Iterable[Any]) -> Any:
                               getattr(getattr(data_loader, 'sampler', None), 'generator', None))
                   if isinstance(g, torch.Generator)]
     states = [g.get_state() for g in generators]
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
     try:
         with torch.random.fork_rng(devices=devices):
             return next(iter(data_loader))

@@ -7,6 +7,8 @@ from typing import Any, Tuple, cast
 
 import torch
 
+from ..devices import cuda_is_available
+
 logger = logging.getLogger(__name__)
 
 def _loader_generators(loop):
@@ -25,7 +27,7 @@ def capture_rng_state(loop):
     numpy_state = _numpy_rng_state()
     if numpy_state is not None:
         state['numpy'] = numpy_state
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():
         state['cuda'] = list(torch.cuda.get_rng_state_all())
     state['loader_generators'] = {name: g.get_state() for name, g in _loader_generators(loop).items()}
     return state
@@ -37,7 +39,7 @@ def restore_rng_state(loop, state):
         random.setstate((version, tuple(internal), gauss))
     if 'numpy' in state:
         _set_numpy_rng_state(state['numpy'])
-    if state.get('cuda') and torch.cuda.is_available():
+    if state.get('cuda') and cuda_is_available():
         cuda_states = state['cuda']
         if len(cuda_states) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda_states)
