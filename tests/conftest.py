@@ -39,3 +39,19 @@ torch.set_num_threads(1)
 def _work_in_tmp_dir(tmp_path, monkeypatch):
     """Callbacks that default to ./experiments must not litter the checkout."""
     monkeypatch.chdir(tmp_path)
+
+
+# The files of the longest tests (the SLURM and Ray groups, the multi-process runs) start first: pytest-xdist hands
+# out work in collection order, and a long test collected last leaves one worker finishing it while the other
+# idles. The rest keeps its order.
+_LONGEST_FIRST = ('test_slurm.py', 'test_examples.py', 'test_ray.py', 'tuning/test_ray_backend.py', 'test_elastic.py',
+                  'test_fsdp_checkpoints.py', 'test_fsdp.py', 'test_fsdp_defects.py', 'test_fsdp_callbacks.py',
+                  'recipes/test_cli.py', 'test_ddp.py', 'callbacks/test_preemption.py', 'tuning/test_tune.py',
+                  'compat/test_scripts.py', 'test_docs.py')
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        path = item.nodeid.split('::', 1)[0]
+        return next((i for i, name in enumerate(_LONGEST_FIRST) if path == f'tests/{name}'), len(_LONGEST_FIRST))
+    items.sort(key=rank)
