@@ -2,9 +2,10 @@
 over a loader (its loss, its predictions) in eval mode without gradients, averaged or gathered over the processes
 of a distributed run, and cached per training position so that every callback asking at one point gets the same
 values for one pass."""
+import contextlib
 import copy
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -150,19 +151,12 @@ class EvaluationMixin:
         if weighting not in EVAL_LOSS_WEIGHTINGS:
             raise ValueError(f'eval_loss_weighting must be one of {EVAL_LOSS_WEIGHTINGS}, got {weighting!r}')
         by_sample = weighting == 'sample'
-        self._prepare_model_for_evaluation()
-        was_training = self.model.training
-        self.model.eval()
         weighted_sum: Any = None
         num_samples = 0
         batch_losses: List[Any] = []
         hooks = self.callbacks_handler.hook_lists
-        info = dict(dataset_info or {}, kind='loss')
-        info.setdefault('type', None)
         batch_begin, batch_end = hooks['on_eval_batch_begin'], hooks['on_eval_batch_end']
-        for fn in hooks['on_eval_begin']:
-            fn(info)
-        try:
+        with self._eval_pass('loss', dataset_info) as info:
             with torch.no_grad(), self._amp.autocast():
                 for batch_data in data_loader:
                     for fn in batch_begin:
@@ -202,15 +196,30 @@ class EvaluationMixin:
                 result = self._mean_over_ranks(means, num_samples)
             # The pass's result, for on_eval_end (SuperGradients hands it to its loader-end phase).
             info['loss'] = result
-        finally:
-            self.model.train(was_training)
-            # Also when the pass stops early (StopTraining from an eval hook): callbacks that swapped weights in
-            # on_eval_begin (EMA) swap them back here.
-            for fn in hooks['on_eval_end']:
-                fn(info)
         if move_to_cpu:
             return result.apply(torch.Tensor.cpu) if isinstance(result, MultiLoss) else result.cpu()
         return result
+
+    @contextlib.contextmanager
+    def _eval_pass(self, kind: str, dataset_info: Optional[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
+        """One evaluation pass (``kind`` 'loss' or 'predictions'): the model in eval mode and ``on_eval_begin``
+        before it; its training mode back and ``on_eval_end`` after it, also when the pass stops early
+        (StopTraining from an eval hook), so that callbacks that swapped weights in on_eval_begin (EMA) swap them
+        back. Yields the pass's info dict, which the hooks receive."""
+        self._prepare_model_for_evaluation()
+        was_training = self.model.training
+        self.model.eval()
+        hooks = self.callbacks_handler.hook_lists
+        info = dict(dataset_info or {}, kind=kind)
+        info.setdefault('type', None)
+        for fn in hooks['on_eval_begin']:
+            fn(info)
+        try:
+            yield info
+        finally:
+            self.model.train(was_training)
+            for fn in hooks['on_eval_end']:
+                fn(info)
 
     def _prepare_model_for_evaluation(self):
         # A loop built only to predict or evaluate never ran fit, which is where the model moves to the device.
@@ -249,19 +258,12 @@ class EvaluationMixin:
                            dataset_info: Optional[Dict[str, Any]] = None) -> Tuple[Any, Any, Any]:
         """Run the model over a loader in eval mode: returns ``(y_pred, y_true, metadata)``."""
         self._check_collective_allowed('predict_with_model')
-        self._prepare_model_for_evaluation()
-        was_training = self.model.training
-        self.model.eval()
         y_pred: List[Any] = []
         y_true: List[Any] = []
         metadata_list: List[Dict[str, Any]] = []
         hooks = self.callbacks_handler.hook_lists
-        info = dict(dataset_info or {}, kind='predictions')
-        info.setdefault('type', None)
         batch_begin, batch_end = hooks['on_eval_batch_begin'], hooks['on_eval_batch_end']
-        for fn in hooks['on_eval_begin']:
-            fn(info)
-        try:
+        with self._eval_pass('predictions', dataset_info) as info:
             with torch.no_grad(), self._amp.autocast():
                 for batch_data in data_loader:
                     for fn in batch_begin:
@@ -276,10 +278,6 @@ class EvaluationMixin:
                     y_true = self.collate_batch_pred_fn(y_true_batch, y_true)
                     if metadata_batch is not None:
                         metadata_list.append(metadata_batch)
-        finally:
-            self.model.train(was_training)
-            for fn in hooks['on_eval_end']:
-                fn(info)
         y_pred, y_true = self.pred_transform_fn(y_pred), self.pred_transform_fn(y_true)
         # As in AIToolbox, batches that return {} give {}; None only when every batch returned None.
         metadata = combine_prediction_metadata_batches(metadata_list) if metadata_list else None
