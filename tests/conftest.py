@@ -1,3 +1,4 @@
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -41,6 +42,48 @@ def _work_in_tmp_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
+@pytest.fixture
+def quick_ray_train(monkeypatch):
+    """Ray Train as the tests need it, set in the environment of the process that starts the Ray node (its workers
+    read it). Its controller polls the workers every 2 s: a run's end, and a worker's death, wait for that poll; 0.2 s
+    here. Its preemption watcher, an actor process of its own in every run, waits for a cloud provider's preemption
+    notices, which a local node never gets."""
+    monkeypatch.setenv('RAY_TRAIN_HEALTH_CHECK_INTERVAL_S', '0.2')
+    monkeypatch.setenv('RAY_TRAIN_ENABLE_PREEMPTION_WATCHER', '0')
+
+
+def _check_groups_are_kept(config, items):
+    """Under ``--dist loadgroup`` pytest-xdist keeps the tests of one ``xdist_group`` on one worker by a suffix it adds
+    to their ids in each worker; a pytest that ignores it (9.2 with pytest-xdist 3.8, pytest-dev/pytest-xdist#1386)
+    spreads them silently, and two SLURM clusters or Ray nodes then run at once. pytest_configure names the known
+    case; this stops the workers of any other."""
+    if getattr(config.option, 'loadgroup', False):          # set in pytest-xdist's workers under loadgroup
+        lost = [item.nodeid for item in items if item.get_closest_marker('xdist_group') and '@' not in item.nodeid]
+        if lost:
+            pytest.exit(f'pytest-xdist could not group {lost[0]} and {len(lost) - 1} more tests', returncode=4)
+
+
+def pytest_configure(config):
+    xdist_version = tuple(int(part) for part in importlib.metadata.version('pytest-xdist').split('.')[:2])
+    if config.getvalue('dist') == 'loadgroup' and pytest.version_tuple[:2] >= (9, 2) and xdist_version <= (3, 8):
+        raise pytest.UsageError(f'pytest {pytest.__version__} ignores the xdist_group marks of pytest-xdist '
+                                f'{importlib.metadata.version("pytest-xdist")} (pytest-dev/pytest-xdist#1386), which '
+                                f'keep the tests sharing a SLURM cluster or a Ray node on one worker: install the '
+                                f"versions setup.py's dev extra names (pip install -e '.[dev]')")
+    config.addinivalue_line('markers', 'real_spawn: the ranks of a gpu_mode=ddp/fsdp fit started in the test are '
+                                       'fresh interpreters, as in a script (the others fork from tests/warm_ranks.py)')
+
+
+@pytest.fixture(autouse=True)
+def _ranks_from_a_warm_server(request, monkeypatch):
+    """A fit(gpu_mode='ddp'/'fsdp') in a test forks its ranks from a server that imported torch once
+    (tests/warm_ranks.py), except in the tests marked real_spawn."""
+    if request.node.get_closest_marker('real_spawn') is None:
+        from aitoolbox_like import ddp_launch
+        from warm_ranks import WarmRanks
+        monkeypatch.setattr(ddp_launch, 'mp', WarmRanks())
+
+
 # The files of the longest tests (the SLURM and Ray groups, the multi-process runs) start first: pytest-xdist hands
 # out work in collection order, and a long test collected last leaves one worker finishing it while the other
 # idles. The rest keeps its order.
@@ -50,7 +93,10 @@ _LONGEST_FIRST = ('test_slurm.py', 'test_examples.py', 'test_ray.py', 'tuning/te
                   'compat/test_scripts.py', 'test_docs.py')
 
 
-def pytest_collection_modifyitems(items):
+@pytest.hookimpl(trylast=True)       # after pytest-xdist has marked the groups
+def pytest_collection_modifyitems(config, items):
+    _check_groups_are_kept(config, items)
+
     def rank(item):
         path = item.nodeid.split('::', 1)[0]
         return next((i for i, name in enumerate(_LONGEST_FIRST) if path == f'tests/{name}'), len(_LONGEST_FIRST))

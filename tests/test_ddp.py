@@ -56,6 +56,7 @@ def assert_close_states(a, b):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.real_spawn        # fresh interpreters, as a script's fit starts them (not tests/warm_ranks.py)
 def test_spawn_trains_like_one_process_and_returns_the_model(tmp_path):
     out = str(tmp_path)
     model, train, val, optimizer = equivalence_setup()

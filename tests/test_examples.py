@@ -63,7 +63,8 @@ def test_sam_example_learns_and_resumes(tmp_path):
 
 @pytest.mark.timeout(600)
 @pytest.mark.xdist_group('ray')         # one Ray cluster at a time (tests/test_ray.py)
-def test_ray_train_example_learns_and_a_second_run_of_the_same_name_continues_it(tmp_path, monkeypatch, capfd):
+def test_ray_train_example_learns_and_a_second_run_of_the_same_name_continues_it(tmp_path, monkeypatch, capfd,
+                                                                                 quick_ray_train):
     import ray
     from ray.train import Checkpoint
 

@@ -32,6 +32,7 @@ def latest_checkpoint_state(root):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.real_spawn        # fresh interpreters, as a script's fit starts them (not tests/warm_ranks.py)
 def test_fsdp_trains_like_one_process_exports_whole_model_and_resumes_in_one_process(tmp_path):
     loop = tracked_loop(tmp_path, end_save=True)
     model = loop.model

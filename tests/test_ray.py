@@ -28,7 +28,8 @@ pytestmark = pytest.mark.xdist_group('ray')
 
 
 @pytest.mark.timeout(600)
-def test_killed_worker_resumes_from_the_s3_checkpoint_to_the_uninterrupted_weights(tmp_path, s3_server, monkeypatch):
+def test_killed_worker_resumes_from_the_s3_checkpoint_to_the_uninterrupted_weights(tmp_path, s3_server, monkeypatch,
+                                                                                    quick_ray_train):
     monkeypatch.setenv('OMP_NUM_THREADS', '1')      # inherited by the spawned processes and Ray's workers
     reference = build_loop()
     reference.fit(num_epochs=NUM_EPOCHS, num_gpus=2, on_gpu=False)
