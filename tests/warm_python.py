@@ -7,7 +7,10 @@ once; each run is then a ``fork`` of it that becomes ``python ARGS``: its own pr
 status), its working directory, environment, ``sys.argv`` and ``sys.path[0]`` as the ``python`` command sets them,
 its stdout and stderr in files, and the interpreter's own end (atexit handlers, non-daemon threads joined, an
 uncaught exception printed with status 1). What differs from a cold ``python``: the preloaded modules are already in
-``sys.modules``, and the hash seed and interpreter flags are the zygote's (its environment is the runs' at start).
+``sys.modules``, the hash seed and interpreter flags are the zygote's (its environment is the runs' at start), and the
+processes a run's ``fit(gpu_mode='ddp'/'fsdp')`` starts are forks of the run (the library's way from a notebook)
+instead of fresh interpreters, which would import torch again, seconds each: tests/test_ddp.py and the scripts the
+tests run as processes of their own keep the spawn of fresh interpreters tested.
 
 Protocol (one JSON object per line on the zygote's stdin, one reply per line on its stdout): ``{"run": ARGS, "cwd",
 "env", "stdout", "stderr"}`` -> ``{"pid"}``; ``{"wait": PID}`` -> ``{"returncode"}`` (negative: the signal).
@@ -128,6 +131,16 @@ def _serve():
     sys.exit(0)
 
 
+def _fork_ranks_instead_of_spawning():
+    import torch.multiprocessing
+    spawn_or_other = torch.multiprocessing.start_processes
+
+    def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method='spawn'):
+        return spawn_or_other(fn, args, nprocs, join, daemon, 'fork' if start_method == 'spawn' else start_method)
+
+    torch.multiprocessing.start_processes = start_processes
+
+
 def _become(request):
     """Turn this forked child into ``python *request['run']``."""
     null = os.open(os.devnull, os.O_RDONLY)
@@ -145,6 +158,7 @@ def _become(request):
     os.chdir(request['cwd'])
     os.environ.clear()
     os.environ.update(request['env'])
+    _fork_ranks_instead_of_spawning()
     args = request['run']
     if args[0] == '-m':
         sys.argv = [args[1], *args[2:]]     # runpy puts the module's file first, as `python -m` does
