@@ -47,7 +47,9 @@ $(AZURITE):
 
 # The type check runs first: a type error fails `make test` before the (slower) test suite starts. The tests run on
 # every core (pytest-xdist; tests sharing a server or a cluster are one xdist_group). tests/gpu is `make gpu-check`'s.
-PYTEST := $(PY) -m pytest -q -n auto --dist loadgroup --ignore=tests/gpu
+# The tests start a few hundred Python processes that import the package: with PYTHONDONTWRITEBYTECODE set (as on
+# these machines) each would compile it from source again, so it is unset here and the bytecode is written once.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n auto --dist loadgroup --ignore=tests/gpu
 test: $(DEV_STAMP) $(AZURITE)
 	$(PY) -m mypy aitoolbox_like
 	$(PYTEST) --durations=30 tests

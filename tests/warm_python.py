@@ -78,6 +78,14 @@ class WarmPython:
         self.live[process.pid] = process
         return process
 
+    def running(self, process):
+        """Whether the run has not ended yet (its /proc entry is there, and not a zombie waiting for :meth:`wait`)."""
+        try:
+            with open(f'/proc/{process.pid}/stat') as f:
+                return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+        except FileNotFoundError:
+            return False
+
     def wait(self, process, timeout):
         """The run's exit status; a run still going after ``timeout`` seconds is killed (status -9)."""
         self._send({'wait': process.pid})

@@ -63,8 +63,9 @@ class WarmRanks:
         if start_method != 'spawn':
             return torch.multiprocessing.start_processes(fn, args, nprocs, join, daemon, start_method)
         multiprocessing.set_forkserver_preload(PRELOAD)     # read when the server starts (the first fit)
-        return torch.multiprocessing.start_processes(_in_callers_environment, (fn, dict(os.environ), _CallersFd(1), _CallersFd(2)) + tuple(args),
-                                                     nprocs, join, daemon, start_method='forkserver')
+        callers = (fn, dict(os.environ), _CallersFd(1), _CallersFd(2))
+        return torch.multiprocessing.start_processes(_in_callers_environment, callers + tuple(args), nprocs, join,
+                                                     daemon, start_method='forkserver')
 
     def __getattr__(self, name):
         return getattr(torch.multiprocessing, name)
