@@ -63,6 +63,16 @@ def _check_groups_are_kept(config, items):
             pytest.exit(f'pytest-xdist could not group {lost[0]} and {len(lost) - 1} more tests', returncode=4)
 
 
+@pytest.fixture(scope='module')
+def warm_scripts():
+    """The tests' own scripts run with ``start_here``, each its own process, forked from one that imported torch once
+    (tests/warm_python.py), all with ``PYTHONHASHSEED=0``."""
+    from warm_python import WarmPython
+    zygote = WarmPython(dict(os.environ, PYTHONHASHSEED='0'))
+    yield zygote
+    zygote.close()
+
+
 def pytest_configure(config):
     xdist_version = tuple(int(part) for part in importlib.metadata.version('pytest-xdist').split('.')[:2])
     if config.getvalue('dist') == 'loadgroup' and pytest.version_tuple[:2] >= (9, 2) and xdist_version <= (3, 8):

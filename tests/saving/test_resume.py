@@ -16,7 +16,6 @@ from aitoolbox_like.experiment import bookkeeping_dir, read_pointer
 from aitoolbox_like.train_loop import TrainLoop
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 from saving_helpers import Net, assert_same_weights, make_parts, weights
-from warm_python import WarmPython
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, 'kill_script.py')
@@ -113,59 +112,49 @@ def test_model_load_continue_training_callback_resumes_the_same_way(tmp_path):
     assert os.listdir(tmp_path / 'interrupted' / 'results' / 'proj') == [f'run_{first.experiment_timestamp}']
 
 
-@pytest.fixture(scope='module')
-def warm():
-    """kill_script.py runs, each its own process, forked from one that imported torch once."""
-    zygote = WarmPython(dict(os.environ, PYTHONHASHSEED='0'))
-    yield zygote
-    zygote.close()
-
-
 def _start_script(warm, out_dir, result, *args):
-    log = str(result) + '.log'
-    return warm.start([SCRIPT, str(out_dir), str(result), *map(str, args)], os.getcwd(),
-                      dict(os.environ, PYTHONHASHSEED='0'), log + '.out', log + '.err')
+    return warm.start_here([SCRIPT, out_dir, result, *args], f'{result}.log')
 
 
-def _run_script(warm, out_dir, result, *args, expect_kill=False):
-    process = _start_script(warm, out_dir, result, *args)
-    returncode = warm.wait(process, timeout=120)
+def _run_script(warm_scripts, out_dir, result, *args, expect_kill=False):
+    process = _start_script(warm_scripts, out_dir, result, *args)
+    returncode = warm_scripts.wait(process, timeout=120)
     assert returncode == (-signal.SIGKILL if expect_kill else 0), process.output()[1][-3000:]
     return torch.load(result, weights_only=True) if not expect_kill else None
 
 
 @pytest.fixture(scope='module')
-def script_reference(tmp_path_factory, warm):
+def script_reference(tmp_path_factory, warm_scripts):
     tmp = tmp_path_factory.mktemp('reference')
-    return _run_script(warm, tmp / 'out', tmp / 'result.pt', '--epochs', 3, '--iter-freq', 4)
+    return _run_script(warm_scripts, tmp / 'out', tmp / 'result.pt', '--epochs', 3, '--iter-freq', 4)
 
 
-def test_sigkill_mid_epoch_then_resume_equals_the_uninterrupted_run(tmp_path, script_reference, warm):
+def test_sigkill_mid_epoch_then_resume_equals_the_uninterrupted_run(tmp_path, script_reference, warm_scripts):
     # Killed inside the optimizer step of batch 13 (epoch 1); the newest checkpoint is the one after batch 12.
-    _run_script(warm, tmp_path / 'out', tmp_path / 'killed.pt', '--epochs', 3, '--iter-freq', 4, '--kill-at-batch',
-                13, expect_kill=True)
+    _run_script(warm_scripts, tmp_path / 'out', tmp_path / 'killed.pt', '--epochs', 3, '--iter-freq', 4,
+                '--kill-at-batch', 13, expect_kill=True)
     folder = next((tmp_path / 'out' / 'proj').glob('run_*'))
     assert read_pointer(folder).endswith('_E1_ITER12.pth')
 
-    resumed = _run_script(warm, tmp_path / 'out', tmp_path / 'resumed.pt', '--epochs', 3, '--iter-freq', 4,
+    resumed = _run_script(warm_scripts, tmp_path / 'out', tmp_path / 'resumed.pt', '--epochs', 3, '--iter-freq', 4,
                           '--resume')
     assert_same_weights(resumed['weights'], script_reference['weights'])
     assert resumed['history']['train_history'] == script_reference['history']['train_history']
     assert resumed['experiment_timestamp'] == folder.name[len('run_'):]
 
 
-def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, warm):
+def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, warm_scripts):
     big = 6_000_000          # 24 MB of ballast per checkpoint: writing takes long enough to be caught
     out = tmp_path / 'out'
-    reference = _run_script(warm, tmp_path / 'ref', tmp_path / 'ref.pt', '--epochs', 3, '--big-buffer', big)
+    reference = _run_script(warm_scripts, tmp_path / 'ref', tmp_path / 'ref.pt', '--epochs', 3, '--big-buffer', big)
 
-    process = _start_script(warm, out, tmp_path / 'x.pt', '--epochs', 3, '--big-buffer', big)
+    process = _start_script(warm_scripts, out, tmp_path / 'x.pt', '--epochs', 3, '--big-buffer', big)
     caught_during_write = False
     deadline = time.monotonic() + 120
     try:
         # Kill as soon as the second checkpoint (epoch 1) is being written: its temp file (created in the
         # experiment's bookkeeping folder, next to the pointers) exists.
-        while warm.running(process) and time.monotonic() < deadline:
+        while warm_scripts.running(process) and time.monotonic() < deadline:
             folders = list((out / 'proj').glob('run_*')) if (out / 'proj').exists() else []
             if folders and os.path.isdir(bookkeeping_dir(folders[0])):
                 names = os.listdir(bookkeeping_dir(folders[0]))
@@ -176,7 +165,7 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_pat
                     break
             time.sleep(0.0005)
     finally:
-        warm.wait(process, timeout=30 if caught_during_write else 0.1)      # kills a run still going
+        warm_scripts.wait(process, timeout=30 if caught_during_write else 0.1)      # kills a run still going
     assert caught_during_write, 'the run finished before a checkpoint write could be interrupted'
     assert process.returncode == -signal.SIGKILL
 
@@ -189,7 +178,7 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_pat
     # The temp file is not in the experiment folder at all.
     assert not any(n.startswith('.') for _, _, names in os.walk(experiment) for n in names)
 
-    resumed = _run_script(warm, out, tmp_path / 'resumed.pt', '--epochs', 3, '--big-buffer', big, '--resume')
+    resumed = _run_script(warm_scripts, out, tmp_path / 'resumed.pt', '--epochs', 3, '--big-buffer', big, '--resume')
     assert_same_weights(resumed['weights'], reference['weights'])
 
 
