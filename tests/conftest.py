@@ -89,9 +89,8 @@ def _ranks_from_a_warm_server(request, monkeypatch):
     """A fit(gpu_mode='ddp'/'fsdp') in a test forks its ranks from a server that imported torch once
     (tests/warm_ranks.py), except in the tests marked real_spawn."""
     if request.node.get_closest_marker('real_spawn') is None:
-        from aitoolbox_like import ddp_launch
-        from warm_ranks import WarmRanks
-        monkeypatch.setattr(ddp_launch, 'mp', WarmRanks())
+        import warm_ranks
+        monkeypatch.setattr(torch.multiprocessing, 'start_processes', warm_ranks.start_processes)
 
 
 # The files of the longest tests (the SLURM and Ray groups, the multi-process runs) start first: pytest-xdist hands

@@ -23,6 +23,8 @@ import os
 import torch
 import torch.multiprocessing
 
+_torch_start_processes = torch.multiprocessing.start_processes
+
 #: What every rank imports, in the server once.
 PRELOAD = ['torch', 'torch._dynamo', 'torch.distributed', 'torch.distributed.fsdp', 'aitoolbox_like',
            'aitoolbox_like.ddp_launch']
@@ -55,17 +57,12 @@ def _in_callers_environment(local_rank, fn, env, stdout_fd, stderr_fd, *args):
     fn(local_rank, *args)
 
 
-class WarmRanks:
-    """Stands in for ``torch.multiprocessing`` in ``aitoolbox_like.ddp_launch``: ``start_processes`` with
-    ``start_method='spawn'`` forks from the warm server; every other call and start method is torch's own."""
-
-    def start_processes(self, fn, args=(), nprocs=1, join=True, daemon=False, start_method='spawn'):
-        if start_method != 'spawn':
-            return torch.multiprocessing.start_processes(fn, args, nprocs, join, daemon, start_method)
-        multiprocessing.set_forkserver_preload(PRELOAD)     # read when the server starts (the first fit)
-        callers = (fn, dict(os.environ), _CallersFd(1), _CallersFd(2))
-        return torch.multiprocessing.start_processes(_in_callers_environment, callers + tuple(args), nprocs, join,
-                                                     daemon, start_method='forkserver')
-
-    def __getattr__(self, name):
-        return getattr(torch.multiprocessing, name)
+def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method='spawn'):
+    """Stands in for ``torch.multiprocessing.start_processes``: ``start_method='spawn'`` forks from the warm server;
+    every other start method is torch's own."""
+    if start_method != 'spawn':
+        return _torch_start_processes(fn, args, nprocs, join, daemon, start_method)
+    multiprocessing.set_forkserver_preload(PRELOAD)     # read when the server starts (the first fit)
+    callers = (fn, dict(os.environ), _CallersFd(1), _CallersFd(2))
+    return _torch_start_processes(_in_callers_environment, callers + tuple(args), nprocs, join, daemon,
+                                  start_method='forkserver')
