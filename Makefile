@@ -64,11 +64,15 @@ test-area: $(DEV_STAMP) $(AZURITE)
 # the figure reached so far, so it never drops (docs/migrating-from-aitoolbox.md lists each remaining failure).
 COMPAT_MIN ?= 187
 AITB_SUITE ?= ../shared/aitoolbox-suite
+# A missing suite, a suite that fails to run, or a log without its closing count fails the check too.
 compat-check:
-	@bash $(AITB_SUITE)/run.sh --mapping compat --jobs 2 --exit-zero . | tee compat-check.log
-	@tail -n 1 compat-check.log | awk -v min=$(COMPAT_MIN) '{ if ($$1 + 0 < min) { \
+	@test -f $(AITB_SUITE)/run.sh || { echo "compat-check: $(AITB_SUITE)/run.sh not found; put the shared folder \
+	beside the checkout or set AITB_SUITE=PATH"; exit 1; }
+	@bash -o pipefail -c 'bash $(AITB_SUITE)/run.sh --mapping compat --jobs 2 --exit-zero . | tee compat-check.log'
+	@tail -n 1 compat-check.log | awk -v min=$(COMPAT_MIN) '/^[0-9]+ passed/ { seen = 1; if ($$1 + 0 < min) { \
 		print "compat-check: " $$1 " of AIToolbox 1.8.0 tests passed, fewer than the " min " reached before"; exit 1 } \
-		else print "compat-check: " $$1 " passed (at least " min ")" }'
+		else print "compat-check: " $$1 " passed (at least " min ")" } \
+		END { if (!seen) { print "compat-check: no \"N passed\" line at the end of compat-check.log"; exit 1 } }'
 
 # SuperGradients' own callback classes with only their import lines changed, run on the TrainLoop through the SG
 # adapter against the numbers of SG's own unit tests (tools/sg_check: the published super-gradients wheel is
