@@ -33,12 +33,28 @@ def _env(**extra):
     return env
 
 
-def _torchrun(out_dir, *script_args, nnodes='1', nproc=2, port=None, rdzv_conf='', env=None):
-    command = [sys.executable, '-m', 'torch.distributed.run', f'--nnodes={nnodes}', f'--nproc_per_node={nproc}',
+# torchrun itself (torch.distributed.run's main, as `python -m torch.distributed.run` runs it), started only once a
+# line arrives on stdin: its imports are done by then, so two agents told to go within a second reach the rendezvous
+# within a second, however long a loaded machine takes to import torch.
+_TORCHRUN_ON_GO = ('import sys, torch.distributed.run as run; print("ready", flush=True); sys.stdin.readline(); '
+                   'sys.argv[0] = run.__file__; run.main()')
+
+
+def _torchrun(out_dir, *script_args, nnodes='1', nproc=2, port=None, rdzv_conf='', env=None, on_go=False):
+    launcher = ['-c', _TORCHRUN_ON_GO] if on_go else ['-m', 'torch.distributed.run']
+    command = [sys.executable, *launcher, f'--nnodes={nnodes}', f'--nproc_per_node={nproc}',
                '--rdzv-backend=c10d', f'--rdzv-endpoint=127.0.0.1:{port or find_free_port()}', '--rdzv-id=test',
                '--max-restarts=1'] + ([f'--rdzv-conf={rdzv_conf}'] if rdzv_conf else []) + [SCRIPT, str(out_dir)]
-    return subprocess.Popen(command + list(script_args), env=env or _env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(command + list(script_args), env=env or _env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, stdin=subprocess.PIPE if on_go else None, text=True)
+    if on_go:
+        assert process.stdout.readline() == 'ready\n'
+    return process
+
+
+def _go(process):
+    process.stdin.write('go\n')
+    process.stdin.flush()                   # communicate() closes stdin later
 
 
 def _finish(process, timeout=150):
@@ -87,12 +103,16 @@ def test_a_machine_lost_for_good_the_other_finishes_alone_training_each_sample_o
     second machine dies for good (its agent and worker killed); the first re-forms the group alone and resumes the
     2-process checkpoint on 1 process."""
     port = find_free_port()
+    # Round 0 must hold both machines: an agent arriving after the last call (2 s past the first) would only join in
+    # a later round, and the run would test something else. Hence both agents import first and go together.
     conf = 'last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2'
     first = _torchrun(tmp_path, '--epochs', '2', '--kill', 'agent', '--kill-at', '1', '3', nnodes='1:2', nproc=1,
-                      port=port, rdzv_conf=conf)
-    _wait_until_listening(port, first)      # the first agent hosts the rendezvous store
+                      port=port, rdzv_conf=conf, on_go=True)
     second = _torchrun(tmp_path, '--epochs', '2', '--kill', 'agent', '--kill-at', '1', '3', nnodes='1:2', nproc=1,
-                       port=port, rdzv_conf=conf, env=_env(KILL_MY_AGENT='1'))
+                       port=port, rdzv_conf=conf, env=_env(KILL_MY_AGENT='1'), on_go=True)
+    _go(first)
+    _wait_until_listening(port, first)      # the first agent hosts the rendezvous store
+    _go(second)
     second_code, _ = _finish(second)
     code, output = _finish(first)
     assert second_code != 0 and code == 0, output[-3000:]
