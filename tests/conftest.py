@@ -63,19 +63,22 @@ def _check_groups_are_kept(config, items):
             pytest.exit(f'pytest-xdist could not group {lost[0]} and {len(lost) - 1} more tests', returncode=4)
 
 
-@pytest.fixture(scope='module')
-def warm_scripts():
-    """The tests' own scripts run with ``start_here``, each its own process, forked from one that imported torch once
-    (tests/warm_python.py), all with ``PYTHONHASHSEED=0``."""
-    from warm_python import WarmPython
-    zygote = WarmPython(dict(os.environ, PYTHONHASHSEED='0'))
+@pytest.fixture(scope='session')
+def warm_python():
+    """One zygote per pytest worker (tests/warm_python.py) for every test that runs Python scripts as processes of
+    their own without paying torch's start-up in each: the tests' own scripts (``start_here``), the docs' blocks,
+    AIToolbox's scripts, the study workers, the cloud runs. Each run is its own process with its own environment;
+    all have ``PYTHONHASHSEED=0``."""
+    from warm_python import SHARED_PRELOAD, WarmPython
+    env = {name: value for name, value in os.environ.items() if name != 'OMP_NUM_THREADS'}
+    zygote = WarmPython(dict(env, PYTHONHASHSEED='0'), preload=SHARED_PRELOAD)
     yield zygote
     zygote.close()
 
 
 def pytest_configure(config):
     xdist_version = tuple(int(part) for part in importlib.metadata.version('pytest-xdist').split('.')[:2])
-    if config.getvalue('dist') == 'loadgroup' and pytest.version_tuple[:2] >= (9, 2) and xdist_version <= (3, 8):
+    if config.getoption('dist', default=None) == 'loadgroup' and pytest.version_tuple[:2] >= (9, 2) and xdist_version <= (3, 8):
         raise pytest.UsageError(f'pytest {pytest.__version__} ignores the xdist_group marks of pytest-xdist '
                                 f'{importlib.metadata.version("pytest-xdist")} (pytest-dev/pytest-xdist#1386), which '
                                 f'keep the tests sharing a SLURM cluster or a Ray node on one worker: install the '

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from warm_python import PRELOAD, WarmPython
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAGMENT_MARKER = '<!-- docs-test: fragment -->'
@@ -97,17 +96,14 @@ def _sandbox_env(home):
     return env
 
 
-@pytest.fixture(scope='module')
-def block_runner(tmp_path_factory):
-    home = tmp_path_factory.mktemp('docs_home')
-    warm = WarmPython(_sandbox_env(home), preload=PRELOAD + ('torch.utils.tensorboard',))
-
+@pytest.fixture
+def block_runner(warm_python):
+    """Runs a block as ``python doc_block.py``, forked from the tests' zygote (conftest's ``warm_python``)."""
     def run(script, cwd, output):
         env = dict(_sandbox_env(cwd), HOME=str(cwd))
-        return warm.wait(warm.start([script], cwd, env, output, output), timeout=170)
+        return warm_python.wait(warm_python.start([script], cwd, env, output, output), timeout=170)
 
-    yield run
-    warm.close()
+    return run
 
 
 def test_docs_have_python_blocks():

@@ -28,6 +28,9 @@ import sys
 #: What every run would import; not aitoolbox_like, which each run imports itself as the user's process does.
 PRELOAD = ('torch', 'torch._dynamo', 'torch.distributed', 'numpy', 'sklearn.datasets', 'sklearn.metrics',
            'matplotlib', 'matplotlib.pyplot')
+#: The tests' shared zygote (conftest's ``warm_python``) adds what the runs of its other users import: the docs'
+#: blocks (TensorBoard), the study workers (Optuna on SQLite), the cloud runs (the S3 and Azure clients).
+SHARED_PRELOAD = PRELOAD + ('torch.utils.tensorboard', 'optuna', 'sqlalchemy', 'boto3', 'azure.storage.blob')
 
 
 class WarmProcess:
@@ -44,8 +47,11 @@ class WarmProcess:
 
 
 class WarmPython:
-    """A zygote started with ``env`` (the environment of the runs: read at start by torch's thread pools and by
-    matplotlib's backend choice, so give the runs the same one)."""
+    """A zygote started with ``env``. Each run gets its own environment; what a fresh interpreter reads from it only
+    at start is applied to the run too (``PYTHONPATH``, ``PYTHONDONTWRITEBYTECODE``, and ``OMP_NUM_THREADS`` for
+    torch's thread pool); the rest of what a module reads at import is the zygote's, from ``env``: leave out there
+    what the runs set differently (``OMP_NUM_THREADS``: a zygote without it sizes torch's pool as a fresh interpreter
+    without it would). The hash seed is the zygote's: give ``PYTHONHASHSEED`` in ``env``."""
 
     def __init__(self, env, preload=PRELOAD):
         # Its own session: closing kills the runs' own children too (the workers a DDP run spawns).
@@ -155,6 +161,26 @@ def _fork_ranks_instead_of_spawning():
     torch.multiprocessing.start_processes = start_processes
 
 
+def _pythonpath(env):
+    return [entry for entry in env.get('PYTHONPATH', '').split(os.pathsep) if entry]
+
+
+# What the zygote read at its own start, which each run replaces by its own.
+_ZYGOTE_PYTHONPATH = _pythonpath(os.environ)
+_ZYGOTE_THREADS = None
+
+
+def _start_as_a_fresh_interpreter_would(env):
+    """The run's environment, and what an interpreter started with it reads from it only at start."""
+    import torch
+    os.environ.clear()
+    os.environ.update(env)
+    sys.dont_write_bytecode = bool(env.get('PYTHONDONTWRITEBYTECODE'))
+    # sys.path: [the script's folder, PYTHONPATH's entries, the installation's]; the first is set by the caller.
+    sys.path[1:1 + len(_ZYGOTE_PYTHONPATH)] = [os.path.abspath(entry) for entry in _pythonpath(env)]
+    torch.set_num_threads(int(env['OMP_NUM_THREADS']) if env.get('OMP_NUM_THREADS') else _ZYGOTE_THREADS)
+
+
 def _become(request):
     """Turn this forked child into ``python *request['run']``."""
     null = os.open(os.devnull, os.O_RDONLY)
@@ -170,8 +196,7 @@ def _become(request):
     sys.stdout = open(1, 'w', closefd=False)
     sys.stderr = open(2, 'w', closefd=False)
     os.chdir(request['cwd'])
-    os.environ.clear()
-    os.environ.update(request['env'])
+    _start_as_a_fresh_interpreter_would(request['env'])
     _fork_ranks_instead_of_spawning()
     args = request['run']
     if args[0] == '-m':
@@ -191,6 +216,7 @@ if __name__ == '__main__':
     # The first optimizer finishes torch._dynamo's lazy set-up; do it here, once (on a tensor made without the random
     # generator, whose state the runs inherit untouched).
     torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    _ZYGOTE_THREADS = torch.get_num_threads()
     sys.stdout.flush()
     sys.stderr.flush()
     gc.freeze()

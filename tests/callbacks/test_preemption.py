@@ -36,32 +36,32 @@ def _start(warm, out_dir, result, *args):
     return warm.start_here([SCRIPT, out_dir, result, *args], f'{result}.log')
 
 
-def _run(warm_scripts, out_dir, result, *args):
-    process = _start(warm_scripts, out_dir, result, *args)
-    assert warm_scripts.wait(process, timeout=180) == 0, process.output()[1][-3000:]
+def _run(warm_python, out_dir, result, *args):
+    process = _start(warm_python, out_dir, result, *args)
+    assert warm_python.wait(process, timeout=180) == 0, process.output()[1][-3000:]
     return torch.load(result, weights_only=True)
 
 
-def _signal_at_batch(warm_scripts, out_dir, result, batch_idx, signum, *args):
+def _signal_at_batch(warm_python, out_dir, result, batch_idx, signum, *args):
     """Start the script, wait until it reports batch ``batch_idx`` done, send ``signum``; returns the process (its
     ``returncode`` set) and what it wrote to stderr."""
     marker = str(result) + '.marker'
-    process = _start(warm_scripts, out_dir, result, '--wait-at-batch', batch_idx, *args)
+    process = _start(warm_python, out_dir, result, '--wait-at-batch', batch_idx, *args)
     deadline = time.monotonic() + 120
     try:
-        while not os.path.exists(marker) and warm_scripts.running(process) and time.monotonic() < deadline:
+        while not os.path.exists(marker) and warm_python.running(process) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert os.path.exists(marker), f'the run never reached batch {batch_idx}: {process.output()[1][-3000:]}'
         os.kill(process.pid, signum)
     finally:
-        warm_scripts.wait(process, timeout=120)         # kills a run still going after that
+        warm_python.wait(process, timeout=120)         # kills a run still going after that
     return process, process.output()[1]
 
 
 @pytest.fixture(scope='module')
-def reference(tmp_path_factory, warm_scripts):
+def reference(tmp_path_factory, warm_python):
     tmp = tmp_path_factory.mktemp('reference')
-    return _run(warm_scripts, tmp / 'out', tmp / 'result.pt', '--epochs', 3)
+    return _run(warm_python, tmp / 'out', tmp / 'result.pt', '--epochs', 3)
 
 
 def _experiment(out_dir):
@@ -73,10 +73,10 @@ def _pointer(experiment):
     return Path(bookkeeping_dir(experiment)) / 'latest_checkpoint.txt'
 
 
-def test_sigterm_checkpoints_mid_epoch_exits_cleanly_and_resumes_bit_exactly(tmp_path, reference, warm_scripts):
+def test_sigterm_checkpoints_mid_epoch_exits_cleanly_and_resumes_bit_exactly(tmp_path, reference, warm_python):
     out = tmp_path / 'out'
     # 7 batches an epoch
-    process, stderr = _signal_at_batch(warm_scripts, out, tmp_path / 'stopped.pt', 10, signal.SIGTERM)
+    process, stderr = _signal_at_batch(warm_python, out, tmp_path / 'stopped.pt', 10, signal.SIGTERM)
     assert process.returncode == 0, stderr[-3000:]
     assert 'received SIGTERM' in stderr
 
@@ -93,7 +93,7 @@ def test_sigterm_checkpoints_mid_epoch_exits_cleanly_and_resumes_bit_exactly(tmp
     checkpoint = load_checkpoint(experiment / latest)
     assert checkpoint['data_position']['batches_done'] == 4          # batches 7..10 of epoch 1
 
-    resumed = _run(warm_scripts, out, tmp_path / 'resumed.pt', '--epochs', 3, '--resume')
+    resumed = _run(warm_python, out, tmp_path / 'resumed.pt', '--epochs', 3, '--resume')
     assert_same_weights(resumed['weights'], reference['weights'])
     assert resumed['history']['train_history'] == reference['history']['train_history']
     assert resumed['experiment_timestamp'] == experiment.name[len('run_'):]
@@ -101,17 +101,17 @@ def test_sigterm_checkpoints_mid_epoch_exits_cleanly_and_resumes_bit_exactly(tmp
     assert 'train_end_test_loss' in resumed['history_names']
 
 
-def test_sigint_works_the_same_and_exit_code_signal_reports_143_for_sigterm(tmp_path, reference, warm_scripts):
-    process, stderr = _signal_at_batch(warm_scripts, tmp_path / 'a', tmp_path / 'a.pt', 3, signal.SIGINT)
+def test_sigint_works_the_same_and_exit_code_signal_reports_143_for_sigterm(tmp_path, reference, warm_python):
+    process, stderr = _signal_at_batch(warm_python, tmp_path / 'a', tmp_path / 'a.pt', 3, signal.SIGINT)
     assert process.returncode == 0, stderr[-3000:]
     assert _pointer(_experiment(tmp_path / 'a')).read_text().endswith('_E0_ITER3.pth')
     assert 'KeyboardInterrupt' not in stderr
 
-    process, stderr = _signal_at_batch(warm_scripts, tmp_path / 'b', tmp_path / 'b.pt', 5, signal.SIGTERM,
+    process, stderr = _signal_at_batch(warm_python, tmp_path / 'b', tmp_path / 'b.pt', 5, signal.SIGTERM,
                                        '--exit-code', 'signal')
     assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert _pointer(_experiment(tmp_path / 'b')).read_text().endswith('_E0_ITER5.pth')
-    resumed = _run(warm_scripts, tmp_path / 'b', tmp_path / 'b_resumed.pt', '--epochs', 3, '--resume')
+    resumed = _run(warm_python, tmp_path / 'b', tmp_path / 'b_resumed.pt', '--epochs', 3, '--resume')
     assert_same_weights(resumed['weights'], reference['weights'])
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from warm_python import WarmPython
 
 SCRIPTS_DIR = Path(__file__).parent / 'scripts'
 SCRIPTS = sorted(p.name for p in SCRIPTS_DIR.glob('s[0-9][0-9]_*.py'))
@@ -34,16 +33,6 @@ def _env():
     env['PYTHONHASHSEED'] = '0'
     env.pop('AITB_COMPAT_OUT', None)
     return env
-
-
-@pytest.fixture(scope='module')
-def warm_python():
-    """One zygote for the module's runs (tests/warm_python.py): each run is a fork of a process that imported torch
-    and scikit-learn once, instead of a cold ``python`` paying seconds of imports for a fraction of a second of
-    training."""
-    warm = WarmPython(_env())
-    yield warm
-    warm.close()
 
 
 def _run_both(warm, commands, cwd, timeout):

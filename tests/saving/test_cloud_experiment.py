@@ -26,7 +26,6 @@ from aitoolbox_like.result_package.basic import ClassificationResultPackage
 from aitoolbox_like.storage import StorageError, StorageUnreachableError
 from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave
 from saving_helpers import assert_same_weights, make_parts, weights
-from warm_python import PRELOAD, WarmPython
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -200,13 +199,6 @@ def test_kill_9_mid_epoch_then_resume_equals_the_uninterrupted_run_and_every_che
     assert not _journal(folder).exists()
 
 
-@pytest.fixture(scope='module')
-def warm_python():
-    warm = WarmPython(dict(os.environ, OMP_NUM_THREADS='1'), preload=PRELOAD + ('boto3', 'azure.storage.blob'))
-    yield warm
-    warm.close()
-
-
 @pytest.mark.parametrize('cloud', ['s3', 'az'], indirect=True)
 def test_three_runs_started_in_the_same_second_on_different_machines_get_their_own_prefix(cloud, tmp_path,
                                                                                          warm_python):
@@ -215,7 +207,7 @@ def test_three_runs_started_in_the_same_second_on_different_machines_get_their_o
     emulator does not enforce it."""
     bucket = cloud.make_bucket()
     timestamp = '2030-01-02_03-04-05'
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
     go = tmp_path / 'go'
     runs = []
     for i in range(3):

@@ -116,45 +116,45 @@ def _start_script(warm, out_dir, result, *args):
     return warm.start_here([SCRIPT, out_dir, result, *args], f'{result}.log')
 
 
-def _run_script(warm_scripts, out_dir, result, *args, expect_kill=False):
-    process = _start_script(warm_scripts, out_dir, result, *args)
-    returncode = warm_scripts.wait(process, timeout=120)
+def _run_script(warm_python, out_dir, result, *args, expect_kill=False):
+    process = _start_script(warm_python, out_dir, result, *args)
+    returncode = warm_python.wait(process, timeout=120)
     assert returncode == (-signal.SIGKILL if expect_kill else 0), process.output()[1][-3000:]
     return torch.load(result, weights_only=True) if not expect_kill else None
 
 
 @pytest.fixture(scope='module')
-def script_reference(tmp_path_factory, warm_scripts):
+def script_reference(tmp_path_factory, warm_python):
     tmp = tmp_path_factory.mktemp('reference')
-    return _run_script(warm_scripts, tmp / 'out', tmp / 'result.pt', '--epochs', 3, '--iter-freq', 4)
+    return _run_script(warm_python, tmp / 'out', tmp / 'result.pt', '--epochs', 3, '--iter-freq', 4)
 
 
-def test_sigkill_mid_epoch_then_resume_equals_the_uninterrupted_run(tmp_path, script_reference, warm_scripts):
+def test_sigkill_mid_epoch_then_resume_equals_the_uninterrupted_run(tmp_path, script_reference, warm_python):
     # Killed inside the optimizer step of batch 13 (epoch 1); the newest checkpoint is the one after batch 12.
-    _run_script(warm_scripts, tmp_path / 'out', tmp_path / 'killed.pt', '--epochs', 3, '--iter-freq', 4,
+    _run_script(warm_python, tmp_path / 'out', tmp_path / 'killed.pt', '--epochs', 3, '--iter-freq', 4,
                 '--kill-at-batch', 13, expect_kill=True)
     folder = next((tmp_path / 'out' / 'proj').glob('run_*'))
     assert read_pointer(folder).endswith('_E1_ITER12.pth')
 
-    resumed = _run_script(warm_scripts, tmp_path / 'out', tmp_path / 'resumed.pt', '--epochs', 3, '--iter-freq', 4,
+    resumed = _run_script(warm_python, tmp_path / 'out', tmp_path / 'resumed.pt', '--epochs', 3, '--iter-freq', 4,
                           '--resume')
     assert_same_weights(resumed['weights'], script_reference['weights'])
     assert resumed['history']['train_history'] == script_reference['history']['train_history']
     assert resumed['experiment_timestamp'] == folder.name[len('run_'):]
 
 
-def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, warm_scripts):
+def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, warm_python):
     big = 6_000_000          # 24 MB of ballast per checkpoint: writing takes long enough to be caught
     out = tmp_path / 'out'
-    reference = _run_script(warm_scripts, tmp_path / 'ref', tmp_path / 'ref.pt', '--epochs', 3, '--big-buffer', big)
+    reference = _run_script(warm_python, tmp_path / 'ref', tmp_path / 'ref.pt', '--epochs', 3, '--big-buffer', big)
 
-    process = _start_script(warm_scripts, out, tmp_path / 'x.pt', '--epochs', 3, '--big-buffer', big)
+    process = _start_script(warm_python, out, tmp_path / 'x.pt', '--epochs', 3, '--big-buffer', big)
     caught_during_write = False
     deadline = time.monotonic() + 120
     try:
         # Kill as soon as the second checkpoint (epoch 1) is being written: its temp file (created in the
         # experiment's bookkeeping folder, next to the pointers) exists.
-        while warm_scripts.running(process) and time.monotonic() < deadline:
+        while warm_python.running(process) and time.monotonic() < deadline:
             folders = list((out / 'proj').glob('run_*')) if (out / 'proj').exists() else []
             if folders and os.path.isdir(bookkeeping_dir(folders[0])):
                 names = os.listdir(bookkeeping_dir(folders[0]))
@@ -165,7 +165,7 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_pat
                     break
             time.sleep(0.0005)
     finally:
-        warm_scripts.wait(process, timeout=30 if caught_during_write else 0.1)      # kills a run still going
+        warm_python.wait(process, timeout=30 if caught_during_write else 0.1)      # kills a run still going
     assert caught_during_write, 'the run finished before a checkpoint write could be interrupted'
     assert process.returncode == -signal.SIGKILL
 
@@ -178,7 +178,7 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_pat
     # The temp file is not in the experiment folder at all.
     assert not any(n.startswith('.') for _, _, names in os.walk(experiment) for n in names)
 
-    resumed = _run_script(warm_scripts, out, tmp_path / 'resumed.pt', '--epochs', 3, '--big-buffer', big, '--resume')
+    resumed = _run_script(warm_python, out, tmp_path / 'resumed.pt', '--epochs', 3, '--big-buffer', big, '--resume')
     assert_same_weights(resumed['weights'], reference['weights'])
 
 

@@ -15,7 +15,6 @@ import pytest
 from aitoolbox_like.recipes import Recipe
 from aitoolbox_like.tuning import MonitorNotRecorded, TuneInputError, tune
 from aitoolbox_like.tuning.cli import add_tune_parser
-from warm_python import PRELOAD, WarmPython
 
 PARAMS = ['optimizer.lr=loguniform(1e-4,1e-2)', 'vars.batch_size=choice(32,64)']
 
@@ -294,21 +293,14 @@ study.optimize(lambda trial: print(trial.number, flush=True) or 0.0, n_trials=20
 '''
 
 
-@pytest.fixture(scope='module')
-def warm_python():
-    """The study workers are forked from one process that imported torch and Optuna (tests/warm_python.py)."""
-    warm = WarmPython(dict(os.environ, OMP_NUM_THREADS='1'), preload=PRELOAD + ('optuna', 'sqlalchemy'))
-    yield warm
-    warm.close()
-
-
 def _run_together(warm, code, tmp_path, go, count=2, timeout=120):
     """``count`` processes of ``code`` (argv: tmp_path, go), let go at once when each has loaded the study (its first
     line is 'ready'); the trial numbers they printed, after each exited 0."""
     script = tmp_path / 'worker.py'
     script.write_text(code)
-    workers = [warm.start([script, tmp_path, go], tmp_path, os.environ, tmp_path / f'worker{i}.out',
-                          tmp_path / f'worker{i}.err') for i in range(count)]
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    workers = [warm.start([script, tmp_path, go], tmp_path, env, tmp_path / f'worker{i}.out', tmp_path / f'worker{i}.err')
+               for i in range(count)]
     deadline = time.monotonic() + timeout
     while not all(open(w.stdout_path).readline().strip() == 'ready' for w in workers):
         assert time.monotonic() < deadline, [w.output() for w in workers]
