@@ -1,6 +1,10 @@
 """The command line on the digits recipe: it trains what examples/digits_cnn.py trains, a run killed with SIGKILL
 and resumed with `aitoolbox-like resume` ends with the weights of an uninterrupted run, a finished run is left
-alone, and a recipe that does not check trains nothing."""
+alone, and a recipe that does not check trains nothing.
+
+The commands that train run forked from the tests' zygote (conftest's ``warm_python``: each its own process, as
+``python -m aitoolbox_like ...`` or the console script, without paying torch's start-up each time); those that train
+nothing start the installed console script and ``python -m aitoolbox_like`` cold, as a shell does."""
 import glob
 import os
 import signal
@@ -26,6 +30,18 @@ def _env():
     return env
 
 
+def _start(warm_python, args, cwd, log):
+    """``python *args`` (``-m aitoolbox_like ...``, or the console script and its arguments) forked from the zygote;
+    its stdout and stderr in ``log``.out and ``log``.err."""
+    return warm_python.start(args, cwd, _env(), f'{log}.out', f'{log}.err')
+
+
+def _checkpointed(out):
+    """Whether the run writing into ``out`` has completed a checkpoint (the pointer, in the experiment's bookkeeping
+    folder, appears then)."""
+    return bool(glob.glob(str(out / '.aitoolbox_like' / 'digits' / 'cnn_*' / 'latest_checkpoint.txt')))
+
+
 def _experiment(out):
     [folder] = glob.glob(os.path.join(out, 'digits', 'cnn_*'))
     return folder
@@ -46,35 +62,29 @@ def _assert_bit_equal(a, b):
 
 
 @pytest.mark.timeout(240)
-def test_a_killed_run_resumed_from_its_folder_ends_with_the_weights_of_an_uninterrupted_run(tmp_path):
+def test_a_killed_run_resumed_from_its_folder_ends_with_the_weights_of_an_uninterrupted_run(tmp_path, warm_python):
     epochs = 5
-    train = [sys.executable, '-m', 'aitoolbox_like', 'train', DIGITS_RECIPE, f'fit.num_epochs={epochs}']
-    full = subprocess.run(train + [f'vars.output_dir={tmp_path / "full"}'], cwd=tmp_path, env=_env(),
-                          capture_output=True, text=True, timeout=200)
-    assert full.returncode == 0, full.stderr
+    train = ['-m', 'aitoolbox_like', 'train', DIGITS_RECIPE, f'fit.num_epochs={epochs}']
+    full = _start(warm_python, train + [f'vars.output_dir={tmp_path / "full"}'], tmp_path, tmp_path / 'full')
+    assert warm_python.wait(full, timeout=200) == 0, full.output()[1]
     full_folder = _experiment(tmp_path / 'full')
 
-    killed = subprocess.Popen(train + [f'vars.output_dir={tmp_path / "killed"}'], cwd=tmp_path, env=_env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed = _start(warm_python, train + [f'vars.output_dir={tmp_path / "killed"}'], tmp_path, tmp_path / 'killed')
     try:
         deadline = time.monotonic() + 150
-        # The pointer, in the experiment's bookkeeping folder, appears once the first checkpoint is complete.
-        while not glob.glob(str(tmp_path / 'killed' / '.aitoolbox_like' / 'digits' / 'cnn_*' /
-                                'latest_checkpoint.txt')):
-            assert killed.poll() is None, 'the run ended before it wrote a checkpoint'
+        while not _checkpointed(tmp_path / 'killed'):
+            assert warm_python.running(killed), 'the run ended before it wrote a checkpoint'
             assert time.monotonic() < deadline, 'no checkpoint after 150 s'
             time.sleep(0.02)
-        killed.send_signal(signal.SIGKILL)
+        os.kill(killed.pid, signal.SIGKILL)
     finally:
-        killed.kill()
-        killed.wait()
+        warm_python.wait(killed, timeout=30)        # kills a run still going
     assert killed.returncode == -signal.SIGKILL
     folder = _experiment(tmp_path / 'killed')
     assert not _latest(folder).endswith(f'_E{epochs - 1}.pth'), 'the run was not interrupted'
 
-    resumed = subprocess.run([CONSOLE_SCRIPT, 'resume', folder], cwd=tmp_path, env=_env(), capture_output=True,
-                             text=True, timeout=200)
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = _start(warm_python, [CONSOLE_SCRIPT, 'resume', folder], tmp_path, tmp_path / 'resumed')
+    assert warm_python.wait(resumed, timeout=200) == 0, resumed.output()[1]
     assert _experiment(tmp_path / 'killed') == folder             # continued in its own folder
     assert _latest(folder).endswith(f'_E{epochs - 1}.pth')
     _assert_bit_equal(_final_weights(folder), _final_weights(full_folder))
@@ -87,7 +97,7 @@ def test_a_killed_run_resumed_from_its_folder_ends_with_the_weights_of_an_uninte
     assert commands == [f'python -m aitoolbox_like train {DIGITS_RECIPE} fit.num_epochs={epochs} '
                         f'vars.output_dir={tmp_path / "killed"}', f'aitoolbox-like resume {folder}']
 
-    # A finished run: said so, status 0, nothing trained.
+    # A finished run: said so, status 0, nothing trained (the installed console script, started cold).
     before = sorted(os.listdir(os.path.join(full_folder, 'checkpoint_model')))
     again = subprocess.run([CONSOLE_SCRIPT, 'resume', full_folder], cwd=tmp_path, env=_env(), capture_output=True,
                            text=True, timeout=200)
@@ -97,23 +107,22 @@ def test_a_killed_run_resumed_from_its_folder_ends_with_the_weights_of_an_uninte
 
 
 @pytest.mark.timeout(240)
-def test_ctrl_c_stops_train_with_status_130_and_no_end_of_training_report_until_the_resumed_run_ends(tmp_path):
+def test_ctrl_c_stops_train_with_status_130_and_no_end_of_training_report_until_the_resumed_run_ends(tmp_path,
+                                                                                                     warm_python):
     epochs = 30       # far more than the run gets to before the signal
     out = tmp_path / 'out'
-    train = subprocess.Popen([CONSOLE_SCRIPT, 'train', DIGITS_RECIPE, f'fit.num_epochs={epochs}',
-                              f'vars.output_dir={out}'], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    train = _start(warm_python, [CONSOLE_SCRIPT, 'train', DIGITS_RECIPE, f'fit.num_epochs={epochs}',
+                                 f'vars.output_dir={out}'], tmp_path, tmp_path / 'train')
     try:
         deadline = time.monotonic() + 150
-        while not glob.glob(str(out / '.aitoolbox_like' / 'digits' / 'cnn_*' / 'latest_checkpoint.txt')):
-            assert train.poll() is None, train.communicate()[1][-3000:]
+        while not _checkpointed(out):
+            assert warm_python.running(train), train.output()[1][-3000:]
             assert time.monotonic() < deadline, 'no checkpoint after 150 s'
             time.sleep(0.02)
-        train.send_signal(signal.SIGINT)            # what Ctrl-C in the terminal sends
-        stdout, stderr = train.communicate(timeout=120)
+        os.kill(train.pid, signal.SIGINT)           # what Ctrl-C in the terminal sends
     finally:
-        train.kill()
-        train.wait()
+        warm_python.wait(train, timeout=120)        # kills a run still going after that
+    stdout, stderr = train.output()
     assert train.returncode == 130, stderr[-3000:]
     folder = _experiment(out)
     assert f'interrupted (received SIGINT); continue with: aitoolbox-like resume {folder}' in stdout
@@ -122,10 +131,10 @@ def test_ctrl_c_stops_train_with_status_130_and_no_end_of_training_report_until_
     assert not [name for name in results if name.startswith('train_end_')], results
 
     # The run continues to its end; then, and only then, the end-of-training report is written.
-    resumed = subprocess.run([CONSOLE_SCRIPT, 'resume', folder, 'fit.num_epochs=' + str(_epochs_done(folder) + 1)],
-                             cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=200)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert 'interrupted' not in resumed.stdout
+    resumed = _start(warm_python, [CONSOLE_SCRIPT, 'resume', folder, f'fit.num_epochs={_epochs_done(folder) + 1}'],
+                     tmp_path, tmp_path / 'resumed')
+    assert warm_python.wait(resumed, timeout=200) == 0, resumed.output()[1][-3000:]
+    assert 'interrupted' not in resumed.output()[0]
     assert [name for name in os.listdir(os.path.join(folder, 'results')) if name.startswith('train_end_plots')]
 
 
