@@ -173,24 +173,23 @@ def test_a_fit_that_fails_before_its_first_step_leaves_no_experiment_folder_and_
 
 
 @pytest.mark.timeout(240)
-def test_sigterm_under_the_command_line_tells_the_command_that_continues_the_run(tmp_path):
+def test_sigterm_under_the_command_line_tells_the_command_that_continues_the_run(tmp_path, warm_python):
     console_script = os.path.join(os.path.dirname(sys.executable), 'aitoolbox-like')
     recipe = os.path.join(REPO_ROOT, 'examples', 'recipes', 'digits.yaml')
     env = dict(os.environ, OMP_NUM_THREADS='1', MPLBACKEND='Agg')
     env.pop('DIGITS_OUTPUT_DIR', None)
-    run = subprocess.Popen([console_script, 'train', recipe, 'fit.num_epochs=100', f'vars.output_dir={tmp_path}'],
-                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The console script as its own process, forked from the tests' zygote (conftest's warm_python).
+    run = warm_python.start([console_script, 'train', recipe, 'fit.num_epochs=100', f'vars.output_dir={tmp_path}'],
+                            tmp_path, env, tmp_path / 'run.out', tmp_path / 'run.err')
     try:
         deadline = time.monotonic() + 150
         while not glob.glob(str(tmp_path / '.aitoolbox_like' / 'digits' / 'cnn_*' / 'latest_checkpoint.txt')):
-            assert run.poll() is None and time.monotonic() < deadline, 'no checkpoint was written'
+            assert warm_python.running(run) and time.monotonic() < deadline, 'no checkpoint was written'
             time.sleep(0.05)
-        run.send_signal(signal.SIGTERM)
-        _, stderr = run.communicate(timeout=120)
+        os.kill(run.pid, signal.SIGTERM)
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
+        warm_python.wait(run, timeout=120)          # kills a run still going after that
+    stderr = run.output()[1]
     [folder] = glob.glob(str(tmp_path / 'digits' / 'cnn_*'))
     assert f'continue with aitoolbox-like resume {folder}' in stderr, stderr[-3000:]
     assert "resume_from='latest'" not in stderr

@@ -153,24 +153,27 @@ def test_a_trial_interrupted_by_the_death_of_its_process_is_fail_and_not_counted
     assert 'trial 0 failed: interrupted: the process running it stopped' in '\n'.join(result.summary())
 
 
-def test_ctrl_c_stops_the_search_and_the_same_command_continues_it(tmp_path, digits_recipe, read_csv):
+def test_ctrl_c_stops_the_search_and_the_same_command_continues_it(tmp_path, digits_recipe, read_csv, warm_python):
     out, runs = tmp_path / 'study', tmp_path / 'runs'
     console_script = os.path.join(os.path.dirname(sys.executable), 'aitoolbox-like')
-    def command(epochs):
-        return [console_script, 'tune', digits_recipe, f'vars.output_dir={runs}', f'fit.num_epochs={epochs}',
-                '--trials', '2', '--param', PARAMS[0], '--monitor', 'val_loss', '--mode', 'min', '--output', str(out)]
-    search = subprocess.Popen(command(50), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+
+    def start(epochs, log):
+        """The console script as its own process, forked from the tests' zygote (conftest's warm_python)."""
+        command = [console_script, 'tune', digits_recipe, f'vars.output_dir={runs}', f'fit.num_epochs={epochs}',
+                   '--trials', '2', '--param', PARAMS[0], '--monitor', 'val_loss', '--mode', 'min', '--output', out]
+        return warm_python.start(command, tmp_path, env, tmp_path / f'{log}.out', tmp_path / f'{log}.err')
+
+    search = start(50, 'search')
     try:
         deadline = time.monotonic() + 120
         while not list(runs.glob('digits/*/results/results.csv')):     # the first trial has finished an epoch
-            assert search.poll() is None and time.monotonic() < deadline, search.communicate()[1][-3000:]
+            assert warm_python.running(search) and time.monotonic() < deadline, search.output()[1][-3000:]
             time.sleep(0.05)
-        search.send_signal(signal.SIGINT)           # Ctrl-C
-        stdout, stderr = search.communicate(timeout=120)
+        os.kill(search.pid, signal.SIGINT)          # Ctrl-C
     finally:
-        search.kill()
-        search.wait()
+        warm_python.wait(search, timeout=120)       # kills a search still going after that
+    stdout, stderr = search.output()
     assert search.returncode == 130, stderr[-3000:]
     assert 'search interrupted' in stderr and 'run the same command again to continue the study to its 2 trials' \
         in stderr
@@ -182,14 +185,14 @@ def test_ctrl_c_stops_the_search_and_the_same_command_continues_it(tmp_path, dig
 
     # The same command continues the study to its 2 trials; the interrupted one does not count. Its console says one
     # line per trial (the trials' logs are in their folders) and the summary.
-    again = subprocess.run(command(1), capture_output=True, text=True, timeout=300,
-                           env={**os.environ, 'OMP_NUM_THREADS': '1'})
-    assert again.returncode == 0, again.stderr[-3000:]
+    again = start(1, 'again')
+    assert warm_python.wait(again, timeout=300) == 0, again.output()[1][-3000:]
+    again_stdout, again_stderr = again.output()
     assert [(r['number'], r['state']) for r in read_csv(out / 'trials.csv')] == [
         ('0', 'FAIL'), ('1', 'COMPLETE'), ('2', 'COMPLETE')]
-    lines = again.stdout.splitlines()
+    lines = again_stdout.splitlines()
     assert [line.split(':')[0] for line in lines if line.startswith('trial ')] == ['trial 1', 'trial 2']
-    assert 'Epoch 0' not in again.stdout + again.stderr and 'performance report' not in again.stdout
+    assert 'Epoch 0' not in again_stdout + again_stderr and 'performance report' not in again_stdout
     for row in read_csv(out / 'trials.csv')[1:]:
         with open(os.path.join(row['experiment_dir'], 'train.log')) as f:
             assert 'End of epoch performance report' in f.read()
