@@ -1,6 +1,7 @@
 import importlib.metadata
 import importlib.util
 import os
+import subprocess
 import sys
 
 import pytest
@@ -64,6 +65,22 @@ def _check_groups_are_kept(config, items):
 
 
 @pytest.fixture(scope='session')
+def docs_site(tmp_path_factory):
+    """The documentation site built as ``make docs`` builds it (``mkdocs build --strict``, here into a temporary
+    folder, with a HOME of its own), once for the tests that read it (their xdist group ``docs_site`` keeps them on
+    one worker): ``(the finished build, its site folder)``."""
+    home = tmp_path_factory.mktemp('docs_site')
+    site = home / 'site'
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, HOME=str(home), MPLBACKEND='Agg', OMP_NUM_THREADS='1', NO_MKDOCS_2_WARNING='1',
+               PYTHONDONTWRITEBYTECODE='1')
+    build = subprocess.run([sys.executable, '-m', 'mkdocs', 'build', '--strict', '--config-file',
+                            os.path.join(root, 'mkdocs.yml'), '--site-dir', str(site)], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=170)
+    return build, site
+
+
+@pytest.fixture(scope='session')
 def warm_python():
     """One zygote per pytest worker (tests/warm_python.py) for every test that runs Python scripts as processes of
     their own without paying torch's start-up in each: the tests' own scripts (``start_here``), the docs' blocks,
@@ -78,7 +95,8 @@ def warm_python():
 
 def pytest_configure(config):
     xdist_version = tuple(int(part) for part in importlib.metadata.version('pytest-xdist').split('.')[:2])
-    if config.getoption('dist', default=None) == 'loadgroup' and pytest.version_tuple[:2] >= (9, 2) and xdist_version <= (3, 8):
+    loadgroup = config.getoption('dist', default=None) == 'loadgroup'     # no such option under -p no:xdist
+    if loadgroup and pytest.version_tuple[:2] >= (9, 2) and xdist_version <= (3, 8):
         raise pytest.UsageError(f'pytest {pytest.__version__} ignores the xdist_group marks of pytest-xdist '
                                 f'{importlib.metadata.version("pytest-xdist")} (pytest-dev/pytest-xdist#1386), which '
                                 f'keep the tests sharing a SLURM cluster or a Ray node on one worker: install the '

@@ -14,8 +14,6 @@ block must be complete. A block that is not Python meant to run (program output,
 """
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -122,12 +120,9 @@ def test_doc_block_runs(code, is_fragment, tmp_path, block_runner):
 
 
 @pytest.mark.timeout(180)
-def test_mkdocs_build_strict(tmp_path):
-    site = tmp_path / 'site'
-    result = subprocess.run(
-        [sys.executable, '-m', 'mkdocs', 'build', '--strict', '--config-file', str(ROOT / 'mkdocs.yml'),
-         '--site-dir', str(site)],
-        cwd=ROOT, env=_sandbox_env(tmp_path), capture_output=True, text=True, timeout=170)
+@pytest.mark.xdist_group('docs_site')       # the site is built once (conftest's docs_site)
+def test_mkdocs_build_strict(docs_site):
+    result, site = docs_site
     assert result.returncode == 0, result.stdout + result.stderr
     assert (site / 'index.html').is_file()
     assert (site / 'reference' / 'train_loop' / 'index.html').is_file()

@@ -1,8 +1,6 @@
 """The generated recipe reference, docs/recipes-reference.md: it is what the registries generate today, and the
-documentation site (built as tests/test_docs.py builds it) lists every name a recipe can use without registering
-anything."""
-import os
-import subprocess
+documentation site (conftest's docs_site, built as `make docs` builds it) lists every name a recipe can use without
+registering anything."""
 import sys
 from pathlib import Path
 
@@ -14,12 +12,9 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 @pytest.mark.timeout(180)
-def test_every_registered_name_appears_in_the_generated_reference(tmp_path):
-    site = tmp_path / 'site'
-    env = dict(os.environ, HOME=str(tmp_path), NO_MKDOCS_2_WARNING='1', PYTHONDONTWRITEBYTECODE='1')
-    result = subprocess.run([sys.executable, '-m', 'mkdocs', 'build', '--strict', '--config-file',
-                             str(ROOT / 'mkdocs.yml'), '--site-dir', str(site)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=170)
+@pytest.mark.xdist_group('docs_site')       # the site is built once (conftest's docs_site)
+def test_every_registered_name_appears_in_the_generated_reference(docs_site):
+    result, site = docs_site
     assert result.returncode == 0, result.stdout + result.stderr
     page = (site / 'recipes-reference' / 'index.html').read_text()
     missing = [f'{kind}:{name}' for kind, registry in REGISTRIES.items() for name in registry.builtin_names()

@@ -9,7 +9,6 @@ import torch
 
 from aitoolbox_like.callbacks.basic import EarlyStopping
 from aitoolbox_like.callbacks.model_load import ModelLoadContinueTraining
-from aitoolbox_like.callbacks.model_save import ModelCheckpoint, ModelIterationCheckpoint
 from aitoolbox_like.callbacks.train_schedule import StepLRScheduler
 from aitoolbox_like.checkpoint import CheckpointError, load_checkpoint
 from aitoolbox_like.experiment import bookkeeping_dir, read_pointer
