@@ -4,8 +4,6 @@ docs/saving-and-resuming.md promises: exact resume, training goes on during a wr
 previous checkpoint, errors surface, and the end of fit waits for the last write."""
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -185,31 +183,29 @@ def test_snapshot_is_a_deep_host_copy_that_reuses_its_buffers():
 # ---------------------------------------------------------------------------------------------- kill -9
 
 
-def test_sigkill_during_a_background_write_keeps_the_previous_checkpoint(tmp_path):
+def test_sigkill_during_a_background_write_keeps_the_previous_checkpoint(tmp_path, warm_python):
+    # The script's runs are processes of their own, forked from the tests' zygote (conftest's warm_python).
     big = 1_000_000
-    reference = subprocess.run([sys.executable, SCRIPT, str(tmp_path / 'ref'), str(tmp_path / 'ref.pt'),
-                                '--big-buffer', str(big)], capture_output=True, text=True, timeout=300)
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    reference = warm_python.start_here([SCRIPT, tmp_path / 'ref', tmp_path / 'ref.pt', '--big-buffer', big],
+                                       tmp_path / 'reference')
+    assert warm_python.wait(reference, timeout=300) == 0, reference.output()[1][-3000:]
 
     out = tmp_path / 'out'
-    process = subprocess.Popen([sys.executable, SCRIPT, str(out), str(tmp_path / 'x.pt'), '--big-buffer', str(big),
-                                '--block-write', '2'], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = warm_python.start_here([SCRIPT, out, tmp_path / 'x.pt', '--big-buffer', big, '--block-write', 2],
+                                     tmp_path / 'killed')
     deadline = time.monotonic() + 180
     try:
         # The second checkpoint (epoch 1) is half written and held; training goes on into epoch 2 meanwhile.
         reached = False
-        while process.poll() is None and time.monotonic() < deadline:
+        while warm_python.running(process) and time.monotonic() < deadline:
             if (out / 'writing').exists() and any(n.startswith('trained_2_') for n in os.listdir(out)):
                 reached = True
                 break
             time.sleep(0.01)
-        assert reached and process.poll() is None, process.stderr.read()[-3000:]
-        process.send_signal(signal.SIGKILL)
+        assert reached and warm_python.running(process), process.output()[1][-3000:]
+        os.kill(process.pid, signal.SIGKILL)
     finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
-        process.stderr.close()
+        warm_python.wait(process, timeout=30)       # kills a run still going
     assert process.returncode == -signal.SIGKILL
 
     experiment = _experiment(out)
@@ -219,9 +215,9 @@ def test_sigkill_during_a_background_write_keeps_the_previous_checkpoint(tmp_pat
     strays = [n for n in os.listdir(_work(experiment)) if n.endswith('.tmp')]
     assert len(strays) == 1 and os.path.getsize(_work(experiment) / strays[0]) > 0     # the half-written temp file
 
-    resumed = subprocess.run([sys.executable, SCRIPT, str(out), str(tmp_path / 'resumed.pt'),
-                              '--big-buffer', str(big), '--resume'], capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resumed = warm_python.start_here([SCRIPT, out, tmp_path / 'resumed.pt', '--big-buffer', big, '--resume'],
+                                     tmp_path / 'resumed')
+    assert warm_python.wait(resumed, timeout=300) == 0, resumed.output()[1][-3000:]
     a, b = torch.load(tmp_path / 'resumed.pt'), torch.load(tmp_path / 'ref.pt')
     assert_same_weights(a['weights'], b['weights'])
     assert a['history']['train_history'] == b['history']['train_history']

@@ -9,8 +9,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -135,7 +133,7 @@ def test_uploads_survive_an_outage_and_deleted_checkpoints_still_arrive(cloud, t
 
 
 def test_an_outage_outlasting_the_run_ends_fit_with_one_message_and_the_sync_command_uploads_later(
-        cloud, tmp_path, monkeypatch, caplog):
+        cloud, tmp_path, monkeypatch, caplog, warm_python):
     monkeypatch.setattr(ExperimentUploader, 'wait_timeout_s', 1.5)
     bucket = cloud.make_bucket()
     loop = _loop(tmp_path, cloud, bucket)
@@ -155,9 +153,10 @@ def test_an_outage_outlasting_the_run_ends_fit_with_one_message_and_the_sync_com
 
     loop.experiment_uploader.uploader.close(timeout=0)      # the process ends: only the journal is left
     cloud.start()
-    done = subprocess.run([sys.executable, '-m', 'aitoolbox_like.experiment.sync', str(folder)],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    # The command the message names, as its own process (forked from the tests' zygote, conftest's warm_python).
+    done = warm_python.start(['-m', 'aitoolbox_like.experiment.sync', folder], REPO, dict(os.environ),
+                             tmp_path / 'sync.out', tmp_path / 'sync.err')
+    assert warm_python.wait(done, timeout=300) == 0, done.output()
     assert set(_checkpoint_keys(ts, range(3))) <= set(cloud.keys(bucket))
     assert not _journal(folder).exists()
 
@@ -174,14 +173,14 @@ def uninterrupted(tmp_path_factory):
 
 
 def test_kill_9_mid_epoch_then_resume_equals_the_uninterrupted_run_and_every_checkpoint_reaches_the_cloud(
-        cloud, tmp_path, uninterrupted):
+        cloud, tmp_path, uninterrupted, warm_python):
     bucket = cloud.make_bucket()
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
-    killed = subprocess.run([sys.executable, os.path.join(HERE, 'kill_script.py'), str(tmp_path / 'out'),
-                             str(tmp_path / 'never.pt'), '--epochs', '3', '--iter-freq', '4', '--kill-at-batch', '13',
-                             '--cloud', cloud.mode, '--bucket', bucket],
-                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    # The killed run is a process of its own, forked from the tests' zygote (conftest's warm_python).
+    killed = warm_python.start([os.path.join(HERE, 'kill_script.py'), tmp_path / 'out', tmp_path / 'never.pt',
+                                '--epochs', 3, '--iter-freq', 4, '--kill-at-batch', 13, '--cloud', cloud.mode,
+                                '--bucket', bucket], tmp_path, env, tmp_path / 'killed.out', tmp_path / 'killed.err')
+    assert warm_python.wait(killed, timeout=300) == -signal.SIGKILL, killed.output()[1][-3000:]
     [folder] = (tmp_path / 'out' / 'proj').glob('run_*')
     ts = folder.name[len('run_'):]
 
