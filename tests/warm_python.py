@@ -9,8 +9,8 @@ its stdout and stderr in files, and the interpreter's own end (atexit handlers, 
 uncaught exception printed with status 1). What differs from a cold ``python``: the preloaded modules are already in
 ``sys.modules``, the hash seed and interpreter flags are the zygote's (its environment is the runs' at start), and the
 processes a run's ``fit(gpu_mode='ddp'/'fsdp')`` starts are forks of the run (the library's way from a notebook)
-instead of fresh interpreters, which would import torch again, seconds each: tests/test_ddp.py and the scripts the
-tests run as processes of their own keep the spawn of fresh interpreters tested.
+instead of fresh interpreters, which would import torch again, seconds each: the tests marked ``real_spawn`` and the
+scripts that torchrun, SLURM or the command line start cold keep the spawn of fresh interpreters tested.
 
 Protocol (one JSON object per line on the zygote's stdin, one reply per line on its stdout): ``{"run": ARGS, "cwd",
 "env", "stdout", "stderr"}`` -> ``{"pid"}``; ``{"wait": PID}`` -> ``{"returncode"}`` (negative: the signal).
