@@ -179,8 +179,8 @@ def test_sigterm_under_the_command_line_tells_the_command_that_continues_the_run
     env = dict(os.environ, OMP_NUM_THREADS='1', MPLBACKEND='Agg')
     env.pop('DIGITS_OUTPUT_DIR', None)
     # The console script as its own process, forked from the tests' zygote (conftest's warm_python).
-    run = warm_python.start([console_script, 'train', recipe, 'fit.num_epochs=100', f'vars.output_dir={tmp_path}'],
-                            tmp_path, env, tmp_path / 'run.out', tmp_path / 'run.err')
+    run = warm_python.start_here([console_script, 'train', recipe, 'fit.num_epochs=100',
+                                  f'vars.output_dir={tmp_path}'], tmp_path / 'run', env)
     try:
         deadline = time.monotonic() + 150
         while not glob.glob(str(tmp_path / '.aitoolbox_like' / 'digits' / 'cnn_*' / 'latest_checkpoint.txt')):

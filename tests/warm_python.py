@@ -84,11 +84,11 @@ class WarmPython:
         self.live[process.pid] = process
         return process
 
-    def start_here(self, args, log):
-        """``python *args`` in the current folder with this process's environment and ``PYTHONHASHSEED=0``, its
-        stdout and stderr in ``log``.out and ``log``.err."""
-        return self.start([str(a) for a in args], os.getcwd(), dict(os.environ, PYTHONHASHSEED='0'), f'{log}.out',
-                          f'{log}.err')
+    def start_here(self, args, log, env=None):
+        """``python *args`` in the current folder with ``env`` (None: this process's environment) and
+        ``PYTHONHASHSEED=0`` (the zygote's seed), its stdout and stderr in ``log``.out and ``log``.err."""
+        env = dict(os.environ if env is None else env, PYTHONHASHSEED='0')
+        return self.start([str(a) for a in args], os.getcwd(), env, f'{log}.out', f'{log}.err')
 
     def running(self, process):
         """Whether the run has not ended yet (its /proc entry is there, and not a zombie waiting for :meth:`wait`)."""

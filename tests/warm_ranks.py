@@ -13,8 +13,9 @@ stderr as they are now (pytest's capture of this test), and the thread count a f
 ``OMP_NUM_THREADS``. What differs: the preloaded modules are already imported.
 
 The tests marked ``real_spawn`` (the first of tests/test_ddp.py and of tests/test_fsdp.py) keep the library's own
-start method, as do the scripts and commands the tests run as processes of their own (tests/ddp_scripts, the docs'
-blocks, the command line), so the spawn of fresh interpreters itself stays tested.
+start method, as do the scripts and commands the tests start cold (tests/ddp_scripts, the DDP recipe's command
+line), so the spawn of fresh interpreters itself stays tested. (The runs forked from tests/warm_python.py fork their
+ranks from the run.)
 """
 import multiprocessing
 import multiprocessing.reduction

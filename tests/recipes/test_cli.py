@@ -30,12 +30,6 @@ def _env():
     return env
 
 
-def _start(warm_python, args, cwd, log):
-    """``python *args`` (``-m aitoolbox_like ...``, or the console script and its arguments) forked from the zygote;
-    its stdout and stderr in ``log``.out and ``log``.err."""
-    return warm_python.start(args, cwd, _env(), f'{log}.out', f'{log}.err')
-
-
 def _checkpointed(out):
     """Whether the run writing into ``out`` has completed a checkpoint (the pointer, in the experiment's bookkeeping
     folder, appears then)."""
@@ -65,11 +59,11 @@ def _assert_bit_equal(a, b):
 def test_a_killed_run_resumed_from_its_folder_ends_with_the_weights_of_an_uninterrupted_run(tmp_path, warm_python):
     epochs = 5
     train = ['-m', 'aitoolbox_like', 'train', DIGITS_RECIPE, f'fit.num_epochs={epochs}']
-    full = _start(warm_python, train + [f'vars.output_dir={tmp_path / "full"}'], tmp_path, tmp_path / 'full')
+    full = warm_python.start_here(train + [f'vars.output_dir={tmp_path / "full"}'], tmp_path / 'full', _env())
     assert warm_python.wait(full, timeout=200) == 0, full.output()[1]
     full_folder = _experiment(tmp_path / 'full')
 
-    killed = _start(warm_python, train + [f'vars.output_dir={tmp_path / "killed"}'], tmp_path, tmp_path / 'killed')
+    killed = warm_python.start_here(train + [f'vars.output_dir={tmp_path / "killed"}'], tmp_path / 'killed', _env())
     try:
         deadline = time.monotonic() + 150
         while not _checkpointed(tmp_path / 'killed'):
@@ -83,7 +77,7 @@ def test_a_killed_run_resumed_from_its_folder_ends_with_the_weights_of_an_uninte
     folder = _experiment(tmp_path / 'killed')
     assert not _latest(folder).endswith(f'_E{epochs - 1}.pth'), 'the run was not interrupted'
 
-    resumed = _start(warm_python, [CONSOLE_SCRIPT, 'resume', folder], tmp_path, tmp_path / 'resumed')
+    resumed = warm_python.start_here([CONSOLE_SCRIPT, 'resume', folder], tmp_path / 'resumed', _env())
     assert warm_python.wait(resumed, timeout=200) == 0, resumed.output()[1]
     assert _experiment(tmp_path / 'killed') == folder             # continued in its own folder
     assert _latest(folder).endswith(f'_E{epochs - 1}.pth')
@@ -111,8 +105,8 @@ def test_ctrl_c_stops_train_with_status_130_and_no_end_of_training_report_until_
                                                                                                      warm_python):
     epochs = 30       # far more than the run gets to before the signal
     out = tmp_path / 'out'
-    train = _start(warm_python, [CONSOLE_SCRIPT, 'train', DIGITS_RECIPE, f'fit.num_epochs={epochs}',
-                                 f'vars.output_dir={out}'], tmp_path, tmp_path / 'train')
+    train = warm_python.start_here([CONSOLE_SCRIPT, 'train', DIGITS_RECIPE, f'fit.num_epochs={epochs}',
+                                    f'vars.output_dir={out}'], tmp_path / 'train', _env())
     try:
         deadline = time.monotonic() + 150
         while not _checkpointed(out):
@@ -131,8 +125,8 @@ def test_ctrl_c_stops_train_with_status_130_and_no_end_of_training_report_until_
     assert not [name for name in results if name.startswith('train_end_')], results
 
     # The run continues to its end; then, and only then, the end-of-training report is written.
-    resumed = _start(warm_python, [CONSOLE_SCRIPT, 'resume', folder, f'fit.num_epochs={_epochs_done(folder) + 1}'],
-                     tmp_path, tmp_path / 'resumed')
+    resumed = warm_python.start_here([CONSOLE_SCRIPT, 'resume', folder, f'fit.num_epochs={_epochs_done(folder) + 1}'],
+                                     tmp_path / 'resumed', _env())
     assert warm_python.wait(resumed, timeout=200) == 0, resumed.output()[1][-3000:]
     assert 'interrupted' not in resumed.output()[0]
     assert [name for name in os.listdir(os.path.join(folder, 'results')) if name.startswith('train_end_plots')]

@@ -177,9 +177,9 @@ def test_kill_9_mid_epoch_then_resume_equals_the_uninterrupted_run_and_every_che
     bucket = cloud.make_bucket()
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
     # The killed run is a process of its own, forked from the tests' zygote (conftest's warm_python).
-    killed = warm_python.start([os.path.join(HERE, 'kill_script.py'), tmp_path / 'out', tmp_path / 'never.pt',
-                                '--epochs', 3, '--iter-freq', 4, '--kill-at-batch', 13, '--cloud', cloud.mode,
-                                '--bucket', bucket], tmp_path, env, tmp_path / 'killed.out', tmp_path / 'killed.err')
+    killed = warm_python.start_here([os.path.join(HERE, 'kill_script.py'), tmp_path / 'out', tmp_path / 'never.pt',
+                                     '--epochs', 3, '--iter-freq', 4, '--kill-at-batch', 13, '--cloud', cloud.mode,
+                                     '--bucket', bucket], tmp_path / 'killed', env)
     assert warm_python.wait(killed, timeout=300) == -signal.SIGKILL, killed.output()[1][-3000:]
     [folder] = (tmp_path / 'out' / 'proj').glob('run_*')
     ts = folder.name[len('run_'):]

@@ -162,7 +162,7 @@ def test_ctrl_c_stops_the_search_and_the_same_command_continues_it(tmp_path, dig
         """The console script as its own process, forked from the tests' zygote (conftest's warm_python)."""
         command = [console_script, 'tune', digits_recipe, f'vars.output_dir={runs}', f'fit.num_epochs={epochs}',
                    '--trials', '2', '--param', PARAMS[0], '--monitor', 'val_loss', '--mode', 'min', '--output', out]
-        return warm_python.start(command, tmp_path, env, tmp_path / f'{log}.out', tmp_path / f'{log}.err')
+        return warm_python.start_here(command, tmp_path / log, env)
 
     search = start(50, 'search')
     try:
@@ -302,8 +302,7 @@ def _run_together(warm, code, tmp_path, go, count=2, timeout=120):
     script = tmp_path / 'worker.py'
     script.write_text(code)
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    workers = [warm.start([script, tmp_path, go], tmp_path, env, tmp_path / f'worker{i}.out', tmp_path / f'worker{i}.err')
-               for i in range(count)]
+    workers = [warm.start_here([script, tmp_path, go], tmp_path / f'worker{i}', env) for i in range(count)]
     deadline = time.monotonic() + timeout
     while not all(open(w.stdout_path).readline().strip() == 'ready' for w in workers):
         assert time.monotonic() < deadline, [w.output() for w in workers]
