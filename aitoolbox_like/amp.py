@@ -1,19 +1,26 @@
-"""Mixed-precision policy: which autocast dtype, and whether a GradScaler is needed."""
+"""Mixed precision: which autocast dtype, whether a GradScaler is needed, and the GradScaler's part of a training
+step (scale the loss, unscale the gradients once, step, update) with whether each step changed the weights."""
 from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Sequence
 from typing import Any, ContextManager
 
 import torch
 
 
 class AmpPolicy:
-    """Resolve ``use_amp`` for a device.
+    """``use_amp`` resolved for a device, and the GradScaler steps of the loop's updates.
 
     use_amp: False (off), True or 'fp16' (float16 autocast + GradScaler, CUDA only), 'bf16'
     (bfloat16 autocast, no scaler needed, works on CPU and CUDA), or a dict of GradScaler arguments
     (fp16 with a custom scaler, as in AIToolbox).
+
+    Under fp16 the GradScaler skips an update whose gradients are not finite. It calls ``optimizer.step()`` only when
+    they are, which a post-step hook counts (:meth:`step` says whether the update was applied, without a host sync);
+    a fused optimizer gets the inf flag inside ``step()``, which GradScaler then always calls, so its skipped update
+    shows only as a lower loss scale after :meth:`update` (one host sync per update, only for fused optimizers).
     """
 
     def __init__(self, use_amp: bool | str | dict[str, Any] | None, device: torch.device | str) -> None:
@@ -52,6 +59,8 @@ class AmpPolicy:
         # Always a GradScaler (disabled unless fp16) so callbacks can rely on loop.amp_scaler existing.
         self.scaler = torch.amp.GradScaler(device.type if device.type == 'cuda' else 'cpu',
                                            enabled=use_amp == 'fp16', **scaler_kwargs)
+        self._step_counters: dict[int, tuple[Any, list[int] | None]] = {}   # id(optimizer) -> (it, its steps)
+        self._last_scale: float | None = None
 
     @property
     def enabled(self) -> bool:
@@ -68,3 +77,52 @@ class AmpPolicy:
         if self.mode is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def scale(self, loss: Any) -> Any:
+        """``loss`` as backward() takes it: multiplied by the loss scale under fp16 (a MultiLoss scales each loss)."""
+        if not self.uses_scaler:
+            return loss
+        return self.scaler.scale(loss) if isinstance(loss, torch.Tensor) else loss.scale(self.scaler)
+
+    def unscale(self, optimizers: list[Any]) -> None:
+        """Under fp16, divide the gradients of ``optimizers`` by the loss scale, once per update, so that callbacks
+        see and clip the real gradients."""
+        if self.uses_scaler:
+            for optimizer in optimizers:
+                self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: Any) -> bool:
+        """``optimizer.step()`` (through the GradScaler under fp16); whether it changed the weights."""
+        if not self.uses_scaler:
+            optimizer.step()
+            return True
+        entry = self._step_counters.get(id(optimizer))
+        if entry is None or entry[0] is not optimizer:
+            register = getattr(optimizer, 'register_step_post_hook', None)
+            counter: list[int] | None = None
+            if callable(register):
+                counter = [0]
+                register(lambda opt, args, kwargs, counter=counter: counter.__setitem__(0, counter[0] + 1))
+            entry = self._step_counters[id(optimizer)] = (optimizer, counter)
+        counter = entry[1]
+        before = counter[0] if counter is not None else None
+        self.scaler.step(optimizer)
+        return counter is None or counter[0] != before
+
+    def update(self, optimizers: Sequence[Any], applied: list[bool]) -> None:
+        """The end of an update under fp16: the GradScaler's new loss scale; the fused optimizers whose update it
+        skipped are marked in ``applied`` (indexed like ``optimizers``)."""
+        if not self.uses_scaler:
+            return
+        fused = [bool(getattr(o, 'defaults', {}).get('fused')) for o in optimizers]
+        if any(fused) and self._last_scale is None:
+            # The first update has no earlier scale to compare with: read it before update() (one sync, once).
+            self._last_scale = self.scaler.get_scale()
+        self.scaler.update()
+        if any(fused):
+            scale = self.scaler.get_scale()
+            skipped = self._last_scale is not None and scale < self._last_scale
+            self._last_scale = scale
+            for idx, is_fused in enumerate(fused):
+                if is_fused and skipped:
+                    applied[idx] = False

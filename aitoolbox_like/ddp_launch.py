@@ -26,7 +26,6 @@ from torch.nn.parallel import DistributedDataParallel
 from . import distributed, sharded_checkpoint, slurm
 from .console import label_records_with_rank
 from .devices import cuda_is_available
-from .callbacks.abstract import AbstractCallback
 from .model import TTModel
 
 logger = logging.getLogger(__name__)
@@ -124,15 +123,10 @@ def fit_ddp(train_loop_obj, num_epochs, num_iterations, callbacks=None, grad_acc
 
 
 def _as_callback_list(in_process_data_load):
+    # TrainLoop.fit checked it: a callback or a list of them (engine/checks.py).
     if in_process_data_load is None:
         return []
-    if isinstance(in_process_data_load, AbstractCallback):
-        return [in_process_data_load]
-    if isinstance(in_process_data_load, (list, tuple)) and all(isinstance(cb, AbstractCallback)
-                                                                for cb in in_process_data_load):
-        return list(in_process_data_load)
-    raise TypeError(f'in_process_data_load must be a callback (e.g. InMultiProcessDataLoad(...)) or a list of them, '
-                    f'got {type(in_process_data_load).__qualname__}')
+    return list(in_process_data_load) if isinstance(in_process_data_load, (list, tuple)) else [in_process_data_load]
 
 
 # ---------------------------------------------------------------------------------------------- torchrun

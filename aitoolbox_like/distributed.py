@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from torch.nn.parallel import DistributedDataParallel
 
     from .model import AbstractModelFeedDefinition, BatchFeed
-    from .train_loop import TrainLoop
+    from .engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from .experiment.savers import write_experiment_results
 from .history import TrainingHistory
 from .multi_loss_optim import MultiLoss
 from .storage.base import StorageError
-from .train_loop import TrainLoop
+from .engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 

@@ -55,6 +55,9 @@ def test_bad_arguments_are_clear_errors():
         tl.fit()
     with pytest.raises(TypeError, match="only accepted with gpu_mode='ddp'"):
         tl.fit(num_epochs=1, num_gpus=2)
+    with pytest.raises(TypeError, match=r'in_process_data_load must be a callback .* got object'):
+        TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss(), gpu_mode='ddp').fit(
+            num_epochs=1, in_process_data_load=object())
     with pytest.raises(ValueError, match='no test loader'):
         TrainLoop(model, train, None, None, sgd(model), nn.CrossEntropyLoss()).predict_on_test_set()
 

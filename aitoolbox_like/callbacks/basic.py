@@ -21,7 +21,7 @@ from .notifications import EmailNotification, SESSender
 from .progress import ProgressBar, Timer
 
 if TYPE_CHECKING:
-    from ..train_loop import TrainLoop
+    from ..engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 

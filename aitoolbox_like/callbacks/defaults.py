@@ -1,19 +1,16 @@
-"""The callbacks the loop adds on its user's behalf, the one module of the core that names callback libraries:
-those every fit gets without asking (as Keras' CallbackList adds its History and progress bar), and the savers a
-tracking loop registers (TrainLoopCheckpoint & co., defined beside TrainLoop). The loop calls
-:func:`add_default_callbacks` once per fit, after the user's callbacks are registered and, in a distributed run,
-after the loaders are sharded."""
-from typing import TYPE_CHECKING, Any, List
+"""The callbacks a fit gets without asking, as Keras' CallbackList adds its History and progress bar. The loop
+calls :func:`add_default_callbacks` once per fit (by its path, so that importing the loop loads no callback library),
+after the user's callbacks are registered and, in a distributed run, after the loaders are sharded."""
+from typing import TYPE_CHECKING, List
 
 from .abstract import AbstractCallback, AbstractScheduler
-from .progress import ProgressBar
 from .ddp import DistributedSamplerSetEpoch
-from .model_save import ModelCheckpoint, ModelIterationCheckpoint, ModelTrainEndSave
 from .preemption import PreemptionCheckpoint, preemption_default_needed
+from .progress import ProgressBar
 from .train_schedule import LRMonitor
 
 if TYPE_CHECKING:
-    from ..train_loop import TrainLoop
+    from ..engine.train_loop import TrainLoop
 
 
 def add_default_callbacks(loop: 'TrainLoop') -> List[AbstractCallback]:
@@ -48,17 +45,3 @@ def add_default_callbacks(loop: 'TrainLoop') -> List[AbstractCallback]:
         added.append(PreemptionCheckpoint())
     loop.callbacks_handler.register_callbacks(added)
     return added
-
-
-def checkpoint_saver(iteration_save_freq: int, *args: Any, **kwargs: Any) -> AbstractCallback:
-    """The saver of TrainLoopCheckpoint and TrainLoopCheckpointEndSave: ModelCheckpoint after every epoch
-    (``iteration_save_freq=0``), else ModelIterationCheckpoint every ``iteration_save_freq`` batches; ``args`` and
-    ``kwargs`` are theirs."""
-    if iteration_save_freq == 0:
-        return ModelCheckpoint(*args, **kwargs)
-    return ModelIterationCheckpoint(iteration_save_freq, *args, **kwargs)
-
-
-def end_saver(*args: Any, **kwargs: Any) -> AbstractCallback:
-    """The saver of TrainLoopEndSave and TrainLoopCheckpointEndSave: ModelTrainEndSave(*args, **kwargs)."""
-    return ModelTrainEndSave(*args, **kwargs)

@@ -18,7 +18,7 @@ from ._common import check_int
 from .abstract import AbstractCallback
 
 if TYPE_CHECKING:
-    from ..train_loop import TrainLoop
+    from ..engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from .handler import CollectiveInRankRestrictedCallbackError
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..train_loop import TrainLoop
+    from ..engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 

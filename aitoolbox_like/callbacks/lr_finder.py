@@ -29,7 +29,7 @@ from ._common import new_figure
 from .abstract import AbstractCallback
 
 if TYPE_CHECKING:
-    from ..train_loop import TrainLoop
+    from ..engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from ._common import check_int
 from .abstract import AbstractCallback, AbstractScheduler
 
 if TYPE_CHECKING:
-    from ..train_loop import TrainLoop
+    from ..engine.train_loop import TrainLoop
 
 #: When a schedule steps: after every epoch, or after every optimizer update that was applied.
 INTERVALS = ('epoch', 'step')

@@ -21,7 +21,7 @@ from .abstract import AbstractCallback, TrainingInterrupted
 from .model_save import ModelCheckpoint, ModelIterationCheckpoint
 
 if TYPE_CHECKING:
-    from ..train_loop import TrainLoop
+    from ..engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from .abstract import AbstractCallback
 from .swa import StochasticWeightAveraging  # noqa: F401  (importable from here, with EMA)
 
 if TYPE_CHECKING:
-    from ..train_loop import TrainLoop
+    from ..engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from ..checkpoint import atomic_torch_save, load_checkpoint
 from ..experiment.reporting import is_number
 
 if TYPE_CHECKING:
-    from ..train_loop import TrainLoop
+    from ..engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 

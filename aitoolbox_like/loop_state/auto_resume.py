@@ -11,7 +11,7 @@ from .locate import find_latest_in_cloud, find_latest_local, load_resume_checkpo
 
 if TYPE_CHECKING:
     from ..experiment import Experiment
-    from ..train_loop import TrainLoop
+    from ..engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from ..multi_loss_optim import MultiLoss
 from .rng import capture_rng_state
 
 if TYPE_CHECKING:
-    from ..train_loop import TrainLoop
+    from ..engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 

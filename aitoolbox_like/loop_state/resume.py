@@ -17,7 +17,7 @@ from .rng import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
     from ..experiment import Experiment
-    from ..train_loop import TrainLoop
+    from ..engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 

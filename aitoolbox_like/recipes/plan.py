@@ -392,7 +392,7 @@ class Planner:
     # ---- fit
 
     def fit_section(self, gpu_mode: Any) -> Dict[str, Any]:
-        from ..train_loop import TrainLoop
+        from ..engine.train_loop import TrainLoop
         fit = self.config.get('fit')
         if fit is None:
             self.error('fit', 'missing: the recipe needs a fit section, e.g. {num_epochs: 10}')

@@ -260,7 +260,7 @@ def _builtin_result_packages(registry: Registry) -> None:
 
 def _builtin_loops(registry: Registry) -> None:
     from ..tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave, TrainLoopEndSave
-    from ..train_loop import TrainLoop
+    from ..engine.train_loop import TrainLoop
     for cls in (TrainLoop, TrainLoopCheckpoint, TrainLoopEndSave, TrainLoopCheckpointEndSave):
         registry.register(cls)
 

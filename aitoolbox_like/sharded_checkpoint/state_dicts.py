@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..checkpoint import CheckpointError
 
 if TYPE_CHECKING:
-    from ..train_loop import TrainLoop
+    from ..engine.train_loop import TrainLoop
 
 
 # torch.distributed.checkpoint, and the DTensor and FSDP modules it imports, take about a second to import: every

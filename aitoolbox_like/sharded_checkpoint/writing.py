@@ -20,7 +20,7 @@ from .files import MARKER, TRAIN_STATE_FILE
 from .state_dicts import dcp_module, loop_optimizers, sharded_state_dicts
 
 if TYPE_CHECKING:
-    from ..train_loop import TrainLoop
+    from ..engine.train_loop import TrainLoop
 
 
 def _broadcast(value: Any, group: Any = None) -> Any:

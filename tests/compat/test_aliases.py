@@ -112,7 +112,7 @@ def test_runner_passes_arguments_and_exit_code(tmp_path):
     '''))
     result = run(None, tmp_path, args=('-m', 'aitoolbox_like.compat', str(script), 'a', '--b'))
     assert result.returncode == 3, result.stderr
-    assert result.stdout.split() == ['__main__', "['a',", "'--b']", 'aitoolbox_like.train_loop']
+    assert result.stdout.split() == ['__main__', "['a',", "'--b']", 'aitoolbox_like.engine.train_loop']
 
 
 def test_runner_does_not_hide_a_real_aitoolbox_unless_forced(tmp_path):

@@ -144,3 +144,57 @@ def test_resume_latest_finds_the_newest_experiment_of_the_project(tmp_path):
     assert resumed.experiment_timestamp == first.experiment_timestamp
     assert resumed.train_history.get_epochs('loss') == [0, 1]
     assert os.listdir(tmp_path / 'proj') == [f'exp_{first.experiment_timestamp}']
+
+
+TRACKING_LOOPS = (TrainLoopCheckpoint, TrainLoopEndSave, TrainLoopCheckpointEndSave)
+
+
+def _tracking_loop(cls, tmp_path, **loop_kwargs):
+    model, train, val, test, optimizer, criterion = _parts()
+    packages = {} if cls is TrainLoopCheckpoint else {'val_result_package': ClassificationResultPackage()}
+    return cls(model, train, val, test, optimizer, criterion, 'proj', 'exp', str(tmp_path), {}, **packages,
+               cloud_save_mode=None, **loop_kwargs)
+
+
+@pytest.mark.parametrize('cls', TRACKING_LOOPS)
+def test_tracking_loops_pass_every_trainloop_argument_on(cls, tmp_path, monkeypatch):
+    # Every argument TrainLoop has after criterion, today's and any added later, reaches TrainLoop.__init__ from each
+    # tracking loop by keyword, and the tracking loop's signature lists it (help(), the docs, recipe checks).
+    import inspect
+    loop_parameters = list(inspect.signature(TrainLoop).parameters.values())[6:]
+    assert [p.name for p in loop_parameters][-2:] == ['compile', 'eval_loss_weighting']
+    received = {}
+    real_init = TrainLoop.__init__
+
+    def recording_init(self, *args, **kwargs):
+        received.update(kwargs)
+        real_init(self, *args, **kwargs)
+    monkeypatch.setattr(TrainLoop, '__init__', recording_init)
+    _tracking_loop(cls, tmp_path, **{p.name: p.default for p in loop_parameters})
+    assert received == {p.name: p.default for p in loop_parameters}
+    signature = inspect.signature(cls).parameters
+    assert all(signature[p.name].default is p.default for p in loop_parameters)
+
+
+@pytest.mark.parametrize('cls', TRACKING_LOOPS)
+def test_tracking_loops_compile_and_weight_the_loss_by_sample_like_a_trainloop(cls, tmp_path):
+    loop = _tracking_loop(cls, tmp_path, compile={'backend': 'eager'}, eval_loss_weighting='sample',
+                          progress_bar=False, preemption_safe=False)
+    assert loop.compile_options == {'backend': 'eager'} and loop.compiled_model is not None
+    assert loop.eval_loss_weighting == 'sample' and loop.preemption_safe is False
+    loop.fit(num_epochs=1)
+    model, train, val, test, optimizer, criterion = _parts()
+    plain = TrainLoop(model, train, val, test, optimizer, criterion, compile={'backend': 'eager'},
+                      eval_loss_weighting='sample', progress_bar=False)
+    plain.fit(num_epochs=1)
+    assert loop.train_history['val_loss'] == plain.train_history['val_loss']
+
+
+def test_tracking_loops_take_aitoolbox_s_positional_order(tmp_path):
+    # AIToolbox code passes the loop's own arguments by position after the saver's.
+    from aitoolbox_like.predictions import append_predictions, torch_cat_transf
+    model, train, val, test, optimizer, criterion = _parts()
+    loop = TrainLoopCheckpoint(model, train, val, test, optimizer, criterion, 'proj', 'exp', str(tmp_path), {}, None,
+                               'bucket', '', (), False, 2, 0, append_predictions, torch_cat_transf, 3, True, False,
+                               'single', None, False)
+    assert (loop.end_auto_eval, loop.lazy_experiment_save, loop.gpu_mode) == (3, True, 'single')

@@ -16,7 +16,7 @@ from .phases import (EVAL_BATCH_METHODS, EVAL_METHODS, NEVER_CALLED, PHASE_METHO
                      TRAIN_BATCH_METHODS, Phase)
 
 if TYPE_CHECKING:
-    from ...train_loop import TrainLoop
+    from ...engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 

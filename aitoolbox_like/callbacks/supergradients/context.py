@@ -15,7 +15,7 @@ import torch
 from .params import AverageMeter, EpochLossMeter, SGMetricCollection, TrainingParams
 
 if TYPE_CHECKING:
-    from ...train_loop import TrainLoop
+    from ...engine.train_loop import TrainLoop
 
 # dataset_info['type'] of an evaluation pass -> the history prefix of its values ('val_loss', 'val_Accuracy')
 EVAL_PREFIXES = {'validation': 'val_', 'test': 'test_'}

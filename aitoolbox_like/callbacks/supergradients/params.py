@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Un
 import torch
 
 if TYPE_CHECKING:
-    from ...train_loop import TrainLoop
+    from ...engine.train_loop import TrainLoop
 
 # SuperGradients 3.7's defaults (super_gradients/training/params.py) for the training params its callbacks, LR
 # schedules and metrics read. SG's logger, checkpoint, platform and compile settings have no counterpart here.

@@ -1,16 +1,24 @@
-"""What fit checks before it trains, each mistake named with its fix: unknown keyword arguments (with the closest
-accepted name), and the pieces fit is about to use (loaders, criterion, optimizer, precision). Construction
-accepts None pieces (AIToolbox code builds loops that way), so the checks run here, at the start of fit."""
+"""The loop's mistakes named with their fix, in one place, called only where something is wrong or about to be.
+
+- What fit checks before it trains: unknown keyword arguments (with the closest accepted name), and the pieces fit
+  is about to use (loaders, criterion, optimizer, precision). Construction accepts None pieces (AIToolbox code
+  builds loops that way), so these checks run at the start of fit.
+- What a failed training step meant (:func:`explain_step_failure`), and a loss that is not a tensor
+  (:func:`loss_to_record`): the step calls them only when it failed or its loss is unusual, so they cost nothing
+  per step.
+"""
 import difflib
 import inspect
+import numbers
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import torch
 
 from ..model import TTBasicModel
+from .callback import AbstractCallback
 
 if TYPE_CHECKING:
-    from ..train_loop import TrainLoop
+    from .train_loop import TrainLoop
 
 
 def launcher_parameters(launcher: Callable[..., Any]) -> List[str]:
@@ -21,7 +29,7 @@ def launcher_parameters(launcher: Callable[..., Any]) -> List[str]:
 
 def check_fit_keywords(loop: 'TrainLoop', kwargs: Dict[str, Any]) -> None:
     """Unknown keyword arguments first (a misspelt ``epochs=1`` must not be reported as a missing num_epochs),
-    each with the closest accepted name."""
+    each with the closest accepted name; then the callbacks a distributed fit builds its data with."""
     if not kwargs:
         return
     from ..ddp_launch import fit_ddp, fit_fsdp      # the launchers' own signatures say what they accept
@@ -44,6 +52,11 @@ def check_fit_keywords(loop: 'TrainLoop', kwargs: Dict[str, Any]) -> None:
         raise TypeError(f'fit() got unexpected arguments {elsewhere}; these are only accepted with '
                         f'gpu_mode={" or ".join(repr(m) for m in modes)} (this TrainLoop has '
                         f'gpu_mode={loop.gpu_mode!r})')
+    data_load = kwargs.get('in_process_data_load')
+    if data_load is not None and not isinstance(data_load, AbstractCallback) and not (
+            isinstance(data_load, (list, tuple)) and all(isinstance(cb, AbstractCallback) for cb in data_load)):
+        raise TypeError(f'in_process_data_load must be a callback (e.g. InMultiProcessDataLoad(...)) or a list of '
+                        f'them, got {type(data_load).__qualname__}')
 
 
 def check_fit_inputs(loop: 'TrainLoop', amp_unavailable: Optional[str], final: bool,
@@ -100,3 +113,63 @@ def check_fit_inputs(loop: 'TrainLoop', amp_unavailable: Optional[str], final: b
         raise ValueError(f'the optimizer ({type(optimizer).__qualname__}) holds none of the model\'s parameters: '
                          f'it was built for another model (or a copy); build it from this one, e.g. '
                          f'torch.optim.SGD(model.parameters(), lr=...)')
+
+
+def explain_step_failure(error: Exception, loop: 'TrainLoop') -> Optional[Exception]:
+    """The error a user should see when the standard training step failed with ``error``: a common mistake in the
+    model's get_loss named with its fix (its ``__cause__`` is ``error``), or None when ``error`` says it best.
+    ``loop.loss`` is the loss get_loss returned (or one from an earlier step when get_loss itself failed)."""
+    loss, name = loop.loss, loss_function_name(loop)
+    explained: Optional[Exception] = None
+    if isinstance(error, TypeError) and loop.criterion is None and "'NoneType' object is not callable" in str(error):
+        explained = TypeError(f'{name} called the criterion, but the TrainLoop has criterion=None: pass one as the '
+                              f'TrainLoop\'s sixth argument (e.g. nn.CrossEntropyLoss())')
+    elif isinstance(error, RuntimeError) and isinstance(loss, torch.Tensor):
+        if loss.dim() > 0 and loss.numel() != 1:
+            explained = ValueError(f'{name} returned a loss of shape {tuple(loss.shape)}; return a scalar (e.g. '
+                                   f'criterion with reduction=\'mean\', or loss.mean())')
+        elif not loss.requires_grad and torch.is_grad_enabled():
+            explained = RuntimeError(f'{name} returned a loss that is not connected to the parameters (it does not '
+                                     f'require grad), so backward() cannot reach them: return the loss tensor itself, '
+                                     f'not loss.detach() or a tensor built from loss.item(), and compute it outside '
+                                     f'torch.no_grad()')
+    if explained is not None:
+        explained.__cause__ = error
+    return explained
+
+
+def loss_to_record(loss: Any, loop: 'TrainLoop', from_custom_step: bool = False) -> Any:
+    """What the epoch's mean loss is computed from, for a loss that is not a tensor: a MultiLoss or a duck-typed
+    loss detached, else its number (read now: AIToolbox users return objects that only support backward()), or None
+    when it has none. The standard step cannot backpropagate None or a Python number: a TypeError says what to
+    return instead (a custom ``train_step`` did its own backward, so its number is recorded)."""
+    try:
+        return loss.detach()
+    except AttributeError:
+        if from_custom_step:
+            pass
+        elif loss is None:
+            raise TypeError(f'{loss_function_name(loop)} returned None; it must return the loss tensor, e.g. '
+                            f'"return criterion(self(x), y)" (is its return statement missing?)') from None
+        if isinstance(loss, numbers.Number):
+            raise TypeError(f'{loss_function_name(loop)} returned the Python number {loss!r}; return the loss '
+                            f'tensor itself (not loss.item()), so that backward() can reach the parameters') from None
+    return loss_value(loss)
+
+
+def loss_value(loss: Any) -> Optional[float]:
+    """The number of a loss object that is not a tensor, or None when it cannot be read. Reading it syncs with the
+    device, but only for such losses."""
+    for read in (lambda: loss.item(), lambda: float(loss)):
+        try:
+            return float(read())
+        except (AttributeError, TypeError, ValueError):
+            continue
+    return None
+
+
+def loss_function_name(loop: 'TrainLoop') -> str:
+    """``Model.get_loss`` (or ``FeedDefinition.get_loss`` for a ModelWrap), as the messages name it."""
+    feed_def = loop.batch_model_feed_def
+    owner = feed_def if feed_def is not None else loop.model
+    return f'{type(owner).__qualname__}.get_loss'

@@ -1,0 +1,324 @@
+"""CallbacksHandler: validates, orders, rank-gates and dispatches the loop's callbacks.
+
+Per-hook dispatch lists are rebuilt only when the set of callbacks changes; :meth:`CallbacksHandler.fire` is the
+one way a hook is called, and a hook no callback uses costs one loop over an empty list.
+"""
+import inspect
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from .callback import HOOK_NAMES, HOOKS_WITH_ARGUMENTS, AbstractCallback, overrides_hook
+
+if TYPE_CHECKING:
+    from .train_loop import TrainLoop
+
+logger = logging.getLogger(__name__)
+
+
+class CollectiveInRankRestrictedCallbackError(RuntimeError):
+    """A callback that runs on one rank only called an operation every rank must join."""
+
+
+def _describe(obj):
+    return f'{type(obj).__module__}.{type(obj).__qualname__}'
+
+
+class CallbacksHandler:
+    """The loop's callbacks: registration (validated, ordered, rank-gated) and dispatch.
+
+    :meth:`fire` calls a hook on the callbacks that use it, in order: the loop fires every hook through it, and
+    AIToolbox's ``execute_*`` methods are aliases of it.
+    """
+
+    def __init__(self, train_loop_obj: 'TrainLoop') -> None:
+        self.train_loop_obj = train_loop_obj
+        self.registered_cbs: List[AbstractCallback] = []    # AIToolbox name; same objects as loop.callbacks
+        self.cached_callbacks: List[AbstractCallback] = []  # registered at the first fit
+        self._hook_lists: Dict[str, List[Callable[..., Any]]] = {name: [] for name in HOOK_NAMES}
+        self._custom_event_lists: Dict[str, List[Callable[..., Any]]] = {}
+        # What the dispatch lists were built from: per hook the callbacks in its list, and the callbacks in order.
+        self._hook_owners: Dict[str, List[AbstractCallback]] = {name: [] for name in HOOK_NAMES}
+        self._dispatched: List[AbstractCallback] = []
+
+    @property
+    def hook_lists(self) -> Mapping[str, List[Callable[..., Any]]]:
+        """Per hook name, the bound methods to call, in execution order (only callbacks that use the hook).
+        Rebuilt when the registered callbacks change; read it, do not modify it."""
+        return self._hook_lists
+
+    # ---- registration -------------------------------------------------------------------------
+
+    def register_callbacks(self, callbacks: Optional[Sequence[AbstractCallback]], cache_callbacks: bool = False,
+                           print_callbacks: bool = False) -> None:
+        """Attach callbacks to the loop.
+
+        Args:
+            callbacks (list or None): AbstractCallback instances.
+            cache_callbacks (bool): keep them and register them at the start of the next fit
+                (use it before a distributed fit, so they are registered inside each process).
+            print_callbacks (bool): print the registered callbacks afterwards.
+        """
+        callbacks = self._validate(callbacks)
+        if cache_callbacks:
+            self.cached_callbacks += [cb for cb in callbacks if not any(cb is c for c in self.cached_callbacks)]
+            return
+        # Cached callbacks (a tracking loop's savers) join the first real registration, as in AIToolbox.
+        callbacks, self.cached_callbacks = self.cached_callbacks + list(callbacks), []
+        loop = self.train_loop_obj
+        unique: List[AbstractCallback] = []
+        for cb in callbacks:
+            if any(cb is seen for seen in unique):
+                # Registered twice, a StepLR would step twice per epoch: keep the first.
+                logger.warning('%s (%s) is in the callbacks list more than once; it is registered once',
+                               cb.callback_name, type(cb).__name__)
+            else:
+                unique.append(cb)
+        new_callbacks = [cb for cb in unique if not any(cb is c for c in loop.callbacks)]
+        new_callbacks = [cb for cb in new_callbacks if self.runs_on_this_rank(cb)]
+        # Stable sort before registering so on_train_loop_registration also follows execution_order.
+        new_callbacks.sort(key=lambda cb: cb.execution_order)
+        for callback in new_callbacks:
+            loop.callbacks.append(callback)
+            loop.callbacks.sort(key=lambda cb: cb.execution_order)
+            self._add_to_dispatch_lists(callback)
+            # A callback may register further callbacks from here (tracking loops do).
+            callback.register_train_loop_object(loop)
+        if print_callbacks:
+            self.print_registered_callback_names()
+
+    def _validate(self, callbacks):
+        if callbacks is None:
+            return []
+        if isinstance(callbacks, AbstractCallback) or not isinstance(callbacks, (list, tuple)):
+            raise TypeError(f'callbacks must be a list of callback objects, got {_describe(callbacks)}; '
+                            f'wrap a single callback in a list: callbacks=[cb]')
+        for i, cb in enumerate(callbacks):
+            if isinstance(cb, type):
+                raise TypeError(f'callbacks[{i}] is the class {cb.__qualname__}, not an instance; '
+                                f'pass {cb.__qualname__}(...) instead')
+            if not isinstance(cb, AbstractCallback):
+                raise TypeError(f'callbacks[{i}] is a {_describe(cb)}; a callback must be an instance of a '
+                                f'subclass of aitoolbox_like.callbacks.abstract.AbstractCallback')
+            missing = [a for a in ('callback_name', 'execution_order', 'device_idx_execution')
+                       if not hasattr(cb, a)]
+            if missing:
+                raise TypeError(f'callbacks[{i}] ({_describe(cb)}) has no {", ".join(missing)}: its __init__ must '
+                                f'call super().__init__(callback_name, execution_order, device_idx_execution)')
+            if isinstance(cb.execution_order, bool) or not isinstance(cb.execution_order, (int, float)):
+                raise TypeError(f'callbacks[{i}] ({cb.callback_name!r}): execution_order must be a number, '
+                                f'got {cb.execution_order!r}')
+            idx = cb.device_idx_execution
+            if idx is not None and (isinstance(idx, bool) or not isinstance(idx, int) or idx < 0):
+                raise TypeError(f'callbacks[{i}] ({cb.callback_name!r}): device_idx_execution must be None (every '
+                                f'process) or a global rank >= 0, got {idx!r}')
+            for hook_name in HOOKS_WITH_ARGUMENTS:
+                self._check_hook_signature(i, cb, hook_name)
+        return list(callbacks)
+
+    @staticmethod
+    def _check_hook_signature(i, cb, hook_name):
+        if not overrides_hook(type(cb), hook_name):
+            return
+        expected = inspect.signature(getattr(AbstractCallback, hook_name))
+        try:
+            inspect.signature(getattr(cb, hook_name)).bind(*[None] * (len(expected.parameters) - 1))
+        except TypeError:
+            names = ', '.join(name for name in expected.parameters if name != 'self')
+            raise TypeError(f'callbacks[{i}] ({cb.callback_name!r}): {hook_name} must accept the arguments '
+                            f'{hook_name}({names})') from None
+
+    def runs_on_this_rank(self, callback: AbstractCallback) -> bool:
+        """Whether ``callback`` runs in this process (its device_idx_execution is None or this global rank)."""
+        world_size = self.train_loop_obj.world_size
+        return world_size == 1 or callback.device_idx_execution is None \
+            or callback.device_idx_execution == self.train_loop_obj.global_rank
+
+    def regate_for_rank(self) -> None:
+        """Drop the callbacks that do not run in this process. Called once a distributed process knows its rank:
+        callbacks registered before the process group existed were gated as in a single process."""
+        loop = self.train_loop_obj
+        loop.callbacks[:] = [cb for cb in loop.callbacks if self.runs_on_this_rank(cb)]
+        self._rebuild_dispatch_lists()
+
+    def _rebuild_dispatch_lists(self):
+        callbacks = self.train_loop_obj.callbacks
+        self.registered_cbs = callbacks
+        hooks_of = {id(cb): set(cb.hooks_in_use()) for cb in callbacks}
+        for hook_name in HOOK_NAMES:
+            owners = [cb for cb in callbacks if hook_name in hooks_of[id(cb)]]
+            self._hook_owners[hook_name] = owners
+            self._hook_lists[hook_name] = [self._bound(cb, hook_name) for cb in owners]
+        self._dispatched = list(callbacks)
+        self._custom_event_lists = {}
+
+    def _add_to_dispatch_lists(self, callback):
+        """The dispatch lists after ``callback`` joined ``loop.callbacks``: the same lists a full rebuild gives,
+        built by inserting only its hooks (registering N callbacks costs O(N) list work per callback instead of
+        a rebuild over every callback and hook). Falls back to the full rebuild when ``loop.callbacks`` was
+        changed by other means since the last build."""
+        callbacks = self.train_loop_obj.callbacks
+        position = next(i for i, cb in enumerate(callbacks) if cb is callback)
+        others = callbacks[:position] + callbacks[position + 1:]
+        if len(others) != len(self._dispatched) or any(a is not b for a, b in zip(others, self._dispatched)):
+            self._rebuild_dispatch_lists()
+            return
+        self.registered_cbs = callbacks
+        before = {id(cb) for cb in callbacks[:position]}
+        for hook_name in set(callback.hooks_in_use()):
+            owners = self._hook_owners[hook_name]
+            at = sum(1 for cb in owners if id(cb) in before)
+            owners.insert(at, callback)
+            self._hook_lists[hook_name].insert(at, self._bound(callback, hook_name))
+        self._dispatched.insert(position, callback)
+        self._custom_event_lists = {}
+
+    def _bound(self, callback, name):
+        method = getattr(callback, name)
+        loop = self.train_loop_obj
+        if loop.world_size == 1 or callback.device_idx_execution is None:
+            return method
+
+        # Only rank-restricted callbacks in a multi-process run pay for this wrapper; it lets the loop's
+        # collectives name the callback instead of hanging while the other ranks never join.
+        def guarded(*args, **kwargs):
+            loop.running_rank_restricted_callback = callback
+            try:
+                return method(*args, **kwargs)
+            finally:
+                loop.running_rank_restricted_callback = None
+        return guarded
+
+    # ---- dispatch -----------------------------------------------------------------------------
+
+    def fire(self, hook_name: str, *args: Any) -> None:
+        """Call ``hook_name(*args)`` on the callbacks that use the hook, in execution order."""
+        for fn in self._hook_lists[hook_name]:
+            fn(*args)
+
+    # AIToolbox's names for firing each hook.
+
+    def execute_multiprocess_start(self) -> None:
+        """``fire('on_multiprocess_start')``."""
+        self.fire('on_multiprocess_start')
+
+    def execute_train_begin(self) -> None:
+        """``fire('on_train_begin')``."""
+        self.fire('on_train_begin')
+
+    def execute_epoch_begin(self) -> None:
+        """``fire('on_epoch_begin')``."""
+        self.fire('on_epoch_begin')
+
+    def execute_batch_begin(self) -> None:
+        """``fire('on_batch_begin')``."""
+        self.fire('on_batch_begin')
+
+    def execute_after_backward(self) -> None:
+        """``fire('on_after_backward')``."""
+        self.fire('on_after_backward')
+
+    def execute_gradient_update(self, optimizer_idx: int = 0) -> None:
+        """``fire('on_after_gradient_update', optimizer_idx)``."""
+        self.fire('on_after_gradient_update', optimizer_idx)
+
+    def execute_optimizer_step(self) -> None:
+        """``fire('on_after_optimizer_step')``."""
+        self.fire('on_after_optimizer_step')
+
+    def execute_batch_end(self) -> None:
+        """``fire('on_batch_end')``."""
+        self.fire('on_batch_end')
+
+    def execute_epoch_end(self) -> None:
+        """``fire('on_epoch_end')``."""
+        self.fire('on_epoch_end')
+
+    def execute_train_end(self) -> None:
+        """``fire('on_train_end')``."""
+        self.fire('on_train_end')
+
+    def execute_after_batch_prediction(self, y_pred_batch: Any, y_test_batch: Any, metadata_batch: Any,
+                                       dataset_info: Optional[Dict[str, Any]]) -> None:
+        """``fire('on_after_batch_prediction', y_pred_batch, y_test_batch, metadata_batch, dataset_info)``."""
+        self.fire('on_after_batch_prediction', y_pred_batch, y_test_batch, metadata_batch, dataset_info)
+
+    def execute_exception(self, exception: BaseException) -> None:
+        """Tell every callback about the exception; one failing handler must not hide the others or
+        the original error."""
+        for fn in self._hook_lists['on_exception']:
+            try:
+                fn(exception)
+            except Exception:
+                logger.exception('on_exception handler %r failed while handling %r', fn, exception)
+
+    def call_event(self, event_name: str, **kwargs: Any) -> List[Any]:
+        """Call ``cb.<event_name>(**kwargs)`` on every registered callback that defines it, in order; returns
+        their results."""
+        fns = self._custom_event_lists.get(event_name)
+        if fns is None:
+            fns = [self._bound(cb, event_name) for cb in self.train_loop_obj.callbacks
+                   if callable(getattr(cb, event_name, None))]
+            self._custom_event_lists[event_name] = fns
+        return [fn(**kwargs) for fn in fns]
+
+    def has_hook(self, hook_name: str) -> bool:
+        """Whether any registered callback uses ``hook_name``."""
+        return bool(self._hook_lists[hook_name])
+
+    # ---- state for checkpoints ----------------------------------------------------------------
+
+    def _state_keys(self) -> Iterator[Tuple[str, AbstractCallback]]:
+        seen: Dict[str, int] = {}
+        for cb in self.train_loop_obj.callbacks:
+            key = cb.state_key
+            seen[key] = seen.get(key, 0) + 1
+            yield (key if seen[key] == 1 else f'{key}#{seen[key]}'), cb
+
+    def callbacks_state_dict(self) -> Dict[str, Any]:
+        """Every stateful callback's state_dict, by state_key (a '#n' suffix tells equal keys apart)."""
+        return {key: state for key, cb in self._state_keys() if (state := cb.state_dict()) is not None}
+
+    def load_callbacks_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Give each callback its saved state (by state_key); callbacks without saved state are left alone."""
+        for key, cb in self._state_keys():
+            if key in state:
+                cb.load_state_dict(state[key])
+
+    # ---- reporting ----------------------------------------------------------------------------
+
+    def print_registered_callback_names(self) -> None:
+        """Print the registered callbacks in execution order (print_callbacks=True)."""
+        # A report the user asked for (print_callbacks=True), so it goes to stdout.
+        print('CALLBACKS:')
+        for cb in self.train_loop_obj.callbacks:
+            print(f'  {cb.execution_order:>6}  {cb.callback_name}  ({type(cb).__name__}, '
+                  f'device_idx_execution={cb.device_idx_execution})')
+
+    # ---- AIToolbox's container protocol ---------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.train_loop_obj.callbacks)
+
+    def __contains__(self, item: Any) -> bool:
+        """``'name' in handler`` (a callback_name), ``SomeCallback in handler`` (a class: exact type, as in AIToolbox)
+        or ``callback in handler`` (that object)."""
+        callbacks = self.train_loop_obj.callbacks
+        if isinstance(item, str):
+            return any(cb.callback_name == item for cb in callbacks)
+        if isinstance(item, type):
+            return any(type(cb) is item for cb in callbacks)
+        return any(cb is item for cb in callbacks)
+
+    def __iadd__(self, callbacks: Sequence[AbstractCallback]) -> 'CallbacksHandler':
+        """``handler += [cb, ...]`` registers the callbacks."""
+        self.register_callbacks(callbacks)
+        return self
+
+    __add__ = __iadd__
+
+    def should_enable_callback(self, callback: AbstractCallback) -> bool:
+        """AIToolbox's name for :meth:`runs_on_this_rank`."""
+        return self.runs_on_this_rank(callback)
+
+    def __str__(self) -> str:
+        return 'CALLBACKS:\n' + '\n'.join(f'  {cb.callback_name}' for cb in self.train_loop_obj.callbacks)
