@@ -1,8 +1,8 @@
 """Whether CUDA is there, asked without starting it.
 
 ``torch.cuda.is_available()`` starts CUDA's driver in the calling process (``cudaGetDeviceCount``), and a process
-forked after that cannot use CUDA. A fit started from a notebook forks its processes (ddp_launch), so the loop asks
-through NVML instead, as ``torch.cuda.device_count()`` does first: the process stays forkable.
+forked after that cannot use CUDA. A fit started from a notebook forks its processes (distributed/launch.py), so the
+loop asks through NVML instead, as ``torch.cuda.device_count()`` does first: the process stays forkable.
 """
 import torch
 

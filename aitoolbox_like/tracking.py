@@ -171,7 +171,7 @@ def _spell_out_loop_arguments(cls: type) -> None:
     """Give ``cls`` the signature it accepts: its own parameters, with ``*loop_args, **loop_kwargs`` replaced by
     TrainLoop's arguments after ``criterion`` (so help(), the docs and recipe checks list them), and
     ``preemption_safe`` keyword-only."""
-    own = list(inspect.signature(cls.__init__).parameters.values())[1:]     # without self
+    own = list(inspect.signature(vars(cls)["__init__"]).parameters.values())[1:]     # without self
     loop = list(inspect.signature(TrainLoop.__init__).parameters.values())[7:]    # after self .. criterion
     head = [p for p in own if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
     keyword_only = [p for p in own if p.kind is inspect.Parameter.KEYWORD_ONLY]

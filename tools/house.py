@@ -4,8 +4,9 @@ layers), the imports that run back up (part of a circle between rooms), and the 
     python tools/house.py [--root PATH] [--largest N]
 
 A room is a top-level module (``train_loop``) or folder (``callbacks``) of the package. Room A imports room B when a
-module of A imports a module of B, at module level or inside a function (it runs all the same); imports under
-``if TYPE_CHECKING:`` do not run and are not counted. Rooms that import each other, directly or round a longer
+module of A imports a module of B, at module level or inside a function (it runs all the same), or under
+``if TYPE_CHECKING:`` (it does not run, but A's code is written against B all the same: the picture would lie
+without it); ``--run-time-only`` leaves those out. Rooms that import each other, directly or round a longer
 circle, share a floor's worth of knots: each import between two rooms of one circle is an import that runs back up
 (there is no order in which all of them point down). A floor is a room's height in the graph of the others: 0 for a
 room that imports no other, else one more than the highest room it imports (a circle counts as one room).
@@ -38,15 +39,16 @@ def _is_type_checking(node: ast.If) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == 'TYPE_CHECKING')
 
 
-def imported_modules(path: Path, module: str, is_package: bool) -> Set[str]:
-    """The aitoolbox_like modules ``path`` imports when it runs (TYPE_CHECKING blocks left out)."""
+def imported_modules(path: Path, module: str, is_package: bool, type_checking: bool = True) -> Set[str]:
+    """The aitoolbox_like modules ``path`` imports, those under ``if TYPE_CHECKING:`` too unless ``type_checking``
+    is False."""
     tree = ast.parse(path.read_text())
     base = module.split('.') if is_package else module.split('.')[:-1]
     found: Set[str] = set()
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
+            if isinstance(child, ast.If) and _is_type_checking(child) and not type_checking:
                 for other in child.orelse:
                     visit(other)
                 continue
@@ -67,14 +69,14 @@ def imported_modules(path: Path, module: str, is_package: bool) -> Set[str]:
     return found
 
 
-def room_graph(root: Path) -> Dict[Tuple[str, str], List[str]]:
+def room_graph(root: Path, type_checking: bool = True) -> Dict[Tuple[str, str], List[str]]:
     """``{(room, imported room): [importing module, ...]}`` over the package at ``root`` (the folder holding
     aitoolbox_like/)."""
     package = root / PACKAGE
     modules = {module_name(p, root): p for p in package.rglob('*.py')}
     edges: Dict[Tuple[str, str], List[str]] = defaultdict(list)
     for module, path in sorted(modules.items()):
-        for target in imported_modules(path, module, path.name == '__init__.py'):
+        for target in imported_modules(path, module, path.name == '__init__.py', type_checking):
             # 'from .x import name' names a module or an attribute: the longest known module prefix is the target.
             parts = target.split('.')
             while parts and '.'.join(parts) not in modules:
@@ -125,8 +127,8 @@ def strongly_connected(nodes: Set[str], edges: Set[Tuple[str, str]]) -> List[Set
     return components
 
 
-def figures(root: Path, largest: int = 10) -> Dict[str, object]:
-    edges = room_graph(root)
+def figures(root: Path, largest: int = 10, type_checking: bool = True) -> Dict[str, object]:
+    edges = room_graph(root, type_checking)
     package = root / PACKAGE
     rooms = {p.stem if p.is_file() else p.name for p in package.iterdir()
              if (p.is_file() and p.suffix == '.py' and p.name != '__init__.py') or
@@ -148,7 +150,7 @@ def figures(root: Path, largest: int = 10) -> Dict[str, object]:
     return {'rooms': len(rooms), 'floors': max(floors.values()) + 1, 'circles': [sorted(c) for c in components
                                                                                  if len(c) > 1],
             'imports_up': [(a, b, sorted(set(edges[(a, b)]))) for a, b in up], 'floor_of': floors,
-            'largest': sizes[:largest], 'over_600': [s for s in sizes if s[0] > 600], 'init_with_logic': init_logic,
+            'largest': sizes[:largest], 'init_with_logic': init_logic,
             'lines': sum(s for s, _ in sizes)}
 
 
@@ -163,8 +165,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--root', default=str(Path(__file__).resolve().parent.parent))
     parser.add_argument('--largest', type=int, default=10)
+    parser.add_argument('--run-time-only', action='store_true', help='leave out imports under TYPE_CHECKING')
     args = parser.parse_args()
-    result = figures(Path(args.root), args.largest)
+    result = figures(Path(args.root), args.largest, type_checking=not args.run_time_only)
     print(f"{result['rooms']} rooms on {result['floors']} floors; {len(result['imports_up'])} imports run back up "
           f"(room pairs in a circle); {result['lines']} lines")
     for circle in result['circles']:
@@ -177,8 +180,7 @@ def main() -> None:
     for floor in sorted(by_floor, reverse=True):
         print(f'floor {floor}: {", ".join(sorted(by_floor[floor]))}')
     print('largest files: ' + ', '.join(f'{path} {size}' for size, path in result['largest']))
-    print(f"files over 600 lines: {len(result['over_600'])}; __init__.py with logic: "
-          f"{', '.join(result['init_with_logic']) or 'none'}")
+    print(f"__init__.py with logic: {', '.join(result['init_with_logic']) or 'none'}")
 
 
 if __name__ == '__main__':

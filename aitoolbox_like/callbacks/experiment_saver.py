@@ -7,7 +7,8 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
-from .. import distributed, loop_state, sharded_checkpoint
+from .. import distributed, sharded_checkpoint
+from ..engine import loop_state
 from ..checkpoint import AsyncCheckpointWriter, atomic_torch_save
 from ..experiment import (Experiment, ExperimentUploader, get_experiment, get_uploader, model_file_name,
                           normalize_cloud_save_mode, write_pointer)

@@ -139,7 +139,7 @@ class GradientStatsPrint(GradientCallbackBase):
     """
 
     STAT_NAMES = ('mean', 'std', 'norm', 'zero_fraction')
-    # Read by the FSDP launcher (ddp_launch): under gpu_mode='fsdp' gradients are sharded and gathering them is a
+    # Read by the FSDP launcher (distributed/launch.py): under gpu_mode='fsdp' gradients are sharded and gathering them is a
     # collective, so the launcher then runs this callback on every rank (device_idx_execution=None).
     collective_when_sharded = True
 
@@ -232,7 +232,7 @@ class GradDistributionPlot(AbstractExperimentCallback):
         bins (int): histogram bins.
     """
 
-    # Read by the FSDP launcher (ddp_launch): gathering sharded gradients is a collective, so under gpu_mode='fsdp'
+    # Read by the FSDP launcher (distributed/launch.py): gathering sharded gradients is a collective, so under gpu_mode='fsdp'
     # the launcher runs this callback on every rank.
     collective_when_sharded = True
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence
 
 import torch
 
-from .. import loop_state
+from ..engine import loop_state
 from ..amp import AmpPolicy
 from ..model import ModelWrap, resolve_model
 from ..multi_loss_optim import MultiLoss, MultiOptimizer

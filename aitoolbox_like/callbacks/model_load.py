@@ -3,7 +3,8 @@ import logging
 import os
 from typing import Any, Dict, Optional, Tuple
 
-from .. import loop_state, sharded_checkpoint
+from .. import sharded_checkpoint
+from ..engine import loop_state
 from ..experiment import Experiment, get_experiment, is_cloud_mode, model_file_name
 from ..storage.base import join_key
 from ..storage.urls import storage_for_mode

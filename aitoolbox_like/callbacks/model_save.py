@@ -24,7 +24,8 @@ import math
 import os
 from typing import Any
 
-from .. import distributed, loop_state, sharded_checkpoint
+from .. import distributed, sharded_checkpoint
+from ..engine import loop_state
 from ..experiment import BEST_POINTER, CHECKPOINT_DIR, LATEST_POINTER, MODEL_DIR, RESULTS_DIR, write_pointer
 from ..experiment import model_file_name  # noqa: F401  (kept importable from this module, where it used to live)
 from ..experiment.savers import write_experiment_results
@@ -75,7 +76,7 @@ class ModelCheckpoint(ExperimentSaverBase):
             them; rank 0 completes the folder and moves the pointers once every rank's shards are written.
     """
 
-    # Read by the FSDP launcher (ddp_launch): under gpu_mode='fsdp' every rank writes its shards of a checkpoint,
+    # Read by the FSDP launcher (distributed/launch.py): under gpu_mode='fsdp' every rank writes its shards of a checkpoint,
     # so this callback then runs on every rank (device_idx_execution=None); rank 0 alone writes the other files.
     collective_when_sharded = True
     # Read by the DDP launcher: every rank takes part in building a checkpoint (its RNG states and running losses

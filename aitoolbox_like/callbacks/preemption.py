@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 import torch
 import torch.distributed as dist
 
-from .. import distributed, slurm
+from .. import distributed
+from ..distributed import slurm
 from .abstract import AbstractCallback, TrainingInterrupted
 from .model_save import ModelCheckpoint, ModelIterationCheckpoint
 

@@ -138,7 +138,7 @@ class TensorboardParameterHistograms(TensorboardReporterBaseCB):
     """Parameter and gradient histograms every k epochs (arguments: see ``__init__``). Under FSDP it runs on every
     rank to gather the whole tensors (see the module's docstring)."""
 
-    # Read by the FSDP launcher (ddp_launch): under gpu_mode='fsdp' this callback then runs on every rank.
+    # Read by the FSDP launcher (distributed/launch.py): under gpu_mode='fsdp' this callback then runs on every rank.
     collective_when_sharded = True
 
     def __init__(self, histogram_frequency: int = 1, log_gradients: bool = True, log_dir: Optional[str] = None,
@@ -236,7 +236,7 @@ class TensorboardFullTracking(TensorboardReporterBaseCB):
 
     @property
     def collective_when_sharded(self) -> bool:
-        """Read by the FSDP launcher (ddp_launch): with histograms, under gpu_mode='fsdp' this callback runs on every
+        """Read by the FSDP launcher (distributed/launch.py): with histograms, under gpu_mode='fsdp' this callback runs on every
         rank (the histograms gather whole tensors); without, it stays on rank 0."""
         return self.histogram_frequency is not None
 

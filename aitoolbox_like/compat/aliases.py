@@ -14,7 +14,6 @@ from typing import Dict, Union
 _CB = 'aitoolbox_like.callbacks'
 _SCHED = 'aitoolbox_like.callbacks.train_schedule'
 _SAVERS = 'aitoolbox_like.experiment.savers'
-_CLOUD_SAVERS = 'aitoolbox_like.experiment.cloud_savers'
 _LOADER = 'aitoolbox_like.experiment.model_loader'
 _REPORTING = 'aitoolbox_like.experiment.reporting'
 _UTILS = 'aitoolbox_like.compat.utils'
@@ -41,8 +40,8 @@ def _names(module: str, *names: str) -> Dict[str, Target]:
 
 _TORCHTRAIN_EXPORTS: Dict[str, Target] = {
     **_names('aitoolbox_like.model', 'TTModel', 'MultiGPUModelWrap', 'ModelWrap', 'AbstractModelFeedDefinition'),
-    **_names('aitoolbox_like.parallel', 'TTDataParallel'),
-    **_names('aitoolbox_like.train_loop', 'TrainLoop'),
+    **_names('aitoolbox_like.distributed.parallel', 'TTDataParallel'),
+    **_names('aitoolbox_like.engine.train_loop', 'TrainLoop'),
     **_names('aitoolbox_like.tracking', 'TrainLoopCheckpoint', 'TrainLoopEndSave', 'TrainLoopCheckpointEndSave'),
     **_names('aitoolbox_like.multi_loss_optim', 'MultiLoss', 'MultiOptimizer'),
     **_names('aitoolbox_like.datasets', 'BasicDataset'),
@@ -76,7 +75,7 @@ MODULES: Dict[str, Alias] = {
     # ---- torchtrain
     'torchtrain': dict(_TORCHTRAIN_EXPORTS),
     'torchtrain.model': 'aitoolbox_like.model',
-    'torchtrain.parallel': 'aitoolbox_like.parallel',
+    'torchtrain.parallel': 'aitoolbox_like.distributed.parallel',
     'torchtrain.model_predict': 'aitoolbox_like.model_predict',
     'torchtrain.multi_loss_optim': 'aitoolbox_like.multi_loss_optim',
     'torchtrain.data': {},
@@ -84,10 +83,10 @@ MODULES: Dict[str, Alias] = {
     'torchtrain.data.dataset': 'aitoolbox_like.datasets',
     'torchtrain.train_loop': _names('aitoolbox_like.tracking', 'TrainLoop', 'TrainLoopCheckpoint',
                                     'TrainLoopEndSave', 'TrainLoopCheckpointEndSave'),
-    'torchtrain.train_loop.train_loop': 'aitoolbox_like.train_loop',
+    'torchtrain.train_loop.train_loop': 'aitoolbox_like.engine.train_loop',
     'torchtrain.train_loop.train_loop_tracking': 'aitoolbox_like.tracking',
     'torchtrain.train_loop.components': {},
-    'torchtrain.train_loop.components.callback_handler': f'{_CB}.handler',
+    'torchtrain.train_loop.components.callback_handler': 'aitoolbox_like.engine.handler',
     'torchtrain.train_loop.components.ddp_handler': {
         'DDPHandler': Unsupported("DDPHandler is internal to AIToolbox's DDP mode; aitoolbox_like's DDP needs no "
                                   "handler object: use TrainLoop(..., gpu_mode='ddp') and, for gathering, "
@@ -135,7 +134,7 @@ MODULES: Dict[str, Alias] = {
                                                        'LocalResultsSaver'),
     'experiment.experiment_saver': {
         **_names(_SAVERS, 'AbstractExperimentSaver', 'BaseFullExperimentSaver'),
-        **_names(_CLOUD_SAVERS, 'BaseFullExperimentS3Saver', 'FullPyTorchExperimentS3Saver',
+        **_names(_SAVERS, 'BaseFullExperimentS3Saver', 'FullPyTorchExperimentS3Saver',
                  'BaseFullExperimentGoogleStorageSaver', 'FullPyTorchExperimentGoogleStorageSaver'),
         'FullKerasExperimentS3Saver': _KERAS, 'FullKerasExperimentGoogleStorageSaver': _KERAS},
     'experiment.local_experiment_saver': {

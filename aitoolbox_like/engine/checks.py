@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def launcher_parameters(launcher: Callable[..., Any]) -> List[str]:
-    """The keyword arguments a distributed launcher (ddp_launch.fit_ddp / fit_fsdp) takes besides fit's own."""
+    """The keyword arguments a distributed launcher (distributed.launch.fit_ddp / fit_fsdp) takes besides fit's own."""
     skip = {'train_loop_obj', 'num_epochs', 'num_iterations', 'callbacks', 'grad_accumulation'}
     return [name for name in inspect.signature(launcher).parameters if name not in skip and not name.startswith('_')]
 
@@ -32,7 +32,7 @@ def check_fit_keywords(loop: 'TrainLoop', kwargs: Dict[str, Any]) -> None:
     each with the closest accepted name; then the callbacks a distributed fit builds its data with."""
     if not kwargs:
         return
-    from ..ddp_launch import fit_ddp, fit_fsdp      # the launchers' own signatures say what they accept
+    from ..distributed.launch import fit_ddp, fit_fsdp      # the launchers' own signatures say what they accept
     own = ['num_epochs', 'num_iterations', 'callbacks', 'grad_accumulation', 'resume_from']
     by_mode = {'ddp': launcher_parameters(fit_ddp), 'fsdp': launcher_parameters(fit_fsdp),
                'dp': ['dp_model_args'], 'single': []}

@@ -42,16 +42,17 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset
 
-from .. import distributed, loop_state
+from .. import distributed
 from ..amp import AmpPolicy
 from ..console import default_console_output, in_notebook
 from ..devices import cuda_is_available
+from ..experiment.layout import CHECKPOINT_DIR
 from ..history import TrainingHistory
 from ..message_passing import MessageService
 from ..model import CompiledFeed, ModelWrap, resolve_model
 from ..multi_loss_optim import MultiLoss, MultiOptimizer
-from ..parallel import TTDataParallel
 from ..predictions import append_predictions, batch_size_of, combine_prediction_metadata_batches, torch_cat_transf
+from . import loop_state
 from .callback import AbstractCallback, AbstractScheduler, StopTraining, TrainingInterrupted
 from .checks import check_fit_inputs, check_fit_keywords, explain_step_failure, loss_to_record
 from .handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError
@@ -408,7 +409,7 @@ class TrainLoop:
         try:
             with default_console_output():
                 if self.gpu_mode in ('ddp', 'fsdp'):
-                    from ..ddp_launch import fit_ddp, fit_fsdp     # torch.multiprocessing: only for these modes
+                    from ..distributed.launch import fit_ddp, fit_fsdp     # torch.multiprocessing: these modes only
                     launch = fit_ddp if self.gpu_mode == 'ddp' else fit_fsdp
                     return launch(self, num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
                 if self.gpu_mode == 'dp':
@@ -429,7 +430,7 @@ class TrainLoop:
         self.model.to(self.device)
         args = dict(dp_model_args or {})
         if self.batch_model_feed_def is None:
-            self.model, self._feed = resolve_model(TTDataParallel(self.model, **args))
+            self.model, self._feed = resolve_model(distributed.TTDataParallel(self.model, **args))
         else:
             self.model, self._feed = resolve_model(
                 ModelWrap(torch.nn.DataParallel(self.model, **args), self.batch_model_feed_def))
@@ -484,7 +485,7 @@ class TrainLoop:
             self.resume_plan.apply(self)
         experiment = self.experiment
         if experiment is not None and experiment.claimed and self.is_main_process():
-            logger.info('Experiment folder: %s (checkpoints in %s/)', experiment.dir_path, loop_state.CHECKPOINT_DIR)
+            logger.info('Experiment folder: %s (checkpoints in %s/)', experiment.dir_path, CHECKPOINT_DIR)
 
         try:
             try:

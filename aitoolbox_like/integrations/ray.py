@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 import torch
 
-from .. import distributed, loop_state
+from .. import distributed
+from ..engine import loop_state
 from ..callbacks.abstract import AbstractCallback
 from ..checkpoint import atomic_torch_save, load_checkpoint
 from ..experiment.reporting import is_number

@@ -104,7 +104,7 @@ def finished_reason(checkpoint: Any, fit_kwargs: Dict[str, Any], callback_names:
     an early stopper that the recipe still has (its class name in ``callback_names``) had stopped it (the saved
     state of an ``EarlyStopping`` / ``ThresholdEarlyStopping`` has no patience left).
     """
-    from ..loop_state import CHECKPOINT_KIND
+    from ..engine.loop_state import CHECKPOINT_KIND
     if not isinstance(checkpoint, dict) or checkpoint.get('kind') != CHECKPOINT_KIND:
         return None
     position = checkpoint.get('data_position') or {}
@@ -240,7 +240,7 @@ def _newest_checkpoint(experiment: str, endpoint_url: Optional[str] = None) -> T
     downloaded once, by the resumed fit, into the local experiment folder where the run expects them (and DCP
     reshards them there for the number of processes it resumes with). ``endpoint_url``: the cloud's endpoint (None:
     the client's own resolution)."""
-    from .. import loop_state
+    from ..engine import loop_state
     if not _is_cloud(experiment):
         return loop_state.load_resume_checkpoint(None, experiment)
     from ..experiment import CHECKPOINT_DIR, find_cloud_checkpoint

@@ -419,9 +419,9 @@ class Planner:
 
 
 def _launcher_arguments(name: str) -> Dict[str, Any]:
-    """The ``fit`` arguments ``ddp_launch.<name>`` (fit_ddp / fit_fsdp) adds, with their types."""
-    from .. import ddp_launch
-    launcher = getattr(ddp_launch, name)
+    """The ``fit`` arguments ``distributed.launch.<name>`` (fit_ddp / fit_fsdp) adds, with their types."""
+    from ..distributed import launch
+    launcher = getattr(launch, name)
     hints = type_hints_of(launcher)
     return {p.name: expected_type(p, hints) for p in recipe_parameters(launcher, skip_first=True) or ()
             if not p.name.startswith('_') and p.name not in ('num_epochs', 'num_iterations', 'callbacks',

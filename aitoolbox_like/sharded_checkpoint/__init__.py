@@ -31,12 +31,12 @@ Model and optimizer go through ``torch.distributed.checkpoint.state_dict.get_sta
 keys are parameter names (FQNs), values DTensors. DCP reshards on load, so a checkpoint written by N processes
 resumes on M processes, in a single process without a process group included (then the model is a plain module).
 """
-# The package only re-exports: the folder's files, the state dicts, the host staging and the writing each live in a
-# module of their own.
+# The package only re-exports: the folder's files, the host staging and the writing each live in a module of their
+# own; the state dicts through DCP are the distributed package's (a DDP/FSDP fit's launch gathers them too).
 from .files import (FOLDER_KEY, MARKER, SUFFIX, TRAIN_STATE_FILE, checkpoint_folder, download, folder_name,
                     is_sharded_checkpoint, load_train_state, upload_order)
 from .staging import HostStager, close_stager, new_stager, step_wait_seconds
-from .state_dicts import full_state, index_keyed, load_full_state, load_model_and_optimizer
+from ..distributed.state_dicts import full_state, index_keyed, load_full_state, load_model_and_optimizer
 from .writing import (ShardedSave, begin_save, checkpoint_process_group, gradients_inside_window_error,
                       next_step_follows, save)
 

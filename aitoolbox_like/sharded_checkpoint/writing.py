@@ -8,7 +8,7 @@ import os
 import shutil
 import weakref
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 import torch.distributed as dist
@@ -17,10 +17,20 @@ from .. import distributed
 from ..checkpoint import CheckpointError, atomic_torch_save, fsync_directory
 from ..storage.local import mark_temp_live, remove_folder, temp_name_for
 from .files import MARKER, TRAIN_STATE_FILE
-from .state_dicts import dcp_module, loop_optimizers, sharded_state_dicts
+from ..distributed.state_dicts import LoopModelAndOptimizers, dcp_module, loop_optimizers, sharded_state_dicts
 
-if TYPE_CHECKING:
-    from ..engine.train_loop import TrainLoop
+
+class LoopPosition(LoopModelAndOptimizers, Protocol):
+    """What writing a sharded checkpoint reads of a TrainLoop: its model and optimizers, and where training is
+    (whether another step follows the save)."""
+
+    train_loader: Any
+    iteration: int
+    num_iterations: Optional[int]
+    total_iteration_idx: int
+
+    @property
+    def epochs_running(self) -> bool: ...
 
 
 def _broadcast(value: Any, group: Any = None) -> Any:
@@ -118,7 +128,7 @@ class ShardedSave:
         return marker
 
 
-def begin_save(loop: TrainLoop, folder: str | None, train_state: dict[str, Any] | None, stager: Any = None,
+def begin_save(loop: LoopPosition, folder: str | None, train_state: dict[str, Any] | None, stager: Any = None,
                until_step: bool = False,
                complete_train_state: Callable[[dict[str, Any] | None, Any], None] | None = None) -> ShardedSave:
     """Start writing the loop's sharded checkpoint into ``folder`` (``....dcp``); every process must call it, at
@@ -183,7 +193,7 @@ def begin_save(loop: TrainLoop, folder: str | None, train_state: dict[str, Any] 
         raise
 
 
-def _changed_by_steps_only(loop: TrainLoop, model_state: dict[str, Any]) -> Callable[[tuple[Any, ...]], bool]:
+def _changed_by_steps_only(loop: LoopPosition, model_state: dict[str, Any]) -> Callable[[tuple[Any, ...]], bool]:
     """Which paths of ``{'model': model_state, 'optim': ...}`` hold tensors that only an optimizer step changes: the
     optimizer's per-parameter state, and the model's parameters (found by their memory), not its buffers."""
     with torch.no_grad():
@@ -195,7 +205,7 @@ def _changed_by_steps_only(loop: TrainLoop, model_state: dict[str, Any]) -> Call
                                                            and path[1] in parameters)
 
 
-def next_step_follows(loop: TrainLoop) -> bool:
+def next_step_follows(loop: LoopPosition) -> bool:
     """Whether a training step of the current epoch comes after the batch the loop is at (fit is training its
     epochs, the loader has a length and more batches, and num_iterations is not reached): nothing but that step's
     forward and backward run before its optimizer step, whereas the end of an epoch or of training runs
@@ -235,7 +245,7 @@ def _choose_names(folder: str) -> tuple[str, str]:
     return folder, tmp
 
 
-def save(loop: TrainLoop, folder: str | None, train_state: dict[str, Any]) -> str:
+def save(loop: LoopPosition, folder: str | None, train_state: dict[str, Any]) -> str:
     """Write the loop's sharded checkpoint into ``folder`` (``....dcp``) synchronously; every process must call it.
 
     ``train_state`` is ``loop_state.build_checkpoint(loop, ..., weights=False)``; rank 0's is written. ``folder`` is

@@ -591,7 +591,7 @@ def test_multi_process_safe_runs_only_on_the_main_process(monkeypatch):
 
     assert record(3) == 6 and calls == [3]          # a single process is the main process
     assert record.__name__ == 'record'
-    monkeypatch.setattr(distributed, 'get_rank', lambda: 1)
+    monkeypatch.setattr(distributed.processes, 'get_rank', lambda: 1)
     assert record(4) is None and calls == [3]       # another rank of a DDP run: not called
 
 

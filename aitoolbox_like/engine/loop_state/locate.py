@@ -5,14 +5,14 @@ import os
 import shutil
 import tempfile
 
-from .. import sharded_checkpoint
-from ..checkpoint import CheckpointError, load_checkpoint
-from ..experiment import CHECKPOINT_DIR, LATEST_POINTER, LEGACY_LATEST_POINTER
-from ..experiment import bookkeeping_dir, find_cloud_checkpoint, find_latest_cloud_checkpoint, is_cloud_mode
-from ..experiment import read_pointer, run_owner_alive
-from ..storage.base import join_key, validate_key
-from ..storage.local import remove_stray_temp_files
-from ..storage.urls import is_cloud_url, open_storage, split_url, storage_for_mode
+from ... import sharded_checkpoint
+from ...checkpoint import CheckpointError, load_checkpoint
+from ...experiment import CHECKPOINT_DIR, LATEST_POINTER, LEGACY_LATEST_POINTER
+from ...experiment import bookkeeping_dir, find_cloud_checkpoint, find_latest_cloud_checkpoint, is_cloud_mode
+from ...experiment import read_pointer, run_owner_alive
+from ...storage.base import join_key, validate_key
+from ...storage.local import remove_stray_temp_files
+from ...storage.urls import is_cloud_url, open_storage, split_url, storage_for_mode
 
 def experiment_callbacks(loop, callbacks):
     """Callbacks that say which experiment the run writes to (saving callbacks, ModelLoadContinueTraining): they

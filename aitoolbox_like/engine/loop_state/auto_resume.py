@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .. import distributed
+from ... import distributed
 from .locate import find_latest_in_cloud, find_latest_local, load_resume_checkpoint
 
 if TYPE_CHECKING:
-    from ..experiment import Experiment
-    from ..engine.train_loop import TrainLoop
+    from ...experiment import Experiment
+    from ..train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 

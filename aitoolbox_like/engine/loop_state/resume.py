@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple
 
 import torch
 
-from .. import distributed, sharded_checkpoint
-from ..checkpoint import CheckpointError
-from ..experiment import get_experiment
+from ... import distributed, sharded_checkpoint
+from ...checkpoint import CheckpointError
+from ...experiment import get_experiment
 from .auto_resume import AUTO, find_auto_checkpoint
 from .build import rebuild_losses
 from .locate import experiment_callbacks, load_resume_checkpoint
@@ -16,8 +16,8 @@ from .restore import apply_checkpoint, load_weights_optimizer_scaler, validate_c
 from .rng import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
-    from ..experiment import Experiment
-    from ..engine.train_loop import TrainLoop
+    from ...experiment import Experiment
+    from ..train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 

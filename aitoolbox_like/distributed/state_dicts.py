@@ -4,12 +4,20 @@ to rank 0 or loaded into a sharded model, and the conversion to ``optimizer.stat
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from ..checkpoint import CheckpointError
 
-if TYPE_CHECKING:
-    from ..engine.train_loop import TrainLoop
+
+class LoopModelAndOptimizers(Protocol):
+    """What these functions read of a TrainLoop: its model (sharded or plain) and optimizers."""
+
+    model: Any
+    optimizer: Any
+
+    @property
+    def optimizers(self) -> Sequence[Any]: ...
 
 
 # torch.distributed.checkpoint, and the DTensor and FSDP modules it imports, take about a second to import: every
@@ -27,12 +35,12 @@ def state_dict_api() -> Any:
     return state_dict_api
 
 
-def loop_optimizers(loop: TrainLoop) -> list[Any]:
+def loop_optimizers(loop: LoopModelAndOptimizers) -> list[Any]:
     """The loop's optimizers as a list (each of a MultiOptimizer's); empty when it has none."""
     return list(loop.optimizers) if loop.optimizer is not None else []
 
 
-def sharded_state_dicts(loop: TrainLoop) -> tuple[dict[str, Any], dict[str, Any]]:
+def sharded_state_dicts(loop: LoopModelAndOptimizers) -> tuple[dict[str, Any], dict[str, Any]]:
     """``get_state_dict(model, optimizers)``: this rank's part of the model and optimizer state, keyed by parameter
     name. An optimizer without per-parameter state (SGD without momentum), once known as such, gets its state dict
     built here from its current parameter groups: DCP's helper would otherwise, at every save, fill a zero gradient
@@ -104,7 +112,7 @@ def _still_stateless(optimizer: Any, ids: list[list[int]]) -> bool:
     return not optimizer.state and [[id(p) for p in group['params']] for group in optimizer.param_groups] == ids
 
 
-def load_model_and_optimizer(loop: TrainLoop, folder: str, source: str) -> None:
+def load_model_and_optimizer(loop: LoopModelAndOptimizers, folder: str, source: str) -> None:
     """Load the model and optimizer state of the sharded checkpoint ``folder`` into the loop: sharded (every
     process must call it; DCP reads each rank's part, whatever the number of processes that wrote it) or a plain
     module in a single process."""
@@ -120,7 +128,7 @@ def load_model_and_optimizer(loop: TrainLoop, folder: str, source: str) -> None:
                               f'({error}); was it saved with a different model or optimizer?') from error
 
 
-def full_state(loop: TrainLoop) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def full_state(loop: LoopModelAndOptimizers) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The whole model state dict and optimizer state (keyed by parameter name), gathered to rank 0 on the CPU
     (other ranks get empty dicts); a collective under FSDP: every process must call it."""
     options = state_dict_api().StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -130,7 +138,7 @@ def full_state(loop: TrainLoop) -> tuple[dict[str, Any], dict[str, Any] | None]:
     return state_dict_api().get_state_dict(loop.model, optimizers, options=options)
 
 
-def load_full_state(loop: TrainLoop, model_state: dict[str, Any], optimizer_state: Any) -> None:
+def load_full_state(loop: LoopModelAndOptimizers, model_state: dict[str, Any], optimizer_state: Any) -> None:
     """Load a whole (unsharded) model state dict, and optimizer state, into the loop's model, which may be sharded
     (each rank keeps its part) or plain. ``optimizer_state`` is keyed by parameter name (as :func:`full_state`
     returns it) or by index (a plain ``optimizer.state_dict()``, e.g. from a single-process checkpoint)."""
@@ -146,7 +154,7 @@ def load_full_state(loop: TrainLoop, model_state: dict[str, Any], optimizer_stat
     state_dict_api().set_optimizer_state_dict(loop.model, optimizers, optimizer_state, options=options)
 
 
-def index_keyed(loop: TrainLoop, optimizer_state: dict[str, Any]) -> Any:
+def index_keyed(loop: LoopModelAndOptimizers, optimizer_state: dict[str, Any]) -> Any:
     """An optimizer state keyed by parameter name (DCP's helpers, :func:`full_state`) in ``optimizer.state_dict()``'s
     own layout (parameters numbered in group order), so that a single-process loop loads it with
     ``optimizer.load_state_dict``; a list of such dicts for a MultiOptimizer (as the loop's checkpoints keep it)."""
@@ -175,7 +183,7 @@ def _keyed_by_name(optimizer_state: dict[str, Any]) -> bool:
     return bool(groups) and all(isinstance(p, str) for g in groups for p in g['params'])
 
 
-def _merge_by_name(loop: TrainLoop, optimizers: list[Any], states: list[dict[str, Any]]) -> dict[str, Any]:
+def _merge_by_name(loop: LoopModelAndOptimizers, optimizers: list[Any], states: list[dict[str, Any]]) -> dict[str, Any]:
     """Index-keyed optimizer state dicts -> one state keyed by parameter name, as DCP's helpers expect."""
     names = {id(p): n for n, p in loop.model.named_parameters()}
     merged: dict[str, Any] = {'state': {}, 'param_groups': []}

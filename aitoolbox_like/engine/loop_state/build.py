@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .. import distributed, sharded_checkpoint
-from ..checkpoint import FORMAT_VERSION, check_weights_only_safe
-from ..multi_loss_optim import MultiLoss
+from ... import distributed, sharded_checkpoint
+from ...checkpoint import FORMAT_VERSION, check_weights_only_safe
+from ...multi_loss_optim import MultiLoss
 from .rng import capture_rng_state
 
 if TYPE_CHECKING:
-    from ..engine.train_loop import TrainLoop
+    from ..train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 
