@@ -35,7 +35,7 @@ def _cell(text):
 
 def recipes_reference_page():
     """Markdown of every registered name, per registry kind, with its recipe arguments and first sentence."""
-    from aitoolbox_like.recipes.recipe import reference_entries
+    from aitoolbox_like.recipes.reference import reference_entries
     from aitoolbox_like.recipes.registry import KINDS
 
     lines = ['# Recipe reference: every registered name', '',

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / 'aitoolbox_like'
 # Third-party private attributes we cannot avoid, each explained where it is used.
 ALLOWED_THIRD_PARTY_PRIVATES = {
     ('aitoolbox_like.distributed.data', '_num_samples'),
-    ('aitoolbox_like.callbacks.tensorboard_base', '_get_file_writer'),
+    ('aitoolbox_like.callbacks.tensorboard', '_get_file_writer'),
     ('aitoolbox_like.storage.s3', '_request_signer'),
     ('aitoolbox_like.storage.s3', '_credentials'),
     # os._exit is public (the documented way to end a process without interpreter clean-up).

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, List
 from .abstract import AbstractCallback, AbstractScheduler
 from .ddp import DistributedSamplerSetEpoch
 from .preemption import PreemptionCheckpoint, preemption_default_needed
-from .progress import ProgressBar
+from .basic import ProgressBar
 from .train_schedule import LRMonitor
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..experiment import BEST_POINTER, CHECKPOINT_DIR, HYPERPARAMS_JSON, LATEST_POINTER, MODEL_DIR
+from ..experiment import CHECKPOINT_DIR, HYPERPARAMS_JSON, MODEL_DIR
 from ._common import BatchLossReader, as_number, check_int, is_number
 from ._mlflow_sender import Operation, Sender, is_transient_error
 from .abstract import AbstractExperimentCallback
@@ -509,16 +509,12 @@ class MLflowTracking(AbstractExperimentCallback):
             return []
         root = experiment.dir_path
         skip_dirs = set(_SKIP_DIRS) | (set() if self.log_checkpoints else {CHECKPOINT_DIR, MODEL_DIR})
-        # The pointers and journal are at the root of folders written by earlier versions.
-        skip_files = set() if self.log_checkpoints else {LATEST_POINTER, BEST_POINTER}
         store = self._local_store_path()
         files = []
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if d not in skip_dirs and not d.startswith('.'))
             for filename in sorted(filenames):
-                # hidden files: our bookkeeping (.aitoolbox_like_run) and temporary files of atomic writes
-                if filename.startswith('.') or (dirpath == root and filename in skip_files) or \
-                        filename == 'pending_uploads.json':
+                if filename.startswith('.'):       # temporary files of atomic writes
                     continue
                 path = os.path.join(dirpath, filename)
                 if store is not None and os.path.abspath(path).startswith(store):

@@ -13,7 +13,7 @@ import torch
 
 from ._common import check_int, import_matplotlib, new_figure
 from .abstract import AbstractExperimentCallback
-from .tensorboard_base import experiment_log_dir, first_batch, unwrap_model
+from .tensorboard import experiment_log_dir, first_batch, unwrap_model
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -104,7 +104,7 @@ class _ImageCallbackBase(AbstractExperimentCallback):
         """A SummaryWriter on the same run folder as the TensorBoard callbacks, so the images show next to
         the curves."""
         if self.tb_writer is None:
-            from .tensorboard_base import summary_writer_class
+            from .tensorboard import summary_writer_class
             log_dir = experiment_log_dir(self)
             os.makedirs(log_dir, exist_ok=True)
             self.tb_writer = summary_writer_class()(log_dir=log_dir)

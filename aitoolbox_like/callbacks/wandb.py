@@ -21,7 +21,7 @@ from ..experiment import get_experiment
 from ._common import BatchLossReader, as_number, check_int, is_number
 from .abstract import AbstractExperimentCallback
 from .performance_eval import history_series
-from .tensorboard_base import unwrap_model
+from .tensorboard import unwrap_model
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_run import Run

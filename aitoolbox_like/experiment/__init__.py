@@ -20,23 +20,16 @@ Nothing of ours stays in the bucket: checkpoints are found there by their names 
 :func:`find_cloud_checkpoint`), and the claim of the experiment's prefix (``.aitoolbox_like/<project>/
 <experiment>_<timestamp>/run`` under the cloud prefix, outside the project's prefix) is deleted at the end of fit
 once every upload is confirmed.
-Folders written by earlier versions (pointers, marker and journal at the experiment root) are still read.
 
 One :class:`Experiment` per TrainLoop (``loop.experiment``) so every callback writes to the same folder.
 """
 # The package only re-exports: each idea lives in a module of its own (layout, pointers, cloud_checkpoints,
-# hyperparams, pending_uploads, run_folder, uploads). Names that were importable from here before the split
-# (storage's helpers among them) stay importable.
-from ..storage.base import StorageError, UploadsIncompleteError, join_key, validate_key, validate_key_part
-from ..storage.journal import JOURNAL_NAME, SyncReport, UploadJournal, sync_journal
-from ..storage.local import remove_stray_temp_files, write_atomically, write_text_atomically
-from ..storage.uploader import UploadFailure
+# hyperparams, pending_uploads, run_folder, uploads).
 from .cloud_checkpoints import find_cloud_checkpoint, find_latest_cloud_checkpoint
 from .hyperparams import copy_experiment_script, hyperparams_to_json, write_hyperparams_text, zip_source_dirs
-from .layout import (BEST_POINTER, CHECKPOINT_DIR, HYPERPARAMS_JSON, HYPERPARAMS_TXT, LATEST_POINTER,
-                     LEGACY_LATEST_POINTER, LEGACY_MARKER_FILE, MODEL_DIR, PENDING_UPLOADS, RESULTS_DIR, SOURCE_ZIP,
-                     bookkeeping_dir, checkpoint_order, model_file_name)
-from .pending_uploads import experiment_journals, sync_experiment
+from .layout import (BEST_POINTER, CHECKPOINT_DIR, HYPERPARAMS_JSON, HYPERPARAMS_TXT, LATEST_POINTER, MODEL_DIR,
+                     PENDING_UPLOADS, RESULTS_DIR, SOURCE_ZIP, bookkeeping_dir, checkpoint_order, model_file_name)
+from .pending_uploads import experiment_journal, sync_experiment
 from .pointers import pointer_text, read_pointer, write_pointer
 from .run_folder import Experiment, get_experiment, run_owner_alive
 from .uploads import (ACCESS_CHECK_PREFIX, AZURE_SAVE_MODES, BOOKKEEPING_DIR, GCS_SAVE_MODES, LOCAL_SAVE_MODES,

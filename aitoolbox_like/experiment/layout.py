@@ -10,8 +10,6 @@ import re
 from ..storage.journal import JOURNAL_NAME
 from .uploads import BOOKKEEPING_DIR
 
-# Where versions before the bookkeeping folder kept the claim: at the root of the experiment folder / prefix.
-LEGACY_MARKER_FILE = '.aitoolbox_like_run'
 # The journal of uploads not confirmed yet (storage.journal); the sync command uploads what it lists.
 PENDING_UPLOADS = JOURNAL_NAME
 HYPERPARAMS_TXT = 'hyperparams_list.txt'
@@ -23,8 +21,6 @@ RESULTS_DIR = 'results'
 # Bookkeeping files naming a checkpoint by its path inside the experiment folder ('checkpoint_model/<file>').
 LATEST_POINTER = 'latest_checkpoint.txt'
 BEST_POINTER = 'best_checkpoint.txt'
-# Where the first versions kept the latest pointer (content: the bare file name, or a full cloud key).
-LEGACY_LATEST_POINTER = 'latest'
 # A checkpoint's name: model_<experiment>_<timestamp>_E<epoch>[_ITER<global batch idx>] + .pth / .pt / .dcp
 _CHECKPOINT_NAME_RE = re.compile(r'_E(\d+)(?:_ITER(\d+))?\.(?:pth|pt|dcp)$')
 

@@ -4,7 +4,7 @@ import os
 
 from ..storage.base import validate_key
 from ..storage.local import write_text_atomically
-from .layout import CHECKPOINT_DIR, LATEST_POINTER, LEGACY_LATEST_POINTER, bookkeeping_dir
+from .layout import LATEST_POINTER, bookkeeping_dir
 
 
 def pointer_text(experiment_dir, target_path):
@@ -38,26 +38,7 @@ def _read_pointer_file(experiment_dir, path):
 
 
 def read_pointer(experiment_dir, pointer_name=LATEST_POINTER):
-    """The existing file the pointer ``pointer_name`` of an experiment folder names, or None.
-
-    The pointers of folders saved by earlier versions (at the experiment root, or ``checkpoint_model/latest``) are
-    read when the bookkeeping folder has none.
-    """
+    """The existing file the pointer ``pointer_name`` of an experiment folder names, or None."""
     experiment_dir = os.path.abspath(os.fspath(experiment_dir))
-    for path in (os.path.join(bookkeeping_dir(experiment_dir), pointer_name),
-                 os.path.join(experiment_dir, pointer_name)):
-        target = _read_pointer_file(experiment_dir, path)
-        if target is not None:
-            return target
-    if pointer_name == LATEST_POINTER:
-        try:
-            with open(os.path.join(experiment_dir, CHECKPOINT_DIR, LEGACY_LATEST_POINTER), encoding='utf-8') as f:
-                name = f.read().strip().rsplit('/', 1)[-1]
-        except OSError:
-            name = ''
-        if name and name not in ('.', '..'):
-            target = os.path.join(experiment_dir, CHECKPOINT_DIR, name)
-            if os.path.isfile(target):
-                return target
-    return None
+    return _read_pointer_file(experiment_dir, os.path.join(bookkeeping_dir(experiment_dir), pointer_name))
 

@@ -14,17 +14,16 @@ from ..storage.journal import UploadJournal
 from ..storage.local import remove_stray_temp_files, write_text_atomically
 from ..storage.uploader import UploadFailure
 from .hyperparams import copy_experiment_script, hyperparams_to_json, write_hyperparams_text, zip_source_dirs
-from .layout import (BEST_POINTER, CHECKPOINT_DIR, HYPERPARAMS_JSON, HYPERPARAMS_TXT, LATEST_POINTER,
-                     LEGACY_MARKER_FILE, MODEL_DIR, PENDING_UPLOADS, RESULTS_DIR, SOURCE_ZIP, absolute_folder,
-                     bookkeeping_dir)
+from .layout import (BEST_POINTER, CHECKPOINT_DIR, HYPERPARAMS_JSON, HYPERPARAMS_TXT, LATEST_POINTER, MODEL_DIR,
+                     PENDING_UPLOADS, RESULTS_DIR, SOURCE_ZIP, absolute_folder, bookkeeping_dir)
 from .uploads import BOOKKEEPING_DIR, MARKER_FILE, ExperimentUploader, sync_command
 
 logger = logging.getLogger(__name__)
 
-# What the experiment writes itself, now or in the layout of earlier versions (still read): loop.experiment_files
-# may not take these names.
+# What the experiment writes itself (its folder's files, its bookkeeping's): loop.experiment_files may not take these
+# names.
 _RESERVED_NAMES = {HYPERPARAMS_TXT, HYPERPARAMS_JSON, SOURCE_ZIP, CHECKPOINT_DIR, MODEL_DIR, RESULTS_DIR,
-                   LATEST_POINTER, BEST_POINTER, LEGACY_MARKER_FILE, PENDING_UPLOADS, BOOKKEEPING_DIR}
+                   LATEST_POINTER, BEST_POINTER, PENDING_UPLOADS, BOOKKEEPING_DIR}
 
 
 def _check_results_root(root):
@@ -129,29 +128,14 @@ class Experiment:
         os.makedirs(self.dir_path, exist_ok=True)
         os.makedirs(self.work_dir, exist_ok=True)
         self._write_marker(exclusive=False)
-        self._adopt_legacy_journal()
         self._remove_stray_temp_files()
         for uploader in self._cloud_claims:
             uploader.claim_prefix(self.key_prefix, self.run_id, exclusive=False)
             uploader.resume_pending()
 
-    def _adopt_legacy_journal(self):
-        # An experiment of a version before the bookkeeping folder keeps its journal at the root; its entries move
-        # into the bookkeeping journal, so the resumed run and the sync command see one journal.
-        legacy_path = os.path.join(self.dir_path, PENDING_UPLOADS)
-        if not os.path.isfile(legacy_path):
-            return
-        legacy = UploadJournal(legacy_path)
-        for entry in legacy.entries():
-            self.journal.add(entry)
-        try:
-            os.remove(legacy_path)
-        except FileNotFoundError:
-            pass
-
     def _remove_stray_temp_files(self):
-        # The bookkeeping folder holds the temporary files; the experiment folder is cleaned too, for a folder of
-        # an earlier version (temporary files at its root) or of the savers without a TrainLoop.
+        # The bookkeeping folder holds the temporary files; the experiment folder is cleaned too, for the savers
+        # without a TrainLoop (they write their temporary files beside their results).
         remove_stray_temp_files(self.work_dir)
         remove_stray_temp_files(self.dir_path)
 
@@ -182,9 +166,6 @@ class Experiment:
     def _claim_name(self, cloud_claims):
         """Claim the current name locally and in every bucket of ``cloud_claims``; on any refusal give back what
         was claimed here and return False."""
-        legacy_owner = self._read_marker(legacy=True)
-        if legacy_owner is not None and legacy_owner != self.run_id:
-            return False        # a folder of an earlier version, claimed by its run
         os.makedirs(self.work_dir, exist_ok=True)
         fresh = self._write_marker(exclusive=True)
         if not fresh and self._read_marker() != self.run_id:
@@ -313,8 +294,8 @@ class Experiment:
             f.write(f'{self.run_id}\n{socket.gethostname()} {os.getpid()}\n')
         return True
 
-    def _read_marker(self, legacy=False):
-        path = os.path.join(self.dir_path, LEGACY_MARKER_FILE) if legacy else os.path.join(self.work_dir, MARKER_FILE)
+    def _read_marker(self):
+        path = os.path.join(self.work_dir, MARKER_FILE)
         try:
             with open(path) as f:
                 return f.readline().strip()

@@ -1,11 +1,11 @@
 """``python -m aitoolbox_like.experiment.sync FOLDER``: upload what an experiment folder's journal lists.
 
 A run records every upload in ``pending_uploads.json`` in the experiment's bookkeeping folder
-(``<results folder>/.aitoolbox_like/<project>/<experiment folder name>/``; at the experiment root in folders of
-earlier versions) until the storage confirmed it. When the cloud was down at the end of fit (longer than
-``ExperimentUploader.wait_timeout_s``) or the process was killed, the files stay listed there; this command uploads
-them to the cloud (S3, Google Cloud Storage, Azure), bucket, prefix, endpoint and key each entry records, then removes them from the journal (and deletes
-the local files a run asked to delete after their upload).
+(``<results folder>/.aitoolbox_like/<project>/<experiment folder name>/``) until the storage confirmed it. When the
+cloud was down at the end of fit (longer than ``ExperimentUploader.wait_timeout_s``) or the process was killed, the
+files stay listed there; this command uploads them to the cloud (S3, Google Cloud Storage, Azure), bucket, prefix,
+endpoint and key each entry records, then removes them from the journal (and deletes the local files a run asked to
+delete after their upload).
 
 Exit status: 0 when nothing is left to upload, 1 when some uploads failed (they stay listed; run it again), 2 on
 a wrong argument.

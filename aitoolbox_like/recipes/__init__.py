@@ -7,11 +7,12 @@
 
 See docs/recipes.md. The core (train_loop, experiment, ...) never imports this package.
 """
-from .recipe import (COMMAND_LINE_FILE, RECIPE_FILE, Recipe, RecipeError, RecipePlan, Run, build_recipe,
-                     load_recipe, seed_everything)
+from .plan import RecipePlan
+from .recipe import Recipe, Run, build_recipe, load_recipe, seed_everything
 from .registry import (KINDS, REGISTRIES, Registry, UnknownNameError, get_registry, import_path, lookup,
                        register_callback, register_criterion, register_data, register_loop, register_model,
                        register_optimizer, register_result_package, register_scheduler)
+from .schema import COMMAND_LINE_FILE, RECIPE_FILE, RecipeError
 
 __all__ = [
     'Recipe', 'RecipeError', 'RecipePlan', 'Run', 'load_recipe', 'build_recipe', 'seed_everything',

@@ -23,7 +23,9 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .recipe import COMMAND_LINE_FILE, RECIPE_FILE, Recipe, RecipeError, Run, reference_entries
+from .recipe import Recipe, Run
+from .reference import reference_entries
+from .schema import COMMAND_LINE_FILE, RECIPE_FILE, RecipeError
 from .registry import KINDS, UnknownNameError, import_path
 from .run_files import PROG, attach_run_files, command_line_text, program_name
 

@@ -20,9 +20,9 @@ constructor's arguments next to it. YAML, interpolation (``${a.b}``, ``${oc.env:
 ``key.path=value`` overrides are OmegaConf's; the checks of names, arguments and types against the constructors
 are ours, and every problem is reported at once, by key path, in one :class:`RecipeError`.
 
-This module loads, checks and builds a recipe (:class:`Recipe`); the pieces it uses are modules of their own and
-importable from here as well: ``schema`` (sections, key paths, RecipeError), ``signatures`` (what a class or function
-accepts), ``plan`` (the checks, and what to build) and ``reference`` (a registry's names with their arguments).
+This module loads, checks and builds a recipe (:class:`Recipe`); the pieces it uses are modules of their own:
+``schema`` (sections, key paths, RecipeError), ``signatures`` (what a class or function accepts), ``plan`` (the
+checks, and what to build) and ``reference`` (a registry's names with their arguments).
 """
 import dataclasses
 import importlib
@@ -34,12 +34,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy
 
-# What a recipe is checked and planned with, importable from here where it was defined before.
-from .plan import Call, Planner, RecipePlan, describe_type, kind_of_parameter, materialize, type_matches
-from .reference import entry_signature, reference_entries
-from .schema import (COMMAND_LINE_FILE, DP_FIT_ARGS, FIT_FILLED, RECIPE_FILE, SCHEDULER_WRAPPER_KEYS,
-                     SECTIONS, RecipeError, describe_value, key_parts, key_path, normalize_key)
-from .signatures import expected_type, format_signature, recipe_parameters, signature_of, summary_of, type_hints_of
+from .plan import Planner, RecipePlan, materialize
+from .schema import RecipeError, describe_value, key_path, normalize_key
 
 logger = logging.getLogger(__name__)
 

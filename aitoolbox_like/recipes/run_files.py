@@ -9,7 +9,8 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
-from .recipe import COMMAND_LINE_FILE, RECIPE_FILE, Recipe, Run
+from .recipe import Recipe, Run
+from .schema import COMMAND_LINE_FILE, RECIPE_FILE
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from ..callbacks.abstract import AbstractScheduler
 from ..experiment.reporting import is_number
 from ..integrations._trial_report import TuneInputError
-from ..recipes.recipe import Call, Recipe, RecipeError, key_parts
+from ..recipes.plan import Call
+from ..recipes.recipe import Recipe
+from ..recipes.schema import RecipeError, key_parts
 
 logger = logging.getLogger(__name__)
 

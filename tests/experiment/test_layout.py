@@ -173,42 +173,6 @@ def test_resume_latest_and_from_the_folder_follow_the_pointer(tmp_path):
     assert_same_weights(weights(again.model), weights(resumed.model))
 
 
-def _to_old_layout(folder, ts, pointer_at_root):
-    """An experiment folder as versions before the bookkeeping folder left it: pointers and claim at its root
-    (or, earlier still, checkpoint_model/latest naming the file)."""
-    shutil.rmtree(bookkeeping_dir(folder))
-    (folder / '.aitoolbox_like_run').write_text('an older run')
-    if pointer_at_root:
-        (folder / 'latest_checkpoint.txt').write_text(f'checkpoint_model/model_exp_{ts}_E0.pth')
-    else:
-        (folder / 'checkpoint_model' / 'latest').write_text(f'model_exp_{ts}_E0.pth')
-
-
-@pytest.mark.parametrize('pointer_at_root', [True, False])
-def test_experiment_folders_of_the_old_layouts_still_resume(tmp_path, pointer_at_root):
-    first = _loop(TrainLoopCheckpoint, tmp_path, cloud_save_mode='local')
-    first.fit(num_epochs=2)
-    ts = first.experiment_timestamp
-    folder = tmp_path / 'proj' / f'exp_{ts}'
-    _to_old_layout(folder, ts, pointer_at_root)
-    resumed = _loop(TrainLoopCheckpoint, tmp_path, seed=3, cloud_save_mode='local')
-    resumed.fit(num_epochs=1, resume_from=str(folder))
-    assert resumed.train_history.get_epochs('loss') == [0]
-    # The resumed run keeps its bookkeeping outside the folder from now on, and its pointer wins.
-    resumed.fit(num_epochs=2)
-    assert read_pointer(folder) == str(folder / 'checkpoint_model' / f'model_exp_{ts}_E1.pth')
-
-
-def test_a_new_run_does_not_take_a_folder_claimed_by_an_older_version(tmp_path):
-    first = _loop(TrainLoopCheckpoint, tmp_path, cloud_save_mode='local')
-    ts = first.experiment_timestamp
-    old = tmp_path / 'proj' / f'exp_{ts}'
-    old.mkdir(parents=True)
-    (old / '.aitoolbox_like_run').write_text('a run of an older version')
-    first.fit(num_epochs=1)
-    assert first.experiment_timestamp == f'{ts}_1'
-
-
 def _bucket_keys(s3_env, bucket):
     pages = s3_env.client().get_paginator('list_objects_v2').paginate(Bucket=bucket)
     return sorted(obj['Key'] for page in pages for obj in page.get('Contents', ()))

@@ -10,7 +10,7 @@ from aitoolbox_like.callbacks.performance_eval import ModelPerformanceEvaluation
 from aitoolbox_like.callbacks.train_schedule import LRSchedulerCallback
 from aitoolbox_like.recipes import Recipe, RecipeError
 from aitoolbox_like.recipes.cli import main
-from aitoolbox_like.recipes.recipe import reference_entries
+from aitoolbox_like.recipes.reference import reference_entries
 from aitoolbox_like.recipes.registry import REGISTRIES
 from aitoolbox_like.result_package import ClassificationResultPackage
 

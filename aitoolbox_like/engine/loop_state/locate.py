@@ -7,10 +7,10 @@ import tempfile
 
 from ... import sharded_checkpoint
 from ...checkpoint import CheckpointError, load_checkpoint
-from ...experiment import CHECKPOINT_DIR, LATEST_POINTER, LEGACY_LATEST_POINTER
+from ...experiment import CHECKPOINT_DIR, LATEST_POINTER
 from ...experiment import bookkeeping_dir, find_cloud_checkpoint, find_latest_cloud_checkpoint, is_cloud_mode
 from ...experiment import read_pointer, run_owner_alive
-from ...storage.base import join_key, validate_key
+from ...storage.base import validate_key
 from ...storage.local import remove_stray_temp_files
 from ...storage.urls import is_cloud_url, open_storage, split_url, storage_for_mode
 
@@ -160,34 +160,16 @@ def _download_target(storage, key, experiment, map_location, allow_unsafe_pickle
         return _download_sharded(storage, folder_key, experiment, map_location)
     return _download_and_load(storage, key, map_location, allow_unsafe_pickle)
 
-def _pointer_target(storage, pointer_key):
-    """The key of the checkpoint a cloud pointer names. A root pointer holds the path inside the experiment
-    folder; a legacy ``checkpoint_model/latest`` holds a key whose last part is the file name."""
-    folder, _, name = pointer_key.rpartition('/')
-    text = storage.read_text(pointer_key).strip()
-    if name == LEGACY_LATEST_POINTER:
-        return join_key(folder, text.rsplit('/', 1)[-1])
-    try:
-        validate_key(text, 'pointer target')
-    except ValueError:
-        raise CheckpointError(f'{storage.uri(pointer_key)} does not name a file inside its experiment folder '
-                              f'({text!r})') from None
-    return join_key(folder, text)
-
 def _load_from_cloud(uri, map_location, allow_unsafe_pickle, endpoint_url=None, experiment=None):
     scheme, bucket, key = split_url(uri)
     if not bucket or not key:
         raise ValueError(f'resume_from={uri!r}: expected {scheme}://bucket/key/of/checkpoint.pth or '
                          f'{scheme}://bucket/<experiment folder>')
     storage = open_storage(f'{scheme}://{bucket}', endpoint_url=endpoint_url)
-    is_pointer = key.rsplit('/', 1)[-1] in (LATEST_POINTER, LEGACY_LATEST_POINTER)
     if _sharded_folder_key(key) is not None:
         return _download_sharded(storage, _sharded_folder_key(key), experiment, map_location)
-    if key.endswith(('.pth', '.pt')) or not is_pointer and storage.exists(key):
+    if key.endswith(('.pth', '.pt')) or storage.exists(key):
         return _download_and_load(storage, key, map_location, allow_unsafe_pickle)
-    if is_pointer and storage.exists(key):
-        # A pointer object of an experiment saved by an earlier version, named explicitly.
-        return _download_target(storage, _pointer_target(storage, key), experiment, map_location, allow_unsafe_pickle)
     experiment_key = key[:-len(CHECKPOINT_DIR) - 1] if key.endswith(f'/{CHECKPOINT_DIR}') else key
     # The bucket holds only AIToolbox's files: the newest checkpoint is found by its name.
     found = find_cloud_checkpoint(storage, experiment_key)
