@@ -1,7 +1,7 @@
 """MkDocs hooks (see mkdocs.yml): the home page is README.md and the example page is examples/digits_cnn.py.
 
 The Markdown files are written for the repository's file tree, where people read them too (GitHub renders them;
-tests/test_docs_links.py checks every link there), so their links are rewritten for the site: README's ``docs/X``
+tests/docs/test_docs_links.py checks every link there), so their links are rewritten for the site: README's ``docs/X``
 becomes ``X``, a link to a folder becomes its README.md page (``callbacks/``, as GitHub shows them), and a link to
 ``examples/digits_cnn.py`` (``../examples/digits_cnn.py`` from docs/) becomes the example page. The strict build then
 checks them like every other link.

@@ -42,7 +42,7 @@ setup(
         'tune': ['optuna>=4'],
         'notebook': ['ipywidgets>=8'],     # tqdm's notebook progress bar in Jupyter
         'demo': DEMO,
-        # everything the tests use (the demo's packages too: tests/test_examples.py runs it)
+        # everything the tests use (the demo's packages too: tests/docs/test_examples.py runs it)
         'dev': DEMO + [
             # pytest 9.2 ignores pytest-xdist's group marks (pytest-dev/pytest-xdist#1386): the tests that share a
             # SLURM cluster or a Ray node would run on several workers at once (tests/conftest.py checks it).

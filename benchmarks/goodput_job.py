@@ -2,7 +2,7 @@
 ``python -m torch.distributed.run ... goodput_job.py OUT_DIR [--kill-every K] [--save-every C] ...``.
 
 A restartable DDP script as docs/distributed.md tells users to write one (the same set-up as
-tests/ddp_scripts/elastic_fit.py): a TrainLoop(gpu_mode='ddp') on CPU processes (gloo), a synchronous
+tests/distributed/ddp_scripts/elastic_fit.py): a TrainLoop(gpu_mode='ddp') on CPU processes (gloo), a synchronous
 ModelIterationCheckpoint every C steps and ``fit(resume_from='auto')``, on an MLP big enough that a step takes a few
 milliseconds. It records, as JSON files in OUT_DIR:
 

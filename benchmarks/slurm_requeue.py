@@ -1,6 +1,6 @@
 """What a time limit and a preemption cost a SLURM job: signal to checkpoint, requeue to first step, steps lost.
 
-It starts a one-node SLURM cluster of its own (tests/slurm_cluster.py: Debian's slurmctld, slurmd and munge, installed
+It starts a one-node SLURM cluster of its own (tests/support/slurm_cluster.py: Debian's slurmctld, slurmd and munge, installed
 with apt-get when missing, as root) and runs benchmarks/slurm_requeue_job.py, a DDP TrainLoop over 2 srun tasks on CPU
 (gloo, 1 thread each) with a ModelCheckpoint per epoch, the default PreemptionCheckpoint and
 ``fit(resume_from='auto')``, three times:
@@ -9,7 +9,7 @@ with apt-get when missing, as root) and runs benchmarks/slurm_requeue_job.py, a 
 - **time limit**: ``scancel --signal=USR1`` (what ``#SBATCH --signal=USR1@N`` sends N seconds before the time limit)
   ``--signal-after`` seconds after the first training step: the ranks stop at an agreed step, write the checkpoint,
   rank 0 requeues the job (``scontrol requeue``), every rank exits;
-- **preemption**: a job of a partition of higher priority (tests/slurm_cluster.py's ``preemptor``) takes the node
+- **preemption**: a job of a partition of higher priority (tests/support/slurm_cluster.py's ``preemptor``) takes the node
   instead; SLURM sends every process of the job SIGTERM (twice) and SIGKILL after KillWait, and requeues it: the
   ranks checkpoint and exit. The preempting job (``true``) ends before the requeued one is released.
 
@@ -38,7 +38,7 @@ import torch
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(REPO_ROOT, 'benchmarks', 'slurm_requeue_job.py')
-sys.path.insert(0, os.path.join(REPO_ROOT, 'tests'))
+sys.path.insert(0, os.path.join(REPO_ROOT, 'tests', 'support'))
 from slurm_cluster import PREEMPTOR, SlurmCluster, ensure_installed, write_batch_script  # noqa: E402
 
 

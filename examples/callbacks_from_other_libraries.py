@@ -1,5 +1,5 @@
 """The example callbacks of pytorch-accelerated's, BigDL Orca's and AIToolbox's callback documentation, written for
-aitoolbox_like (docs/hooks-from-other-libraries.md maps their hooks to ours; tests/test_hook_maps.py tests these).
+aitoolbox_like (docs/hooks-from-other-libraries.md maps their hooks to ours; tests/engine/test_hook_maps.py tests these).
 
     python examples/callbacks_from_other_libraries.py
 

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-# Tests import their shared helpers (helpers.py, s3_server.py) from this folder.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# Tests import the test infrastructure (support/: helpers.py, s3_server.py, warm_python.py, ...) by module name.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'support'))
 
 # One SLURM cluster per session for every test that asks for it (started on first use).
 from slurm_cluster import slurm_cluster  # noqa: E402,F401  (pytest fixture)
@@ -82,7 +82,7 @@ def docs_site(tmp_path_factory):
 
 @pytest.fixture(scope='session')
 def warm_python():
-    """One zygote per pytest worker (tests/warm_python.py) for every test that runs Python scripts as processes of
+    """One zygote per pytest worker (tests/support/warm_python.py) for every test that runs Python scripts as processes of
     their own without paying torch's start-up in each: the tests' own scripts (``start_here``), the docs' blocks,
     AIToolbox's scripts, the study workers, the cloud runs. Each run is its own process with its own environment;
     all have ``PYTHONHASHSEED=0``."""
@@ -102,13 +102,13 @@ def pytest_configure(config):
                                 f'keep the tests sharing a SLURM cluster or a Ray node on one worker: install the '
                                 f"versions setup.py's dev extra names (pip install -e '.[dev]')")
     config.addinivalue_line('markers', 'real_spawn: the ranks of a gpu_mode=ddp/fsdp fit started in the test are '
-                                       'fresh interpreters, as in a script (the others fork from tests/warm_ranks.py)')
+                                       'fresh interpreters, as in a script (the others fork from tests/support/warm_ranks.py)')
 
 
 @pytest.fixture(autouse=True)
 def _ranks_from_a_warm_server(request, monkeypatch):
     """A fit(gpu_mode='ddp'/'fsdp') in a test forks its ranks from a server that imported torch once
-    (tests/warm_ranks.py), except in the tests marked real_spawn."""
+    (tests/support/warm_ranks.py), except in the tests marked real_spawn."""
     if request.node.get_closest_marker('real_spawn') is None:
         import warm_ranks
         monkeypatch.setattr(torch.multiprocessing, 'start_processes', warm_ranks.start_processes)
@@ -117,10 +117,11 @@ def _ranks_from_a_warm_server(request, monkeypatch):
 # The files of the longest tests (the SLURM and Ray groups, the multi-process runs) start first: pytest-xdist hands
 # out work in collection order, and a long test collected last leaves one worker finishing it while the other
 # idles. The rest keeps its order.
-_LONGEST_FIRST = ('test_slurm.py', 'test_examples.py', 'test_ray.py', 'tuning/test_ray_backend.py', 'test_elastic.py',
-                  'test_fsdp_checkpoints.py', 'test_fsdp.py', 'test_fsdp_defects.py', 'test_fsdp_callbacks.py',
-                  'recipes/test_cli.py', 'test_ddp.py', 'callbacks/test_preemption.py', 'tuning/test_tune.py',
-                  'compat/test_scripts.py', 'test_docs.py')
+_LONGEST_FIRST = ('distributed/test_slurm.py', 'docs/test_examples.py', 'distributed/test_ray.py',
+                  'tuning/test_ray_backend.py', 'distributed/test_elastic.py', 'distributed/test_fsdp_checkpoints.py',
+                  'distributed/test_fsdp.py', 'distributed/test_fsdp_defects.py', 'distributed/test_fsdp_callbacks.py',
+                  'recipes/test_cli.py', 'distributed/test_ddp.py', 'callbacks/test_preemption.py',
+                  'tuning/test_tune.py', 'compat/test_scripts.py', 'docs/test_docs.py')
 
 
 @pytest.hookimpl(trylast=True)       # after pytest-xdist has marked the groups

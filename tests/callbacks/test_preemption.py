@@ -244,7 +244,7 @@ def test_ddp_every_rank_stops_at_the_same_step_rank0_saves_and_the_resume_contin
     """A stop asked on rank 1 only: both ranks stop after the same batch (the next agreement step), rank 0 writes
     the mid-epoch checkpoint, and a DDP resume ends where the uninterrupted DDP run ends."""
     from torch import nn
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), 'ddp_scripts'))
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), 'distributed', 'ddp_scripts'))
     from ddp_common import equivalence_setup
     from preempt_script import RecordLastBatch, RequestStopOnRank
     monkeypatch.setenv('OMP_NUM_THREADS', '1')

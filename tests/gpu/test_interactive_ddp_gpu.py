@@ -1,7 +1,7 @@
 """gpu_mode='ddp' from a program whose __main__ is not a file (a notebook, ``python -c``): the loop forks its
 processes, which then have the program's own classes. On a GPU that works while CUDA is untouched in the program,
 and once something has used CUDA there it is refused with an error that says why and what to do (a forked process
-cannot use the CUDA of its parent). tests/test_notebook.py runs the same in a real Jupyter kernel on the CPU."""
+cannot use the CUDA of its parent). tests/docs/test_notebook.py runs the same in a real Jupyter kernel on the CPU."""
 import os
 import subprocess
 import sys

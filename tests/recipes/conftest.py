@@ -1,10 +1,2 @@
-import os
-import sys
-
-# tests/ has no __init__.py: put tests/ (s3_server, helpers) on sys.path.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.dirname(_HERE) not in sys.path:
-    sys.path.insert(0, os.path.dirname(_HERE))
-
-from s3_server import s3_server  # noqa: E402,F401  (pytest fixture)
-from cloud_servers import azure_server, cloud, gcs_server  # noqa: E402,F401  (pytest fixtures)
+from s3_server import s3_server  # noqa: F401  (pytest fixture; tests/support is on sys.path, see tests/conftest.py)
+from cloud_servers import azure_server, cloud, gcs_server  # noqa: F401  (pytest fixtures)

@@ -202,7 +202,7 @@ def test_kill_9_mid_epoch_then_resume_equals_the_uninterrupted_run_and_every_che
 def test_three_runs_started_in_the_same_second_on_different_machines_get_their_own_prefix(cloud, tmp_path,
                                                                                          warm_python):
     """The claim of a prefix is a create-if-absent write that the server arbitrates (S3 If-None-Match: *, Azure
-    overwrite=False). The three machines are three processes (forked from tests/warm_python.py's zygote). Google's ifGenerationMatch=0 is checked in test_a_gcs_claim_is_a_create_if_absent_write: its
+    overwrite=False). The three machines are three processes (forked from tests/support/warm_python.py's zygote). Google's ifGenerationMatch=0 is checked in test_a_gcs_claim_is_a_create_if_absent_write: its
     emulator does not enforce it."""
     bucket = cloud.make_bucket()
     timestamp = '2030-01-02_03-04-05'

@@ -237,7 +237,7 @@ def test_a_failed_resume_latest_removes_what_a_run_killed_in_its_first_save_left
     import signal
     import subprocess
     import sys
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'support')
     script = KILLED_IN_FIRST_SAVE.format(tests=tests, here=os.path.dirname(os.path.abspath(__file__)),
                                          root=str(tmp_path))
     killed = subprocess.run([sys.executable, '-c', script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
