@@ -54,7 +54,7 @@ test: $(DEV_STAMP) $(AZURITE)
 	$(PY) -m mypy aitoolbox_like
 	$(PYTEST) --durations=30 tests
 
-# The tests of one area, e.g. `make test-area AREA=tests/saving` or AREA=tests/distributed/test_ddp.py (README: Tests).
+# The tests of one area, e.g. `make test-area AREA=tests/saving` or AREA=tests/distributed/test_ddp.py (CONTRIBUTING.md).
 AREA ?= tests
 test-area: $(DEV_STAMP) $(AZURITE)
 	$(PYTEST) --durations=10 $(AREA)

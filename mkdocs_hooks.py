@@ -1,4 +1,5 @@
-"""MkDocs hooks (see mkdocs.yml): the home page is README.md and the example page is examples/digits_cnn.py.
+"""MkDocs hooks (see mkdocs.yml): the home page is README.md, the contributing page CONTRIBUTING.md and the example
+page examples/digits_cnn.py.
 
 The Markdown files are written for the repository's file tree, where people read them too (GitHub renders them;
 tests/docs/test_docs_links.py checks every link there), so their links are rewritten for the site: README's ``docs/X``
@@ -17,6 +18,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 EXAMPLE = 'examples/digits_cnn.py'
+# Pages made from files at the repository's root (their links are written from there): the home page and this one.
+CONTRIBUTING_PAGE = 'contributing.md'
+ROOT_PAGES = ('index.md', CONTRIBUTING_PAGE)
 RECIPES_REFERENCE = ROOT / 'docs' / 'recipes-reference.md'
 LINK = re.compile(r'\]\(([^)\s#]+)(#[^)\s]*)?\)')
 
@@ -62,6 +66,7 @@ def recipes_reference_page():
 def on_files(files, config):
     from mkdocs.structure.files import File
     files.append(File.generated(config, 'index.md', content=(ROOT / 'README.md').read_text()))
+    files.append(File.generated(config, CONTRIBUTING_PAGE, content=(ROOT / 'CONTRIBUTING.md').read_text()))
     files.append(File.generated(config, 'example.md', content=_example_page()))
     return files
 
@@ -73,6 +78,8 @@ def _rewrite(target, page_dir, docs_dir, from_readme):
     in_repository = posixpath.normpath(posixpath.join('' if from_readme else posixpath.join('docs', page_dir), target))
     if in_repository == EXAMPLE:
         return posixpath.relpath('example.md', page_dir or '.')
+    if in_repository == 'CONTRIBUTING.md':
+        return posixpath.relpath(CONTRIBUTING_PAGE, page_dir or '.')
     if from_readme and target.startswith('docs/'):
         target = target[len('docs/'):]
     if target.endswith('/'):
@@ -83,7 +90,7 @@ def _rewrite(target, page_dir, docs_dir, from_readme):
 
 
 def on_page_markdown(markdown, page, config, files):
-    from_readme = page.file.src_uri == 'index.md'
+    from_readme = page.file.src_uri in ROOT_PAGES
     page_dir = posixpath.dirname(page.file.src_uri)
 
     def replace(match):

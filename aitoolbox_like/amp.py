@@ -10,6 +10,10 @@ from typing import Any, ContextManager
 import torch
 
 
+# Full precision: the forward pass runs in a context that does nothing (one object, entered once per step).
+_NO_AUTOCAST = contextlib.nullcontext()
+
+
 class AmpPolicy:
     """``use_amp`` resolved for a device, and the GradScaler steps of the loop's updates.
 
@@ -75,7 +79,7 @@ class AmpPolicy:
     def autocast(self) -> ContextManager[Any]:
         """The context the forward pass runs in: ``torch.autocast`` for the mode, or a no-op."""
         if self.mode is None:
-            return contextlib.nullcontext()
+            return _NO_AUTOCAST
         return torch.autocast(device_type=self.device_type, dtype=self.dtype)
 
     def scale(self, loss: Any) -> Any:
@@ -84,7 +88,7 @@ class AmpPolicy:
             return loss
         return self.scaler.scale(loss) if isinstance(loss, torch.Tensor) else loss.scale(self.scaler)
 
-    def unscale(self, optimizers: list[Any]) -> None:
+    def unscale(self, optimizers: Sequence[Any]) -> None:
         """Under fp16, divide the gradients of ``optimizers`` by the loss scale, once per update, so that callbacks
         see and clip the real gradients."""
         if self.uses_scaler:

@@ -20,14 +20,19 @@ Usage: python benchmarks/loop_overhead.py [--repeats N] [--tiny] [--compile [--b
                                           [--device cuda] [--model resnet18 [--image-size S] [--batch-size B]]
 """
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 from torch import nn
 
-from aitoolbox_like import TrainLoop, TTBasicModel
-from aitoolbox_like.callbacks.abstract import AbstractCallback
+# The checkout this file is in, whatever aitoolbox_like the environment has installed (a second worktree measured
+# with the first one's venv would otherwise time the other code).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from aitoolbox_like import TrainLoop, TTBasicModel  # noqa: E402
+from aitoolbox_like.callbacks.abstract import AbstractCallback  # noqa: E402
 
 PER_STEP_HOOKS = ('on_batch_begin', 'on_after_backward', 'on_after_gradient_update', 'on_after_optimizer_step',
                   'on_batch_end')

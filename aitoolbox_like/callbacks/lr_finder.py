@@ -187,7 +187,6 @@ def find_lr(loop: 'TrainLoop', start_lr: float = 1e-7, end_lr: float = 10., num_
     criterion = loop.criterion
     # The precision the loop resolved (use_amp=True on CPU is full precision there, without a second warning).
     amp = AmpPolicy(False if loop.precision == 'fp32' else (loop.amp_scaler_init or loop.precision), loop.device)
-    scaler = amp.scaler
 
     rng = loop_state.capture_rng_state(loop)
     tried: List[float] = []
@@ -201,16 +200,12 @@ def find_lr(loop: 'TrainLoop', start_lr: float = 1e-7, end_lr: float = 10., num_
             batch = next(batches)
             with amp.autocast():
                 loss = _scalar_loss(feed.get_loss(batch, criterion, loop.device))
-            (scaler.scale(loss) if amp.uses_scaler else loss).backward()
+            amp.scale(loss).backward()
             optimizers = optimizer.optimizer_list if isinstance(optimizer, MultiOptimizer) else [optimizer]
             for opt in optimizers:
-                if amp.uses_scaler:
-                    scaler.step(opt)
-                else:
-                    opt.step()
+                amp.step(opt)
                 opt.zero_grad()
-            if amp.uses_scaler:
-                scaler.update()
+            amp.update(optimizers, [True] * len(optimizers))
             value = float(loss.detach())     # the sweep reads each loss: it decides when to stop
             average = beta * average + (1. - beta) * value
             smooth = average / (1. - beta ** (step + 1))

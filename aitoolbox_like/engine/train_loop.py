@@ -715,9 +715,13 @@ class TrainLoop:
         then per optimizer on_after_gradient_update, its step, on_after_optimizer_step and zero_grad, and the
         GradScaler's update. ``update_applied`` says which optimizers changed the weights."""
         optimizers, fire, amp = self.optimizers, self.callbacks_handler.fire, self._amp
-        indices = range(len(optimizers)) if indices is None else indices
-        applied = self.update_applied = [i in indices for i in range(len(optimizers))]
-        amp.unscale([optimizers[i] for i in indices])
+        if indices is None:
+            indices, chosen = range(len(optimizers)), optimizers
+            applied = self.update_applied = [True] * len(optimizers)
+        else:
+            chosen = [optimizers[i] for i in indices]
+            applied = self.update_applied = [i in indices for i in range(len(optimizers))]
+        amp.unscale(chosen)
         for idx in indices:
             self.optimizer_idx = idx
             fire('on_after_gradient_update', idx)

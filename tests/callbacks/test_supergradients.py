@@ -20,8 +20,7 @@ from aitoolbox_like.callbacks import supergradients as sg
 from aitoolbox_like.callbacks.supergradients import (SG_METHOD_HOOKS, Callback, Phase, PhaseCallback, PhaseContext,
                                                      multi_process_safe)
 from aitoolbox_like.tracking import TrainLoopCheckpoint
-
-EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'examples')
+from helpers import EXAMPLES_DIR
 
 
 class Net(TTModel):

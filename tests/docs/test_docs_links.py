@@ -1,5 +1,5 @@
-"""Every relative link of README.md, docs/**/*.md and examples/**/*.md resolves where people read these files: in
-the repository's file tree, as GitHub renders it (the documentation site is checked by the strict build of
+"""Every relative link of README.md, CONTRIBUTING.md, tests/support/README.md, docs/**/*.md and examples/**/*.md
+resolves where people read these files: in the repository's file tree, as GitHub renders it (the documentation site is checked by the strict build of
 tests/docs/test_docs.py, which mkdocs_hooks.py feeds with the same links).
 
 A relative link must name a file or folder of the repository (from the linking file's folder, inside the
@@ -29,7 +29,8 @@ _HTML_ANCHOR = re.compile(r'<a\b[^>]*?\b(?:name|id)\s*=\s*["\']([^"\']+)["\']', 
 
 
 def doc_files():
-    return [ROOT / 'README.md'] + sorted((ROOT / 'docs').rglob('*.md')) + sorted((ROOT / 'examples').rglob('*.md'))
+    return [ROOT / 'README.md', ROOT / 'CONTRIBUTING.md', ROOT / 'tests' / 'support' / 'README.md'] + \
+        sorted((ROOT / 'docs').rglob('*.md')) + sorted((ROOT / 'examples').rglob('*.md'))
 
 
 def _prose(text):

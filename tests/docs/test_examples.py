@@ -1,6 +1,5 @@
 """The shipped example must keep working, keep learning, and resume with one argument."""
 import glob
-import importlib.util
 import os
 
 import matplotlib.image
@@ -9,14 +8,7 @@ import pytest
 from aitoolbox_like.checkpoint import load_checkpoint
 from aitoolbox_like.integrations.ray import CHECKPOINT_FILE_NAME
 
-EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'examples')
-
-
-def load_example(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(EXAMPLES_DIR, f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import EXAMPLES_DIR, load_example
 
 
 def test_digits_example_learns_writes_artifacts_and_resumes(tmp_path):

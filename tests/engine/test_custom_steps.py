@@ -10,8 +10,7 @@ from torch import nn
 
 from aitoolbox_like import MultiLoss, StopTraining, TrainLoop
 from aitoolbox_like.callbacks.abstract import AbstractCallback
-from helpers import MLP, loaders, state_equal
-from test_examples import load_example
+from helpers import MLP, load_example, loaders, state_equal
 
 gan = load_example('gan_digits')
 sam = load_example('sam_digits')

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'examples')
+from helpers import EXAMPLES_DIR
 
 
 @pytest.fixture(scope='module')

@@ -1,4 +1,5 @@
-"""Small models and data shared by the tests."""
+"""Small models and data shared by the tests, and the shipped examples loaded as modules."""
+import importlib.util
 import os
 
 import pytest
@@ -70,3 +71,14 @@ def experiment_dir(root, project='proj'):
     """The one experiment folder of ``project`` under the results folder ``root``."""
     [name] = os.listdir(os.path.join(root, project))
     return os.path.join(root, project, name)
+
+
+EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'examples')
+
+
+def load_example(name):
+    """examples/<name>.py as a module (its ``main`` not run)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(EXAMPLES_DIR, f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
