@@ -55,7 +55,7 @@ def default_fsdp_shard(model, min_num_params=FSDP_MIN_SHARD_PARAMS, **fully_shar
     """The default of ``fit(..., fsdp_shard_fn=None)``: ``fully_shard`` every sub-module holding at least
     ``min_num_params`` parameters (inner ones first, as fully_shard requires), then the root module, so each large
     block is gathered only while it computes. A small model ends up as one unit (the root)."""
-    from torch.distributed.fsdp import fully_shard     # not at import: it takes most of a second (distributed.py)
+    from torch.distributed.fsdp import fully_shard     # not at import: it takes most of a second (tensors.py)
 
     def shard_children(module):
         for child in module.children():
