@@ -57,6 +57,10 @@ class AmpPolicy:
                               f"CPU.", UserWarning, stacklevel=3)
             use_amp, scaler_kwargs = None, {}
         self.mode = use_amp
+        #: True when autocast is on (fp16 or bf16).
+        self.enabled = use_amp is not None
+        #: True for fp16, where losses are scaled through ``scaler`` before backward (read at every step: an attribute).
+        self.uses_scaler = use_amp == 'fp16'
         self.device_type = device.type
         dtypes: dict[str | None, torch.dtype] = {'fp16': torch.float16, 'bf16': torch.bfloat16}
         self.dtype = dtypes.get(use_amp)
@@ -65,16 +69,6 @@ class AmpPolicy:
                                            enabled=use_amp == 'fp16', **scaler_kwargs)
         self._step_counters: dict[int, tuple[Any, list[int] | None]] = {}   # id(optimizer) -> (it, its steps)
         self._last_scale: float | None = None
-
-    @property
-    def enabled(self) -> bool:
-        """True when autocast is on (fp16 or bf16)."""
-        return self.mode is not None
-
-    @property
-    def uses_scaler(self) -> bool:
-        """True for fp16, where losses must be scaled through ``scaler`` before backward."""
-        return self.mode == 'fp16'
 
     def autocast(self) -> ContextManager[Any]:
         """The context the forward pass runs in: ``torch.autocast`` for the mode, or a no-op."""

@@ -36,7 +36,7 @@ def fit(callbacks, optimizer_fn=single, fake_fp16=False, **fit_kwargs):
     loop = TrainLoop(model, train, val, None, optimizer_fn(model), nn.CrossEntropyLoss(), progress_bar=False)
     if fake_fp16:
         # A real GradScaler on CPU, driven by the loop as under use_amp='fp16' on CUDA.
-        loop._amp.mode = 'fp16'
+        loop._amp.mode, loop._amp.uses_scaler = 'fp16', True
         loop._amp.autocast = contextlib.nullcontext
         loop.amp_scaler = loop._amp.scaler = torch.amp.GradScaler('cpu', init_scale=2. ** 10)
     loop.fit(num_epochs=EPOCHS, callbacks=callbacks, **fit_kwargs)

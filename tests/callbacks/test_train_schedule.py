@@ -248,7 +248,7 @@ def fake_fp16_loop(optimizer_fn, poisoned_batches, num_batches=8):
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y, poison), batch_size=4)
     model = InfOnBatches()
     loop = TrainLoop(model, data, None, None, optimizer_fn(model), nn.CrossEntropyLoss(), end_auto_eval=False)
-    loop._amp.mode = 'fp16'
+    loop._amp.mode, loop._amp.uses_scaler = 'fp16', True
     loop._amp.autocast = contextlib.nullcontext
     loop.amp_scaler = loop._amp.scaler = torch.amp.GradScaler('cpu', init_scale=2. ** 8)
     return loop
