@@ -353,6 +353,10 @@ def test_more_tasks_on_a_node_than_gpus_is_refused_naming_the_fix():
 
 
 TUNE_TRIALS = 2
+# A trial's epochs (~0.35 s each here): the time-limit warning must reach both tasks inside their first trial, after
+# its first epoch; with 8 the window was ~2.5 s, which a loaded machine's polling and scancel sometimes missed (a task
+# then finished its trial and the study's last one before the warning, and never requeued).
+TUNE_EPOCHS = 20
 
 
 def _tune_array_script(out_dir):
@@ -361,7 +365,7 @@ def _tune_array_script(out_dir):
     recipe = REPO_ROOT / 'examples' / 'recipes' / 'digits.yaml'
     return write_batch_script(
         out_dir / 'tune.sh',
-        f"srun {console} tune {recipe} fit.num_epochs=8 vars.output_dir={out_dir / 'runs'} --trials {TUNE_TRIALS} "
+        f"srun {console} tune {recipe} fit.num_epochs={TUNE_EPOCHS} vars.output_dir={out_dir / 'runs'} --trials {TUNE_TRIALS} "
         f"--param 'optimizer.lr=loguniform(1e-3,1e-2)' --monitor val_loss --mode min "
         f"--storage sqlite:///{out_dir / 'study.db'} --output {out_dir / 'results'}",
         '--array=0-1', '--ntasks=1', '--requeue', f'--output={out_dir}/tune-%a.out', '--open-mode=append')
