@@ -1,4 +1,5 @@
 """ModelLoadContinueTraining: continue training from a saved checkpoint of an earlier experiment."""
+import copy
 import logging
 import os
 from typing import Any, Dict, Optional, Tuple
@@ -20,9 +21,11 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
     As in AIToolbox, the weights, the optimizer state and the grad scaler are loaded when the callback is
     registered (so a loop can predict with them without training); the rest when ``fit`` starts.
 
-    The full state is restored (weights, optimizer, schedulers, grad scaler, counters, history, callbacks'
-    state, RNG, position in the epoch), so the result equals the uninterrupted run. ``fit(resume_from=...)``
-    does the same without a callback.
+    The training state is restored (weights, optimizer, schedulers, grad scaler, counters, callbacks' state, RNG,
+    position in the epoch), so the weights equal the uninterrupted run's. The training history is AIToolbox's: it
+    holds the epochs trained after the checkpoint was loaded (AIToolbox code reads it so), unless
+    ``restore_history=True``, which restores the saved history too, so that it holds every epoch of the run, as
+    ``fit(resume_from=...)`` does.
 
     Args:
         saved_experiment_timestamp (str): timestamp of the experiment folder to load from.
@@ -42,6 +45,8 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
         cloud_save_mode: see project_name.
         bucket_name: see project_name.
         cloud_dir_prefix: see project_name.
+        restore_history (bool): also restore the checkpoint's training history (keyword only; default False,
+            AIToolbox's result: the history of the continued fit only).
         **kwargs: ``endpoint_url`` (the cloud's endpoint; None: the client's own resolution), ``map_location``
             (default 'cpu'), ``allow_unsafe_pickle`` (default False: a checkpoint that holds pickled Python
             objects is refused; only set it for files you trust).
@@ -58,7 +63,7 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
                  custom_local_loader_class: Any = None, project_name: Optional[str] = None,
                  experiment_name: Optional[str] = None, local_model_result_folder_path: Optional[str] = None,
                  cloud_save_mode: Optional[str] = None, bucket_name: Optional[str] = None,
-                 cloud_dir_prefix: Optional[str] = None, **kwargs: Any) -> None:
+                 cloud_dir_prefix: Optional[str] = None, *, restore_history: bool = False, **kwargs: Any) -> None:
         super().__init__('Model loading and initialization from checkpoint before training', project_name,
                          experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
                          cloud_dir_prefix, execution_order=-10, device_idx_execution=None)
@@ -74,6 +79,7 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
         self.ignore_saved_schedulers = ignore_saved_schedulers
         self.ignore_missing_saved_schedulers = ignore_missing_saved_schedulers
         self.used_data_parallel = used_data_parallel
+        self.restore_history = restore_history
         self.map_location = kwargs.get('map_location', 'cpu')
         self.allow_unsafe_pickle = kwargs.get('allow_unsafe_pickle', False)
         self.endpoint_url = kwargs.get('endpoint_url')
@@ -93,6 +99,9 @@ class ModelLoadContinueTraining(AbstractExperimentCallback):
             schedulers = {cb.state_key for cb in loop.get_schedulers()}
             checkpoint['callbacks'] = {k: v for k, v in checkpoint.get('callbacks', {}).items()
                                        if k.split('#')[0] not in schedulers}
+        if not self.restore_history and checkpoint.get('kind') == loop_state.CHECKPOINT_KIND:
+            # AIToolbox's continued run keeps the loop's own history, which then holds the epochs trained from here.
+            checkpoint['train_history'] = copy.deepcopy(loop.train_history.state_dict())
         # The loop's own experiment (None on a plain TrainLoop without savers); adopted only when it is the one
         # the checkpoint came from.
         experiment = get_experiment(loop)

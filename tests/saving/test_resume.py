@@ -109,6 +109,21 @@ def test_model_load_continue_training_callback_resumes_the_same_way(tmp_path):
     assert resumed.experiment_timestamp == first.experiment_timestamp
     # No empty folder was made for a new experiment id.
     assert os.listdir(tmp_path / 'interrupted' / 'results' / 'proj') == [f'run_{first.experiment_timestamp}']
+    # AIToolbox's history of a continued fit: the epochs trained after loading (epoch 2), with their values.
+    assert resumed.train_history.get_epochs('val_loss') == [2]
+    assert resumed.train_history['val_loss'] == reference.train_history['val_loss'][2:]
+
+
+def test_model_load_continue_training_restores_the_whole_history_when_asked(tmp_path):
+    reference = _reference(tmp_path, epochs=3)
+    first = _loop(tmp_path / 'interrupted')
+    first.fit(num_epochs=2, callbacks=_callbacks())
+    resumed = _loop(tmp_path / 'interrupted', seed=11)
+    loader = ModelLoadContinueTraining(first.experiment_timestamp, epoch_num=1, restore_history=True)
+    resumed.fit(num_epochs=3, callbacks=_callbacks() + [loader])
+    assert_same_weights(weights(resumed.model), weights(reference.model))
+    assert resumed.train_history.train_history == reference.train_history.train_history
+    assert resumed.train_history.get_epochs('val_loss') == [0, 1, 2]
 
 
 def _start_script(warm, out_dir, result, *args):

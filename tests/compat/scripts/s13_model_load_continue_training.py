@@ -77,7 +77,6 @@ tl = TrainLoopCheckpoint(model, train_loader, val_loader, None, optimizer, nn.NL
                          cloud_save_mode=None)
 tl.fit(num_epochs=2, callbacks=[StepLRScheduler(step_size=1, gamma=0.5)])
 saved_ts = tl.experiment_timestamp
-first_run_loss = list(tl.train_history['loss'])
 first_run_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 # ---- continue in a new loop, as in a new process: fresh objects, load the E1 checkpoint ----
@@ -101,9 +100,8 @@ for k, v in first_run_weights.items():
 assert abs(snapshot.start_lr - 0.0025) < 1e-12, snapshot.start_lr
 assert abs(optimizer2.param_groups[0]['lr'] - 0.000625) < 1e-12
 # AIToolbox's resume restores weights, optimizer, schedulers and the epoch, so the new loop's history holds the
-# 2 resumed epochs; the drop-in library restores the full state, history included (a documented difference): 2 + 2.
-assert len(tl2.train_history['loss']) - 2 in (0, len(first_run_loss))
-assert tl2.train_history['loss'][:-2] in ([], first_run_loss)
+# 2 resumed epochs.
+assert len(tl2.train_history['loss']) == 2, tl2.train_history['loss']
 
 # the same checkpoint can also be resumed inside a TrainLoopCheckpoint of the same experiment
 model3 = DigitsMLP()
