@@ -166,6 +166,14 @@ def test_only_the_hooks_behind_the_used_methods_are_called():
         ['on_train_epoch_end']
 
 
+def read_field(context, name):
+    """A context field, or the NoExperimentFolderError reading it raises (ckpt_dir without an experiment)."""
+    try:
+        return getattr(context, name)
+    except sg.NoExperimentFolderError as error:
+        return error
+
+
 class Snapshot(PhaseCallback):
     """Records what the context holds when its phase runs."""
 
@@ -174,7 +182,7 @@ class Snapshot(PhaseCallback):
         self.calls = []
 
     def __call__(self, context):
-        self.calls.append({name: getattr(context, name) for name in (
+        self.calls.append({name: read_field(context, name) for name in (
             'epoch', 'batch_idx', 'inputs', 'target', 'additional_batch_items', 'preds', 'loss', 'loss_log_items',
             'loss_logging_items_names', 'net', 'optimizer', 'criterion', 'device', 'train_loader', 'valid_loader',
             'test_loader', 'ckpt_dir', 'metrics_dict', 'ddp_silent_mode')} | {'loop_loss': context.loop.loss,
@@ -225,7 +233,9 @@ def test_phase_callbacks_run_at_their_phases_with_the_real_tensors():
     assert pre['net'] is model and pre['optimizer'] is loop.optimizer and pre['criterion'] is criterion
     assert pre['device'] == loop.device and pre['train_loader'] is loop.train_loader
     assert pre['valid_loader'] is loop.validation_loader and pre['test_loader'] is loop.test_loader
-    assert pre['ckpt_dir'] is None and pre['ddp_silent_mode'] is False       # no experiment: no checkpoint folder
+    assert pre['ddp_silent_mode'] is False
+    # no experiment: no checkpoint folder, and reading it says how to get one
+    assert isinstance(pre['ckpt_dir'], sg.NoExperimentFolderError) and 'ModelCheckpoint' in str(pre['ckpt_dir'])
     best = calls[Phase.VALIDATION_END_BEST_EPOCH][-1]
     assert best['metrics_dict']['val_loss'] == loop.train_history['val_loss'][best['epoch']]
 
@@ -596,18 +606,23 @@ def test_multi_process_safe_runs_only_on_the_main_process(monkeypatch):
 
 def test_phase_context_has_the_fields_the_sg_pages_name():
     names = ('epoch batch_idx optimizer metrics_dict inputs preds target metrics_compute_fn loss_avg_meter '
-             'loss_log_items criterion device experiment_name ckpt_dir net lr_warmup_epochs train_loader '
+             'loss_log_items criterion device experiment_name net lr_warmup_epochs train_loader sg_logger '
              'valid_loader test_loader training_params ddp_silent_mode architecture metric_to_watch valid_metrics '
-             'ema_model loss_logging_items_names checkpoints_dir_path valid_loaders_dict stop_training loss').split()
+             'ema_model loss_logging_items_names valid_loaders_dict stop_training loss').split()
     context = PhaseContext(make_loop())
     missing = [name for name in names if not hasattr(context, name)]
     assert missing == []
+    # the checkpoint folder of a loop without an experiment folder: an error naming the fix, not os.path.join's
+    for name in ('ckpt_dir', 'checkpoints_dir_path'):
+        with pytest.raises(sg.NoExperimentFolderError, match=r'PhaseContext.ckpt_dir: the TrainLoop has no '
+                                                              r'experiment folder.*ModelCheckpoint'):
+            os.path.join(getattr(context, name), 'batch_images')
     # SG's fields with no counterpart here: reading one names it
-    for name in ('sg_logger', 'checkpoint_params', 'arch_params', 'context_methods', 'metric_idx_in_results_tuple'):
+    for name in ('checkpoint_params', 'arch_params', 'context_methods', 'metric_idx_in_results_tuple'):
         with pytest.raises(sg.UnavailableFieldError, match=f'PhaseContext.{name} is not available'):
             getattr(context, name)
-    context.sg_logger = 'mine'          # assigned, it is the callback's own value
-    assert context.sg_logger == 'mine'
+    context.checkpoint_params = 'mine'          # assigned, it is the callback's own value
+    assert context.checkpoint_params == 'mine'
     assert [p.name for p in Phase] == ['PRE_TRAINING', 'TRAIN_EPOCH_START', 'TRAIN_BATCH_END', 'TRAIN_BATCH_STEP',
                                        'TRAIN_EPOCH_END', 'VALIDATION_BATCH_END', 'VALIDATION_EPOCH_END',
                                        'VALIDATION_END_BEST_EPOCH', 'TEST_BATCH_END', 'TEST_END',

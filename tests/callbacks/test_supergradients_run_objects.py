@@ -225,9 +225,9 @@ def test_a_metric_nothing_fed_has_no_value():
 
 
 def test_a_field_with_no_counterpart_names_itself_to_the_callback_reading_it():
-    seen = Seen(Phase.TRAIN_EPOCH_END, lambda c: c.sg_logger.add_scalar('loss', 1.0))
-    with pytest.raises(UnavailableFieldError, match=r"PhaseContext.sg_logger is not available.*SuperGradients' "
-                                                    r'logger object'):
+    seen = Seen(Phase.TRAIN_EPOCH_END, lambda c: c.arch_params.num_classes)
+    with pytest.raises(UnavailableFieldError, match=r"PhaseContext.arch_params is not available.*SG's model-zoo "
+                                                    r'architecture settings'):
         make_loop().fit(num_epochs=1, callbacks=[seen])
     assert Seen(Phase.TRAIN_EPOCH_END, None).hooks_in_use() == ['on_train_epoch_end']
 

@@ -83,3 +83,21 @@ def test_callback_classes_are_found_by_their_bases():
     }
     found = {module.path: module.classes for module in find_callback_modules(sources)}
     assert found == {'super_gradients/a.py': ['Base'], 'super_gradients/b.py': ['Sub']}
+
+
+def test_the_stand_ins_of_the_visualisation_callbacks_helpers():
+    import torch
+
+    from tools.sg_check.stand_ins import (draw_segmentation_masks, maybe_all_gather_as_list,
+                                          maybe_all_reduce_tensor_average, tensor_container_to_device)
+    image = torch.full((3, 2, 2), 100, dtype=torch.uint8)
+    masks = torch.tensor([[[True, False], [False, False]], [[False, True], [False, False]]])
+    drawn = draw_segmentation_masks(image, masks, alpha=0.4, colors=['green', 'red'])
+    # torchvision's blend: the image at 60%, the mask's colour at 40%; pixels without a mask unchanged
+    assert drawn[:, 0, 0].tolist() == [60, 111, 60] and drawn[:, 0, 1].tolist() == [162, 60, 60]
+    assert drawn[:, 1, 1].tolist() == [100, 100, 100] and drawn.dtype == torch.uint8
+    # one process: the value itself, gathered as a list of one
+    value = torch.tensor(2.0)
+    assert maybe_all_reduce_tensor_average(value) is value and maybe_all_gather_as_list('x') == ['x']
+    nested = tensor_container_to_device({'a': (torch.ones(1, requires_grad=True), 3)}, 'cpu', detach=True)
+    assert not nested['a'][0].requires_grad and nested['a'][1] == 3 and isinstance(nested['a'], tuple)

@@ -24,31 +24,34 @@ from torch.utils.data import DataLoader
 
 from .fixtures import ConstantMetric, EpochLoss, Net, loader, named
 from .tally import Expectation, Tally, Watch
-from .trainer import Run, Trainer
+from .trainer import ParamsTrainer, Run, Trainer
 
 # SG callback classes the check does not run, and why (docs/callbacks/supergradients.md lists them too).
-SG_LOGGER = "writes into SuperGradients' logger object (context.sg_logger), which has no counterpart here"
 NOT_RUN = {
-    'ModelConversionCheckCallback': 'exports the model to ONNX and runs it in onnxruntime (ONNX export is outside '
-                                    'the training loop; SG pins onnx / onnxruntime 1.15)',
-    'DeciLabUploadCallback': "uploads the trained model to Deci's platform (DeciClient)",
-    'DetectionVisualizationCallback': "draws with SG's detection model-zoo utilities (DetectionVisualization, "
-                                      f'a post-prediction callback) and OpenCV; {SG_LOGGER}',
-    'BinarySegmentationVisualizationCallback': "draws with SG's segmentation visualisation and OpenCV; "
-                                               f'{SG_LOGGER}',
-    'TimerCallback': f"times with OpenCV's tick counter; {SG_LOGGER}",
-    'ExtremeBatchCaseVisualizationCallback': f'pads images with OpenCV; {SG_LOGGER}',
-    'ExtremeBatchDetectionVisualizationCallback': "SG's detection model-zoo visualisation and OpenCV; "
-                                                  f'{SG_LOGGER}',
-    'ExtremeBatchSegVisualizationCallback': f"torchvision's draw_segmentation_masks and OpenCV; {SG_LOGGER}",
-    'ExtremeBatchPoseEstimationVisualizationCallback': "SG's pose model-zoo visualisation and OpenCV; "
-                                                       f'{SG_LOGGER}',
+    'ModelConversionCheckCallback': 'exports the model to ONNX and runs it in onnxruntime: a model-export check, not '
+                                    'training (needs onnx and onnxruntime; SG pins 1.15)',
+    'DeciLabUploadCallback': "uploads the trained model to Deci's platform (needs Deci's DeciClient and an account)",
+    'DetectionVisualizationCallback': "draws with SG's detection model zoo (DetectionVisualization and a detection "
+                                      "model's post-prediction callback)",
+    'BinarySegmentationVisualizationCallback': "draws with SG's segmentation model-zoo visualisation "
+                                               '(BinarySegmentationVisualization)',
+    'ExtremeBatchDetectionVisualizationCallback': "draws with SG's detection model zoo (DetectionVisualization, "
+                                                  "box-format helpers, a detection model's post-prediction callback)",
+    'ExtremeBatchPoseEstimationVisualizationCallback': "draws with SG's pose-estimation model zoo (PoseVisualization, "
+                                                       'its pose predictions and samples)',
     'PPYoloETrainingStageSwitchCallback': "switches SG's PPYoloELoss (the loss of its PP-YOLOE detection models) to "
                                           'its task-aligned assigner, and refuses any other criterion',
-    'DEKRVisualizationCallback': f"decodes with SG's DEKR pose model and draws with OpenCV; {SG_LOGGER}",
+    'DEKRVisualizationCallback': "decodes with SG's DEKR pose-estimation model (its post-prediction decoding)",
     'WandBDetectionValidationPredictionLoggerCallback': "uploads SG detection-model predictions (SG's prediction "
                                                         'classes) to Weights & Biases',
 }
+
+# The scenarios run a second time through the adapter's TrainingParamsCallback (what a user moving an SG setup
+# over runs), against the same numbers of SG's tests.
+PARAMS_SCENARIOS = ('scenario_lr_warmup', 'scenario_lr_warmup_with_lr_scheduling', 'scenario_warmup_linear_batch_step',
+                    'scenario_warmup_linear_epoch_step', 'scenario_custom_lr_warmup', 'scenario_lr_cooldown',
+                    'scenario_torch_schedulers')
+PARAMS_LABEL = ' [TrainingParamsCallback]'
 
 
 # ---- the scenarios -----------------------------------------------------------------------------------------------
@@ -67,16 +70,31 @@ class Scenarios:
         self.tally = tally
         self.method_names = list(getattr(adapter, 'SG_METHOD_HOOKS', {})) + [
             'on_average_best_models_validation_start', 'on_average_best_models_validation_end']
+        self.via: Any = trainer     # who trains: SG's trainer (SG's classes) or the adapter's TrainingParamsCallback
+        self.label = ''
 
     def run_all(self) -> None:
         for name in sorted(n for n in dir(self) if n.startswith('scenario_')):
             getattr(self, name)()
+        if hasattr(self.adapter, 'TrainingParamsCallback'):
+            self.via, self.label = ParamsTrainer(self.adapter), PARAMS_LABEL
+            try:
+                for name in PARAMS_SCENARIOS:
+                    getattr(self, name)()
+            finally:
+                self.via, self.label = self.trainer, ''
+
+    def expect(self, test: str, expected: Any, **tolerance: Any) -> Expectation:
+        """An expectation of SG's ``test``, named with the way it was trained."""
+        return Expectation(test + self.label, expected, **tolerance)
 
     def attempt(self, subjects: Sequence[str], expectations: Sequence[Expectation],
                 body: Callable[['Watch'], None]) -> None:
         """Run ``body`` (which trains and fills ``expectations``' actual values); an exception is the error of each
         subject that has not run and of each expectation left without a value."""
         watch = Watch(self.tally, self.method_names)
+        if self.label:      # SG's classes named here are replaced by the adapter's in these runs
+            subjects = [subject for subject in subjects if subject == 'TestLRCallback']
         try:
             body(watch)
         except Exception as exc:      # the check reports every failure and goes on
@@ -95,16 +113,19 @@ class Scenarios:
 
     def train(self, watch: Watch, params: Dict[str, Any], train: DataLoader, valid: DataLoader,
               criterion: Any = None, model: Any = None, test: Any = None) -> Run:
-        return self.trainer.train(params, model or Net(), criterion if criterion is not None else nn.CrossEntropyLoss(),
-                                  train, valid, test, watch=watch)
+        return self.via.train(params, model or Net(), criterion if criterion is not None else nn.CrossEntropyLoss(),
+                              train, valid, test, watch=watch)
 
     # ---- lr_warmup_test.py -------------------------------------------------------------------------------------
 
     def lr_params(self, **params: Any) -> Dict[str, Any]:
-        return {'initial_lr': 1, 'optimizer_params': self.SGD, **params}
+        """The params of SG's learning-rate tests: an Accuracy metric watched (a constant here), SGD."""
+        accuracy = named(ConstantMetric, 'Accuracy')
+        return {'initial_lr': 1, 'optimizer_params': self.SGD, 'train_metrics_list': [accuracy([1])],
+                'valid_metrics_list': [accuracy([1])], 'metric_to_watch': 'Accuracy', **params}
 
     def scenario_lr_warmup(self) -> None:
-        expectation = Expectation('lr_warmup_test.test_lr_warmup', [0.25, 0.5, 0.75, 1.0, 1.0])
+        expectation = self.expect('lr_warmup_test.test_lr_warmup', [0.25, 0.5, 0.75, 1.0, 1.0])
 
         def body(watch: Watch) -> None:
             lrs: List[float] = []
@@ -117,7 +138,7 @@ class Scenarios:
                      [expectation], body)
 
     def scenario_lr_warmup_with_lr_scheduling(self) -> None:
-        expectation = Expectation('lr_warmup_test.test_lr_warmup_with_lr_scheduling',
+        expectation = self.expect('lr_warmup_test.test_lr_warmup_with_lr_scheduling',
                                   [0.25, 0.5, 0.75, 0.9236067977499791, 0.4763932022500211], rtol=1e-6)
 
         def body(watch: Watch) -> None:
@@ -144,9 +165,9 @@ class Scenarios:
         return CollectLR()
 
     def scenario_warmup_linear_batch_step(self) -> None:
-        warmup = Expectation('lr_warmup_test.test_warmup_linear_batch_step (the 100 warm-up steps)',
+        warmup = self.expect('lr_warmup_test.test_warmup_linear_batch_step (the 100 warm-up steps)',
                              np.linspace(0.05, 1, 100).tolist(), rtol=1e-4)
-        cosine = Expectation('lr_warmup_test.test_warmup_linear_batch_step (the cosine steps after them)',
+        cosine = self.expect('lr_warmup_test.test_warmup_linear_batch_step (the cosine steps after them)',
                              None, rtol=1e-4)
 
         def body(watch: Watch) -> None:
@@ -163,7 +184,7 @@ class Scenarios:
         self.attempt(['LinearBatchLRWarmup'], [warmup, cosine], body)
 
     def scenario_warmup_linear_epoch_step(self) -> None:
-        expectation = Expectation('lr_warmup_test.test_warmup_linear_epoch_step', [4.0, 3.0, 2.0, 1.0, 1.0])
+        expectation = self.expect('lr_warmup_test.test_warmup_linear_epoch_step', [4.0, 3.0, 2.0, 1.0, 1.0])
 
         def body(watch: Watch) -> None:
             collect = self.collector()
@@ -178,8 +199,10 @@ class Scenarios:
         """A user's warm-up on SG's LRCallbackBase, as the test's: from warmup_initial_lr at epoch 0 to initial_lr
         at epoch lr_warmup_epochs, along exp(epoch)."""
         phase = self.adapter.Phase.TRAIN_EPOCH_START
+        # a user's class on SG's base; moved over, on the adapter's
+        base = self.adapter.LRCallbackBase if self.label else self.cb.LRCallbackBase
 
-        class ExponentialWarmup(self.cb.LRCallbackBase):
+        class ExponentialWarmup(base):
             def __init__(self, **kwargs: Any) -> None:
                 super().__init__(phase, **kwargs)
                 start = self.training_params.warmup_initial_lr
@@ -197,7 +220,7 @@ class Scenarios:
         return ExponentialWarmup
 
     def scenario_custom_lr_warmup(self) -> None:
-        expectation = Expectation('lr_warmup_test.test_custom_lr_warmup',
+        expectation = self.expect('lr_warmup_test.test_custom_lr_warmup',
                                   [0.1, 0.18102751585334242, 0.40128313980266034, 1.0, 1.0], rtol=1e-6)
 
         def body(watch: Watch) -> None:
@@ -213,7 +236,7 @@ class Scenarios:
     # ---- lr_cooldown_test.py -----------------------------------------------------------------------------------
 
     def scenario_lr_cooldown(self) -> None:
-        expectation = Expectation('lr_cooldown_test.test_lr_cooldown_with_lr_scheduling',
+        expectation = self.expect('lr_cooldown_test.test_lr_cooldown_with_lr_scheduling',
                                   [0.25, 0.5, 0.75, 0.9236067977499791, 0.4763932022500211, 0.4763932022500211,
                                    0.4763932022500211], rtol=1e-6)
 
@@ -248,7 +271,7 @@ class Scenarios:
     def scenario_torch_schedulers(self) -> None:
         for test, scheduler, params, expected, epochs, resume in self.TORCH_SCHEDULERS:
             name = f'test_train_with_torch_scheduler ({test}{", a second fit continues" if resume else ""})'
-            expectation = Expectation(name, expected, atol=1e-8)
+            expectation = self.expect(name, expected, atol=1e-8)
 
             def body(watch: Watch, scheduler: str = scheduler, params: Dict[str, Any] = params,
                      epochs: int = epochs, resume: bool = resume, expectation: Expectation = expectation) -> None:
@@ -444,6 +467,92 @@ class Scenarios:
             if rows != [['digits', '0.25']]:
                 raise AssertionError(f'results.csv has {rows}')
         self.attempt(['RoboflowResultCallback'], [], body)
+
+
+    # ---- the callbacks writing into SG's logger (context.sg_logger, the adapter's facade) ------------------------
+
+    def logger_keeper(self) -> Any:
+        """An SG callback keeping the run's ``context.sg_logger``."""
+        class KeepLogger(self.adapter.Callback):
+            sg_logger: Any = None
+
+            def on_training_end(self, context: Any) -> None:
+                self.sg_logger = context.sg_logger
+        return KeepLogger()
+
+    def scenario_timer(self) -> None:
+        def body(watch: Watch) -> None:
+            keep = self.logger_keeper()
+            train, valid = loader(2, 6), loader(2, 4)
+            run = self.train(watch, self.lr_params(max_epochs=2, phase_callbacks=[self.cb.TimerCallback(), keep]),
+                             train, valid)
+            scalars = keep.sg_logger.scalars
+            per_epoch = len(train) + len(valid)         # SG's global batch step counts both loaders
+            steps = [step for step, _ in scalars['timer/train_batch_total_time_ms']]
+            expected = [epoch * per_epoch + i for epoch in range(2) for i in range(len(train))]
+            history = run.loop.train_history
+            if steps != expected or not all(ms >= 0 for _, ms in scalars['timer/train_batch_total_time_ms']) \
+                    or history.get_epochs('timer/epoch_total_time_sec') != [0, 1] \
+                    or len(scalars['timer/validation_batch_total_time_ms']) != 2 * len(valid):
+                raise AssertionError(f'TimerCallback logged {sorted(scalars)}, train steps {steps}')
+        self.attempt(['TimerCallback'], [], body)
+
+    def scenario_extreme_batch(self) -> None:
+        class HighestLossInputs(self.cb.ExtremeBatchCaseVisualizationCallback):
+            """A user's visualisation on SG's base: the inputs of the batch of highest loss, as HWC images."""
+            def process_extreme_batch(self) -> np.ndarray:
+                return (self.extreme_batch.permute(0, 2, 3, 1) * 255).to(torch.uint8).numpy()
+
+        def body(watch: Watch) -> None:
+            g = torch.Generator().manual_seed(0)
+            valid = DataLoader(torch.utils.data.TensorDataset(torch.rand(6, 3, 4, 4, generator=g),
+                                                              torch.randint(0, 5, (6,), generator=g)), batch_size=2)
+            keep = self.logger_keeper()
+            callback = HighestLossInputs(loss_to_monitor='CrossEntropyLoss', max=True)
+            run = self.train(watch, self.lr_params(max_epochs=2, phase_callbacks=[callback, keep]), loader(2, 4),
+                             valid)
+            model = run.loop.model.eval()
+            with torch.no_grad():
+                losses = [float(nn.functional.cross_entropy(model(x), y)) for x, y in valid]
+            x = list(valid)[int(np.argmax(losses))][0]
+            step, images = keep.sg_logger.images['valid/max_CrossEntropyLoss_batch']
+            if step != 1 or not np.array_equal(images, (x.permute(0, 2, 3, 1) * 255).to(torch.uint8).numpy()):
+                raise AssertionError(f'the logged batch is not the one of highest loss (losses {losses})')
+        self.attempt(['ExtremeBatchCaseVisualizationCallback'], [], body)
+
+    def scenario_extreme_batch_segmentation(self) -> None:
+        class SegNet(Net):
+            """Per-pixel classes of 4x4 images (a 1x1 convolution)."""
+            def __init__(self) -> None:
+                super().__init__()
+                self.fc = nn.Conv2d(3, 5, 1)
+
+            def forward(self, x: torch.Tensor) -> Any:
+                return self.fc(x)
+
+        def body(watch: Watch) -> None:
+            g = torch.Generator().manual_seed(1)
+            gray = torch.rand(6, 1, 4, 4, generator=g).expand(-1, 3, -1, -1).contiguous()
+            data = torch.utils.data.TensorDataset(gray, torch.randint(0, 5, (6, 4, 4), generator=g))
+            valid = DataLoader(data, batch_size=2)
+            keep = self.logger_keeper()
+            callback = self.cb.ExtremeBatchSegVisualizationCallback(loss_to_monitor='CrossEntropyLoss', max=False)
+            run = self.train(watch, self.lr_params(max_epochs=1, phase_callbacks=[callback, keep]),
+                             DataLoader(data, batch_size=2), valid, model=SegNet())
+            model = run.loop.model.eval()
+            with torch.no_grad():
+                batches = [(x, y, model(x)) for x, y in valid]
+            x, y, out = min(batches, key=lambda b: float(nn.functional.cross_entropy(b[2], b[1])))
+            # SG's drawing: the inputs scaled to 0..255, right pixels blended 40% green, wrong ones 40% red
+            scaled = ((x - x.min()) / (x - x.min()).max() * 255).to(torch.uint8).to(torch.float64)
+            right = (out.argmax(1) == y)[:, None]
+            colour = torch.where(right, torch.tensor([0., 128., 0.])[None, :, None, None],
+                                 torch.tensor([255., 0., 0.])[None, :, None, None])
+            expected = (scaled * 0.6 + colour * 0.4).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+            step, images = keep.sg_logger.images['valid/min_CrossEntropyLoss_batch']
+            if images.shape != (2, 4, 4, 3) or np.abs(images.astype(int) - expected.astype(int)).max() > 1:
+                raise AssertionError('the logged segmentation batch is not the lowest-loss one drawn green / red')
+        self.attempt(['ExtremeBatchSegVisualizationCallback'], [], body)
 
 
 KDOutput = namedtuple('KDOutput', ['student_output', 'teacher_output'])

@@ -111,3 +111,76 @@ class _NumPy1(types.ModuleType):
 
 
 numpy_1 = _NumPy1('numpy', 'NumPy, with the NumPy 1.x aliases SuperGradients 3.7.1 uses')
+
+
+# ---- SG's helpers of ExtremeBatchCaseVisualizationCallback (device, DDP gathers), with SG's behaviour ------------
+
+class _DeviceConfig:
+    """SG's ``device_config``: the device its metrics are moved to (CUDA when there is one)."""
+
+    @property
+    def device(self) -> str:
+        return 'cuda' if torch.cuda.is_available() else 'cpu'
+
+
+device_config = _DeviceConfig()
+
+
+def infer_model_device(model: torch.nn.Module) -> Optional[torch.device]:
+    """The device of the model's first parameter (or buffer), None without either."""
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        return tensor.device
+    return None
+
+
+def tensor_container_to_device(obj: Any, device: Any, non_blocking: bool = True, detach: bool = False) -> Any:
+    """Tensors inside tuples, lists and mappings moved to ``device`` (detached with ``detach``), structure kept."""
+    if isinstance(obj, torch.Tensor):
+        return (obj.detach() if detach else obj).to(device, non_blocking=non_blocking)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(tensor_container_to_device(x, device, non_blocking, detach) for x in obj)
+    if isinstance(obj, dict):
+        return {key: tensor_container_to_device(value, device, non_blocking, detach) for key, value in obj.items()}
+    return obj
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def maybe_all_reduce_tensor_average(tensor: torch.Tensor) -> torch.Tensor:
+    """The mean over the processes of a distributed run; the tensor itself otherwise."""
+    if not _distributed():
+        return tensor
+    total = tensor.clone()
+    torch.distributed.all_reduce(total)
+    return total / torch.distributed.get_world_size()
+
+
+def maybe_all_gather_as_list(inputs: Any) -> list:
+    """Every process's ``inputs``, in rank order (``[inputs]`` in one process)."""
+    if not _distributed():
+        return [inputs]
+    gathered: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, inputs)
+    return gathered
+
+
+# ---- torchvision's draw_segmentation_masks, for a torchvision that does not import here ----------------------------
+
+_COLOURS = {'green': (0, 128, 0), 'red': (255, 0, 0), 'blue': (0, 0, 255), 'white': (255, 255, 255),
+            'black': (0, 0, 0), 'yellow': (255, 255, 0)}
+
+
+def draw_segmentation_masks(image: torch.Tensor, masks: torch.Tensor, alpha: float = 0.8, colors: Any = None
+                            ) -> torch.Tensor:
+    """``torchvision.utils.draw_segmentation_masks``: a uint8 ``(3, H, W)`` image with each boolean mask of ``masks``
+    (``(N, H, W)`` or ``(H, W)``) blended in its colour (a name or an RGB tuple) with weight ``alpha``."""
+    if masks.dim() == 2:
+        masks = masks[None]
+    names = colors if isinstance(colors, (list, tuple)) and not isinstance(colors[0], int) else [colors] * len(masks)
+    painted = image.to(torch.float64).clone()
+    for mask, colour in zip(masks.bool(), names):      # a later mask covers an earlier one
+        painted[:, mask] = torch.tensor(_COLOURS[colour] if isinstance(colour, str) else colour,
+                                        dtype=torch.float64)[:, None]
+    return (image.to(torch.float64) * (1 - alpha) + painted * alpha).to(torch.uint8)

@@ -128,3 +128,41 @@ class Run:
     @property
     def lr(self) -> float:
         return float(self.loop.optimizer.param_groups[0]['lr'])
+
+
+class ParamsTrainer:
+    """The same runs through the adapter's own ``TrainingParamsCallback``: what a user moving an SG setup over does
+    (the TrainLoop's plain SGD optimizer, its one parameter group unnamed; the training params in one callback;
+    ``fit(num_epochs=max_epochs)``). The warm-ups and schedules are then the adapter's, checked against the same
+    numbers of SG's tests as SG's own classes.
+
+    Args:
+        adapter: the adapter module under check.
+    """
+
+    def __init__(self, adapter: Any) -> None:
+        self.adapter = adapter
+
+    def train(self, params: Dict[str, Any], model: torch.nn.Module, criterion: Any, train_loader: Any,
+              valid_loader: Any, test_loader: Any = None, watch: Optional[Callable[[List[Any]], None]] = None,
+              on_loop: Optional[Callable[[TrainLoop], None]] = None) -> 'Run':
+        """``TrainLoop.fit(num_epochs=max_epochs, callbacks=[TrainingParamsCallback(params)])``."""
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5, **dict(params.get('optimizer_params') or {}))
+        setup = self.adapter.TrainingParamsCallback(params)
+        if watch is not None:
+            watch(list(params.get('phase_callbacks') or []))
+        loop = TrainLoop(model, train_loader, valid_loader, test_loader, optimizer, criterion, progress_bar=False)
+        if on_loop is not None:
+            on_loop(loop)
+        run = ParamsRun(loop, [setup])
+        run.fit(setup.training_params.max_epochs)
+        return run
+
+
+class ParamsRun(Run):
+    """A run through ``TrainingParamsCallback``: continuing it to ``n`` epochs sets ``max_epochs`` to ``n`` first, as
+    SG's resume test trains again with a larger ``max_epochs``."""
+
+    def fit(self, num_epochs: int) -> None:
+        self.callbacks[0].training_params.max_epochs = num_epochs
+        self.loop.fit(num_epochs=num_epochs, callbacks=self.callbacks)

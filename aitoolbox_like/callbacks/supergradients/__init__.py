@@ -24,16 +24,28 @@ Which SG method runs on which hook (docs/callbacks/supergradients.md has the ful
     on_average_best_models_validation_start / _end      never (the loop does not average best models)
     on_training_end                    on_train_end (or on_exception when fit fails), once
 
+``TrainingParamsCallback(training_params)`` does what SG's ``Trainer.train`` does with an SG run's training params
+(warm-up, ``lr_mode``, the metrics lists and their updates, ``phase_callbacks``, ``metric_to_watch``, ...): put it in
+the same list, with ``fit(num_epochs=training_params['max_epochs'])``.
+
 The modules, one idea each: ``phases`` (Phase, which method runs on which hook, multi_process_safe), ``params``
 (TrainingParams, AverageMeter, SGMetricCollection), ``context`` (PhaseContext), ``callback`` (the adapter:
-Callback, PhaseCallback), ``images`` (save_image). Import from this package.
+Callback, PhaseCallback), ``lr`` (SG's learning-rate callbacks), ``trainer`` (TrainingParamsCallback,
+MetricsUpdateCallback), ``sg_logger`` (``context.sg_logger``), ``images`` (save_image). Import from this package.
 """
 from .callback import Callback, PhaseCallback
-from .context import PhaseContext, UnavailableFieldError
+from .context import NoExperimentFolderError, PhaseContext, UnavailableFieldError
 from .images import save_image
+from .lr import (CosineLRScheduler, ExponentialLRScheduler, FunctionLRScheduler, LinearBatchLRWarmup,
+                 LinearEpochLRWarmup, LRCallbackBase, LRSchedulerCallback, PolyLRScheduler, StepLRScheduler)
 from .params import AverageMeter, EpochLossMeter, SGMetricCollection, TrainingParams
 from .phases import PHASE_METHODS, SG_METHOD_HOOKS, Phase, multi_process_safe
+from .sg_logger import SGLogger
+from .trainer import MetricsUpdateCallback, TrainingParamsCallback
 
 __all__ = ['Phase', 'PhaseContext', 'Callback', 'PhaseCallback', 'multi_process_safe', 'save_image',
            'SG_METHOD_HOOKS', 'PHASE_METHODS', 'TrainingParams', 'AverageMeter', 'EpochLossMeter',
-           'SGMetricCollection', 'UnavailableFieldError']
+           'SGMetricCollection', 'UnavailableFieldError', 'NoExperimentFolderError', 'TrainingParamsCallback',
+           'MetricsUpdateCallback', 'LRCallbackBase', 'LinearEpochLRWarmup', 'LinearBatchLRWarmup', 'StepLRScheduler',
+           'ExponentialLRScheduler', 'PolyLRScheduler', 'CosineLRScheduler', 'FunctionLRScheduler',
+           'LRSchedulerCallback', 'SGLogger']

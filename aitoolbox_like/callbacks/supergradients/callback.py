@@ -12,6 +12,7 @@ import torch
 
 from ..abstract import AbstractCallback
 from .context import EVAL_PREFIXES, PhaseContext, context_for, epoch_metrics
+from .params import name_param_groups
 from .phases import (EVAL_BATCH_METHODS, EVAL_METHODS, NEVER_CALLED, PHASE_METHODS, SG_METHOD_HOOKS,
                      TRAIN_BATCH_METHODS, Phase)
 
@@ -28,6 +29,15 @@ def loss_entries(name: str, loss: Any) -> Dict[str, float]:
         parts = {f'{name}_{part}': float(value.item()) for part, value in loss.items()}
         return {**parts, name: float(sum(parts.values()))}
     return {name: float(loss.item()) if isinstance(loss, torch.Tensor) else float(loss)}
+
+
+def name_loop_param_groups(loop: 'TrainLoop') -> None:
+    """Name the unnamed parameter groups of the loop's optimizers as SG's trainer names its own (SG's learning-rate
+    callbacks look their rate up by the group's ``'name'``)."""
+    if loop.optimizer is None:
+        return
+    for optimizer in loop.optimizers:
+        name_param_groups(optimizer)
 
 
 def batch_mean(losses: List[Any]) -> Any:
@@ -47,7 +57,9 @@ class Callback(AbstractCallback):
     Attributes:
         metric_to_watch (str): the history metric that defines the best epoch for
             ``on_validation_end_best_epoch`` ('val_loss' by default; any metric a callback records, e.g.
-            'val_Accuracy', when that callback runs before this one at the end of the epoch).
+            'val_Accuracy', when that callback runs before this one at the end of the epoch). In a fit with a
+            :class:`TrainingParamsCallback`, its ``metric_to_watch`` (an SG name) decides instead, unless this
+            callback's class or instance sets its own.
         greater_metric_to_watch_is_better (bool): False: lower is better.
         capture_train_preds (bool): when the callback uses a method after the training forward pass (or a batch
             method of validation or test), keep the model's output (a forward hook on ``loop.model``) as
@@ -71,7 +83,9 @@ class Callback(AbstractCallback):
     _sg_eval_preds: Any = None       # ... in the current evaluation batch
 
     def __init__(self) -> None:
-        super().__init__(type(self).__name__)
+        # the class's execution_order / device_idx_execution (SG-style class attributes) stay in force
+        cls = type(self)
+        super().__init__(cls.__name__, cls.execution_order, cls.device_idx_execution)
 
     @property
     def callback_name(self) -> str:
@@ -182,6 +196,7 @@ class Callback(AbstractCallback):
         self._remove_preds_hook()
         self._sg_training_ended = False
         self._sg_eval_batch_idx = -1
+        name_loop_param_groups(train_loop_obj)
         never = sorted(methods & NEVER_CALLED)
         if never:
             logger.warning('%s: %s never run here: the loop does not average the best models', type(self).__name__,
@@ -363,21 +378,47 @@ class Callback(AbstractCallback):
             context.metrics_dict = {**ours, **context.sg_metrics(split, ours)}
             getattr(self, methods[3])(context)
 
+    def watches_own_metric(self) -> bool:
+        """Whether this callback's class (below :class:`Callback`) or the instance sets ``metric_to_watch`` or
+        ``greater_metric_to_watch_is_better``: then its best epoch follows them, else the
+        :class:`TrainingParamsCallback`'s of the fit when there is one."""
+        names = ('metric_to_watch', 'greater_metric_to_watch_is_better')
+        if any(name in self.__dict__ for name in names):
+            return True
+        for cls in type(self).__mro__:
+            if cls is Callback:
+                return False
+            if any(name in vars(cls) for name in names):
+                return True
+        return False
+
     def on_epoch_end(self) -> None:
         loop = self.train_loop_obj
-        value = loop.train_history.value_in_epoch(self.metric_to_watch, loop.epoch)
+        context = self._adapter_context()
+        run = context.state.get('run')
+        results: Optional[Dict[str, Any]] = None
+        if run is not None and not self.watches_own_metric():
+            watched = run.watched_value(loop.epoch)
+            if watched is None:
+                return
+            value, results = watched
+            greater = bool(run.training_params.greater_metric_to_watch_is_better)
+        else:
+            value = loop.train_history.value_in_epoch(self.metric_to_watch, loop.epoch)
+            greater = self.greater_metric_to_watch_is_better
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return
         best = self._sg_best
-        better = best is None or (value > best if self.greater_metric_to_watch_is_better else value < best)
-        if better:
+        if best is None or (value > best if greater else value < best):
             self._sg_best = value
-            context = self._adapter_context()
             context.set_batch(None, None)
-            # SG hands the validation metrics of the epoch; the watched value is added as it may be another
-            # split's ('loss'), which SG's validation-only metric_to_watch never is
-            ours = {**epoch_metrics(loop, 'val_'), self.metric_to_watch: value}
-            context.metrics_dict = {**ours, **context.best_epoch_sg_metrics(ours)}
+            if results is not None:     # SG's validation results of the epoch (TrainingParamsCallback)
+                context.metrics_dict = dict(results)
+            else:
+                # SG hands the validation metrics of the epoch; the watched value is added as it may be another
+                # split's ('loss'), which SG's validation-only metric_to_watch never is
+                ours = {**epoch_metrics(loop, 'val_'), self.metric_to_watch: value}
+                context.metrics_dict = {**ours, **context.best_epoch_sg_metrics(ours)}
             self.on_validation_end_best_epoch(context)
 
     def on_train_end(self) -> None:

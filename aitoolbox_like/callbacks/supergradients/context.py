@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .params import AverageMeter, EpochLossMeter, SGMetricCollection, TrainingParams
+from .sg_logger import NoExperimentFolderError, SGLogger, UnavailableFieldError, experiment_folder
 
 if TYPE_CHECKING:
     from ...engine.train_loop import TrainLoop
@@ -21,10 +22,6 @@ if TYPE_CHECKING:
 EVAL_PREFIXES = {'validation': 'val_', 'test': 'test_'}
 # the training-params list of each split's metrics (SG's trainer: train_metrics_list, valid_metrics_list)
 METRICS_LISTS = {'train': 'train_metrics_list', 'validation': 'valid_metrics_list', 'test': 'valid_metrics_list'}
-
-
-class UnavailableFieldError(AttributeError):
-    """An SG callback read a PhaseContext field that has no counterpart here (``sg_logger``, ...)."""
 
 
 class _FromLoop:
@@ -59,9 +56,8 @@ class _Unavailable:
                                     f'(docs/callbacks/supergradients.md lists the SG fields)')
 
 
-def _ckpt_dir(context: 'PhaseContext') -> Optional[str]:
-    experiment = context.loop.experiment
-    return None if experiment is None else os.path.join(experiment.dir_path, 'checkpoint_model')
+def _ckpt_dir(context: 'PhaseContext') -> str:
+    return os.path.join(experiment_folder(context.loop, 'PhaseContext.ckpt_dir'), 'checkpoint_model')
 
 
 def _held_training_params(loop: 'TrainLoop') -> Optional[TrainingParams]:
@@ -117,10 +113,13 @@ class PhaseContext:
 
     Fields read from the loop when accessed (assigning one, or ``update_context(**values)``, replaces it):
     ``epoch``, ``optimizer``, ``criterion``, ``device``, ``net``, ``train_loader``, ``valid_loader``,
-    ``valid_loaders_dict``, ``test_loader``, ``ckpt_dir`` / ``checkpoints_dir_path``, ``experiment_name``,
-    ``ddp_silent_mode``, ``architecture``; ``training_params`` (a :class:`TrainingParams`: the one SG callbacks of
-    the fit were built with, else SG's defaults with the fit's settings), ``lr_warmup_epochs`` (its
-    ``lr_warmup_epochs``), ``valid_metrics`` (the collection of its ``valid_metrics_list``).
+    ``valid_loaders_dict``, ``test_loader``, ``ckpt_dir`` / ``checkpoints_dir_path`` (the experiment folder's
+    ``checkpoint_model``; :class:`NoExperimentFolderError`, naming the fix, when the loop has none),
+    ``experiment_name``, ``ddp_silent_mode``, ``architecture``; ``training_params`` (a :class:`TrainingParams`: the
+    :class:`TrainingParamsCallback`'s, else the one SG callbacks of the fit were built with, else SG's defaults with
+    the fit's settings), ``lr_warmup_epochs`` (its ``lr_warmup_epochs``), ``valid_metrics`` (the collection of its
+    ``valid_metrics_list``), ``sg_logger`` (the run's :class:`SGLogger`: SG's logger methods over the loop's
+    TensorBoard callback, history and experiment folder).
 
     Fields of the current batch, set by the adapter before each method: ``batch_idx``, ``inputs``, ``target``,
     ``additional_batch_items``, ``preds``, ``loss``, ``loss_log_items``, ``loss_logging_items_names`` and
@@ -134,9 +133,10 @@ class PhaseContext:
     them, SG's names (docs/hooks-from-other-libraries.md has the table by phase).
 
     Set ``stop_training = True`` to end training after the current epoch (``loop.early_stop``). ``ema_model`` is
-    None (no EMA model in the loop: SG's value without EMA). ``sg_logger``, ``checkpoint_params``,
-    ``arch_params``, ``context_methods``, ``metric_idx_in_results_tuple`` have no counterpart: reading one raises
-    :class:`UnavailableFieldError` naming it.
+    None (no EMA model in the loop: SG's value without EMA). ``metric_to_watch``: the
+    :class:`TrainingParamsCallback`'s (SG's name of the watched value), else the first SG callback's.
+    ``checkpoint_params``, ``arch_params``, ``context_methods``, ``metric_idx_in_results_tuple`` have no
+    counterpart: reading one raises :class:`UnavailableFieldError` naming it.
     """
 
     loop: 'TrainLoop'
@@ -152,7 +152,8 @@ class PhaseContext:
         lambda c: None if c.loop.validation_loader is None else {'': c.loop.validation_loader},
         "{'': loop.validation_loader} (SG's newer name), or None")
     test_loader = _FromLoop(lambda c: c.loop.test_loader, 'loop.test_loader')
-    ckpt_dir = _FromLoop(_ckpt_dir, "<experiment folder>/checkpoint_model when the loop has an experiment, else None")
+    ckpt_dir = _FromLoop(_ckpt_dir, "<experiment folder>/checkpoint_model; NoExperimentFolderError (naming the fix) "
+                                    "when the loop has no experiment folder")
     checkpoints_dir_path = _FromLoop(_ckpt_dir, 'the same as ckpt_dir (SG\'s newer name)')
     experiment_name = _FromLoop(lambda c: None if c.loop.experiment is None else c.loop.experiment.experiment_name,
                                 "the experiment's name when the loop has an experiment, else None")
@@ -166,8 +167,8 @@ class PhaseContext:
                               "the SGMetricCollection of training_params.valid_metrics_list")
     ddp_silent_mode = _FromLoop(lambda c: not c.loop.is_main_process(), 'True outside the main process')
     architecture = _FromLoop(lambda c: type(c.loop.model).__name__, "the model's class name")
-    sg_logger = _Unavailable("SuperGradients' logger object; the loop logs through callbacks (TensorBoard, W&B, "
-                             "MLflow)")
+    sg_logger = _FromLoop(lambda c: c.logger(), "the run's SGLogger: SG's logger methods over the loop's "
+                          "TensorBoard callback, history and experiment folder (sg_logger.py)")
     checkpoint_params = _Unavailable("SG's checkpoint settings; checkpoints are callbacks' arguments here")
     arch_params = _Unavailable("SG's model-zoo architecture settings; the model is any torch module here")
     context_methods = _Unavailable("SG trainer methods exposed to callbacks; use the loop (callback.train_loop_obj)")
@@ -266,6 +267,11 @@ class PhaseContext:
     # ---- SG's per-run objects -------------------------------------------------------------------------------
 
     def fit_training_params(self) -> TrainingParams:
+        """The run's training params: the TrainingParamsCallback's, else the ones the fit's SG callbacks were built
+        with, else SG's defaults with the fit's settings."""
+        run = self.state.get('run')
+        if run is not None:
+            return run.training_params
         held = _held_training_params(self.loop)
         if held is not None:
             return held
@@ -276,6 +282,12 @@ class PhaseContext:
         params.update(max_epochs=loop.num_epochs, max_train_batches=loop.num_iterations,
                       batch_accumulate=loop.grad_accumulation, mixed_precision=loop.precision != 'fp32')
         return params
+
+    def logger(self) -> Any:
+        """The run's :class:`~aitoolbox_like.callbacks.supergradients.sg_logger.SGLogger` (one per context)."""
+        if self.state.get('logger') is None:
+            self.state['logger'] = SGLogger(self.loop)
+        return self.state['logger']
 
     def metric_collection(self, split: str) -> SGMetricCollection:
         """The collection of the training params' metrics list of ``split`` (rebuilt when the list changes)."""

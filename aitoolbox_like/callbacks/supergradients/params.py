@@ -96,6 +96,18 @@ class TrainingParams(dict):
             self[name] = value
 
 
+def name_param_groups(optimizer: Any) -> None:
+    """Give the parameter groups of ``optimizer`` that have no ``'name'`` the names SG's trainer gives its groups:
+    ``'default'`` for a single group, ``'group_<i>'`` for several (SG's learning-rate callbacks look their rate up by
+    it). Named groups keep their names; an object without a ``param_groups`` list is left alone."""
+    groups = getattr(optimizer, 'param_groups', None)
+    if not isinstance(groups, list):
+        return
+    for i, group in enumerate(groups):
+        if isinstance(group, dict) and 'name' not in group:
+            group['name'] = 'default' if len(groups) == 1 else f'group_{i}'
+
+
 class AverageMeter:
     """SuperGradients' ``AverageMeter``: the batch-size-weighted average of what ``update`` was given."""
 
@@ -207,6 +219,15 @@ class SGMetricCollection:
             if callable(getattr(metric, 'to', None)):
                 metric.to(device)
         return self
+
+    def titles(self) -> List[str]:
+        """The names ``compute()`` gives, known before it runs (SG's metric titles): a metric's
+        ``component_names`` when it has them (SG's component metrics), else its name."""
+        names: List[str] = []
+        for name, metric in self.metrics.items():
+            components = getattr(metric, 'component_names', None)
+            names += [str(c) for c in components] if components else [name]
+        return names
 
     def items(self) -> Iterator[Tuple[str, Any]]:
         return iter(self.metrics.items())
