@@ -1,5 +1,4 @@
 import importlib.metadata
-import importlib.util
 import os
 import subprocess
 import sys
@@ -19,19 +18,11 @@ for _name in [name for name in os.environ if name.startswith('SLURM_')]:
     del os.environ[_name]
 
 
-def _let_cuda_torchvision_import_on_cpu_torch():
-    """The PyPI torchvision wheel is a CUDA build: with CPU-only torch its import (and torchmetrics', which
-    imports it) fails with 'operator torchvision::nms does not exist'. Declaring the two op schemas first is
-    enough for transforms, datasets, models and utils. Test set-up only: the library never does this."""
-    if torch.version.cuda is not None or importlib.util.find_spec('torchvision') is None:
-        return None
-    lib = torch.library.Library('torchvision', 'DEF')
-    lib.define('nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
-    lib.define('qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
-    return lib
+# torchvision's CUDA wheel beside CPU torch (tools/cpu_torchvision.py): declared before any test imports it.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools.cpu_torchvision import declare_torchvision_ops  # noqa: E402
 
-
-_TORCHVISION_SCHEMAS = _let_cuda_torchvision_import_on_cpu_torch()
+_TORCHVISION_SCHEMAS = declare_torchvision_ops()
 
 # Tiny models: extra threads only add contention on the CI's two cores.
 torch.set_num_threads(1)

@@ -3,6 +3,7 @@
 Per-hook dispatch lists are rebuilt only when the set of callbacks changes; :meth:`CallbacksHandler.fire` is the
 one way a hook is called, and a hook no callback uses costs one loop over an empty list.
 """
+import importlib
 import inspect
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -13,6 +14,31 @@ if TYPE_CHECKING:
     from .train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
+
+#: Callbacks of other libraries that ``fit`` takes as they are: the root package of a foreign callback's class (or of
+#: one of its bases) -> its adapter, ``adapter(loop, callbacks) -> callbacks``: the list with that library's callbacks
+#: replaced by callbacks of the loop.
+#: Named by path and imported only when such a callback is given, so the core imports no callback library.
+FOREIGN_CALLBACK_ADAPTERS: Dict[str, str] = {
+    'pytorch_accelerated': 'aitoolbox_like.callbacks.pytorch_accelerated:adopt_callbacks',
+}
+
+
+def import_object(path: str) -> Any:
+    """The object named ``'package.module:name'``, its module imported now."""
+    module, _, name = path.partition(':')
+    return getattr(importlib.import_module(module), name)
+
+
+def foreign_library(obj: Any) -> Optional[str]:
+    """The :data:`FOREIGN_CALLBACK_ADAPTERS` key of a foreign callback (an instance or a class), else None. Only
+    the classes' ``__module__`` is read: a foreign object may raise on any attribute it lacks."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    for klass in cls.__mro__:
+        root = klass.__module__.partition('.')[0]
+        if root in FOREIGN_CALLBACK_ADAPTERS:
+            return root
+    return None
 
 
 class CollectiveInRankRestrictedCallbackError(RuntimeError):
@@ -92,6 +118,7 @@ class CallbacksHandler:
         if isinstance(callbacks, AbstractCallback) or not isinstance(callbacks, (list, tuple)):
             raise TypeError(f'callbacks must be a list of callback objects, got {_describe(callbacks)}; '
                             f'wrap a single callback in a list: callbacks=[cb]')
+        callbacks = self.adopt_foreign(callbacks)
         for i, cb in enumerate(callbacks):
             if isinstance(cb, type):
                 raise TypeError(f'callbacks[{i}] is the class {cb.__qualname__}, not an instance; '
@@ -114,6 +141,17 @@ class CallbacksHandler:
             for hook_name in HOOKS_WITH_ARGUMENTS:
                 self._check_hook_signature(i, cb, hook_name)
         return list(callbacks)
+
+    def adopt_foreign(self, callbacks: Any) -> Any:
+        """``callbacks`` with the callbacks of other libraries (:data:`FOREIGN_CALLBACK_ADAPTERS`) in the form the
+        loop runs them, as each library's adapter gives it. ``fit`` calls it first: a foreign callback may raise on
+        any attribute it lacks, so none may reach the loop's own checks. Anything but a list or tuple is returned as
+        is (registration then says what is wrong with it)."""
+        if not isinstance(callbacks, (list, tuple)):
+            return callbacks
+        for library in dict.fromkeys(lib for lib in map(foreign_library, callbacks) if lib is not None):
+            callbacks = import_object(FOREIGN_CALLBACK_ADAPTERS[library])(self.train_loop_obj, list(callbacks))
+        return callbacks
 
     @staticmethod
     def _check_hook_signature(i, cb, hook_name):

@@ -31,7 +31,6 @@ state as a checkpoint and resuming from it (loop_state). Mixed precision and the
 import contextlib
 import copy
 import datetime
-import importlib
 import logging
 import math
 import os
@@ -55,7 +54,7 @@ from ..predictions import append_predictions, batch_size_of, combine_prediction_
 from . import loop_state
 from .callback import AbstractCallback, AbstractScheduler, StopTraining, TrainingInterrupted
 from .checks import check_fit_inputs, check_fit_keywords, explain_step_failure, loss_to_record
-from .handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError
+from .handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError, import_object
 
 if TYPE_CHECKING:
     from ..experiment import Experiment, ExperimentUploader
@@ -402,6 +401,7 @@ class TrainLoop:
         # What can be judged before any process starts; the rest once callbacks are registered (a callback
         # may build the loaders in each DDP process or set the optimizer).
         check_fit_inputs(self, self._amp.unavailable, final=False)
+        callbacks = self.callbacks_handler.adopt_foreign(callbacks)
         if resume_from == loop_state.AUTO:
             loop_state.check_auto_resume(self, callbacks)
         # The plan travels with the loop into each DDP process, which loads the checkpoint itself.
@@ -472,7 +472,7 @@ class TrainLoop:
         handler = self.callbacks_handler
 
         self.register_fit_callbacks(callbacks)
-        _imported(DEFAULT_CALLBACKS)(self)
+        import_object(DEFAULT_CALLBACKS)(self)
         self.train_step_owner = self._find_train_step_owner()
         if self.print_callbacks:
             handler.print_registered_callback_names()
@@ -1035,12 +1035,6 @@ class TrainLoop:
                 f'{callback.device_idx_execution} but called {operation}, which every rank must join; it would hang. '
                 f'Set device_idx_execution=None so it runs on every rank (and guard its side effects with '
                 f'train_loop_obj.is_main_process()).')
-
-
-def _imported(path: str) -> Any:
-    """The object named ``'package.module:name'``, its module imported now."""
-    module, _, name = path.partition(':')
-    return getattr(importlib.import_module(module), name)
 
 
 def _mean_float64(losses: Sequence[Any]) -> torch.Tensor:
