@@ -1,0 +1,128 @@
+"""make orca-check: BigDL Orca 2.4.0's own PyTorch callback classes, with only their import lines changed, run on
+the TrainLoop through aitoolbox_like.callbacks.orca, against what Orca's own tests expect.
+
+    python -m tools.orca_check [--min-classes N] [--min-expectations K] [--keep]
+
+Downloads the pinned bigdl-orca wheel (pip download --no-deps: nothing installed, nothing of BigDL imported), finds
+its callback classes, rewrites the import lines of their modules (rewrite.py), imports the copies and runs the
+scenarios (scenarios.py). The last line printed is "N of M Orca callback classes run; K of L Orca expectations
+hold"; the exit status is 1 when N or K is below the given minimum.
+"""
+import argparse
+import importlib
+import logging
+import shutil
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+from typing import Dict, List
+
+from . import wheel as wheel_files
+from .rewrite import Rewriter
+from .scenarios import NOT_RUN, Scenarios
+from .tally import Tally
+
+PACKAGE = 'orca_callbacks'
+
+
+def dotted(path: str) -> str:
+    return path[:-len('.py')].replace('/', '.')
+
+
+def write_copies(modules: List[wheel_files.CallbackModule], folder: Path) -> List[str]:
+    """The rewritten callback modules as the package ``orca_callbacks`` in ``folder``; returns a report line per
+    rewritten import."""
+    package = folder / PACKAGE
+    package.mkdir()
+    (package / '__init__.py').write_text('')
+    rewriter = Rewriter({dotted(module.path): f'{PACKAGE}.{module.stem}' for module in modules})
+    report = []
+    for module in modules:
+        text, edits = rewriter.rewrite(module.source)
+        (package / f'{module.stem}.py').write_text(text)
+        report += [f'  {module.path}:{line}: {new}' for line, new in edits]
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--min-classes', type=int, default=0, help='fail when fewer Orca callback classes run')
+    parser.add_argument('--min-expectations', type=int, default=0, help='fail when fewer Orca expectations hold')
+    parser.add_argument('--cache', type=Path, default=wheel_files.default_cache(), help='where the wheel is kept')
+    parser.add_argument('--keep', action='store_true', help='keep the rewritten modules (their folder is printed)')
+    parser.add_argument('--show-imports', action='store_true', help='print every rewritten import line')
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(name)s: %(message)s')
+    started = time.monotonic()
+    import torch
+    torch.set_num_threads(1)    # tiny tensors: more threads only add overhead (and the cores may be shared)
+
+    wheel = wheel_files.fetch_wheel(args.cache)
+    modules = wheel_files.find_callback_modules(wheel_files.read_sources(wheel))
+    classes = [(module, name) for module in modules for name in module.classes]
+    print(f'bigdl-orca {wheel_files.ORCA_VERSION}: {len(classes)} callback classes in {len(modules)} modules')
+
+    args.cache.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix='rewritten-', dir=args.cache))
+    try:
+        edits = write_copies(modules, folder)
+        print(f'{len(edits)} import statements rewritten, nothing else changed' + (':' if args.show_imports else ''))
+        if args.show_imports:
+            print('\n'.join(edits))
+        sys.path.insert(0, str(folder))
+        adapter = importlib.import_module('aitoolbox_like.callbacks.orca')
+        imported, import_errors = {}, {}
+        for module in modules:
+            try:
+                imported[module.stem] = importlib.import_module(f'{PACKAGE}.{module.stem}')
+            except Exception as exc:
+                import_errors[module.stem] = f'its module does not import: {type(exc).__name__}: {exc}'
+        tally = Tally({f'{PACKAGE}.{module.stem}' for module in modules})
+        if 'maincallback' in imported:
+            work = tempfile.mkdtemp(prefix='runs-', dir=folder)
+            Scenarios(types.SimpleNamespace(**imported), adapter, tally, work).run_all()
+        return report(classes, tally, import_errors, args, started)
+    finally:
+        if args.keep:
+            print(f'rewritten modules kept in {folder / PACKAGE}')
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def report(classes: List, tally: Tally, import_errors: Dict[str, str], args: argparse.Namespace,
+           started: float) -> int:
+    print('\nOrca callback classes:')
+    for module, name in classes:
+        if name in tally.ran:
+            state = 'runs'
+        elif name in NOT_RUN:
+            state = f'not run: {NOT_RUN[name]}'
+        elif module.stem in import_errors:
+            state = f'does not run: {import_errors[module.stem]}'
+        elif name in tally.errors:
+            state = f'does not run: {tally.errors[name]}'
+        else:
+            state = 'not run: no scenario for it in tools/orca_check/scenarios.py'
+        print(f'  {module.stem}.{name}: {state}')
+    print("\nOrca tests' expectations (check: the check's own):")
+    for expectation in tally.expectations:
+        print(f'  {expectation.describe()}')
+    ran = sum(name in tally.ran for _, name in classes)
+    holding = sum(expectation.holds for expectation in tally.expectations)
+    print(f'\n({time.monotonic() - started:.0f} s)')
+    failed = []
+    if ran < args.min_classes:
+        failed.append(f'{ran} classes run, fewer than the {args.min_classes} reached before')
+    if holding < args.min_expectations:
+        failed.append(f'{holding} expectations hold, fewer than the {args.min_expectations} reached before')
+    for reason in failed:
+        print(f'orca-check: {reason}')
+    print(f'{ran} of {len(classes)} Orca callback classes run; {holding} of {len(tally.expectations)} '
+          f'Orca expectations hold')
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

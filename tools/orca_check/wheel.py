@@ -1,0 +1,117 @@
+"""The published bigdl-orca wheel: download it (``pip download --no-deps``: nothing installed, no dependencies),
+verify it, and find Orca's PyTorch callback classes in it.
+
+A callback class is a class of ``bigdl/orca/learn/pytorch/callbacks/*.py`` whose base is Orca's ``Callback``
+(imported from the callbacks package or its ``base`` module) or another such class, found on the source with
+``ast`` (nothing of the wheel is imported here). ``base.py``, where ``Callback`` lives, is what the adapter replaces,
+and ``__init__.py`` only re-exports, so their classes are not counted.
+"""
+import ast
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Set
+
+ORCA_VERSION = '2.4.0'
+WHEEL_NAME = f'bigdl_orca-{ORCA_VERSION}-py3-none-manylinux1_x86_64.whl'
+WHEEL_SHA256 = 'db02665304c39eeb28ea90bb0d231c7f09925931743ea4a4b089d0e92517e9a9'
+PACKAGE = 'bigdl.orca.learn.pytorch.callbacks'
+FOLDER = PACKAGE.replace('.', '/') + '/'
+# What the adapter provides in place of these modules of the package.
+REPLACED = {FOLDER + 'base.py', FOLDER + '__init__.py'}
+ROOT_CLASSES = {'Callback'}
+
+
+def default_cache() -> Path:
+    base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+    return Path(os.environ.get('ORCA_CHECK_CACHE') or os.path.join(base, 'aitoolbox-like-orca-check'))
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, 'rb') as file:
+        for chunk in iter(lambda: file.read(1 << 20), b''):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_wheel(cache: Path) -> Path:
+    """The pinned wheel, from the cache or from PyPI; a file whose hash differs is downloaded again."""
+    wheel = cache / WHEEL_NAME
+    if wheel.exists() and sha256(wheel) == WHEEL_SHA256:
+        return wheel
+    cache.mkdir(parents=True, exist_ok=True)
+    wheel.unlink(missing_ok=True)
+    # The manylinux wheel whatever this machine is: only its Python sources are read.
+    subprocess.run([sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps', '--only-binary', ':all:',
+                    '--platform', 'manylinux1_x86_64', '--dest', str(cache), f'bigdl-orca=={ORCA_VERSION}'],
+                   check=True)
+    got = sha256(wheel)
+    if got != WHEEL_SHA256:
+        raise SystemExit(f'orca-check: {wheel} has sha256 {got}, expected {WHEEL_SHA256} (bigdl-orca {ORCA_VERSION} '
+                         f'as published); delete it and run again')
+    return wheel
+
+
+def read_sources(wheel: Path) -> Dict[str, str]:
+    """path -> source of every .py file of the callbacks package."""
+    with zipfile.ZipFile(wheel) as archive:
+        return {name: archive.read(name).decode('utf-8') for name in archive.namelist()
+                if name.startswith(FOLDER) and name.endswith('.py')}
+
+
+@dataclass
+class CallbackModule:
+    path: str                                   # in the wheel
+    source: str
+    classes: List[str] = field(default_factory=list)    # its Orca callback classes, in source order
+
+    @property
+    def stem(self) -> str:
+        return Path(self.path).stem
+
+
+def _callback_names(tree: ast.Module) -> Set[str]:
+    """Names a module imports from Orca's callbacks package or its base module (any depth, relative or not)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ''
+            if (node.level == 1 and module in ('', 'base')) or module in (PACKAGE, PACKAGE + '.base'):
+                names.update(alias.asname or alias.name for alias in node.names)
+    return names
+
+
+def _base_names(node: ast.ClassDef) -> List[str]:
+    return [base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else ''
+            for base in node.bases]
+
+
+def find_callback_modules(sources: Dict[str, str]) -> List[CallbackModule]:
+    """The package's modules that define Orca callback classes, and those classes (to a fixpoint over subclasses)."""
+    parsed = {path: ast.parse(text) for path, text in sources.items() if path not in REPLACED}
+    imported = {path: _callback_names(tree) for path, tree in parsed.items()}
+    classes = {path: [node for node in tree.body if isinstance(node, ast.ClassDef)] for path, tree in parsed.items()}
+    known: Set[str] = set(ROOT_CLASSES)
+    found: Dict[str, List[str]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for path, nodes in classes.items():
+            local = {node.name for node in nodes}
+            for node in nodes:
+                if node.name in found.get(path, []):
+                    continue
+                if any(name in known and (name in imported[path] or name in local) for name in _base_names(node)):
+                    found.setdefault(path, []).append(node.name)
+                    known.add(node.name)
+                    changed = True
+    modules = []
+    for path in sorted(found):
+        order = [node.name for node in classes[path]]
+        modules.append(CallbackModule(path, sources[path], sorted(found[path], key=order.index)))
+    return modules
