@@ -295,6 +295,68 @@ def test_a_misspelt_metric_to_watch_names_the_close_ones_and_a_loose_spelling_is
     assert best.best[0][1] == 'MulticlassAccuracy'
 
 
+def test_torchmetrics_multiclass_accuracy_is_watched_by_its_class_name():
+    # the issue's run: a torchmetrics metric in valid_metrics_list, watched by SG's name for it (its class name)
+    from torchmetrics.classification import MulticlassAccuracy as TorchmetricsAccuracy
+    best, hand = Best(), HandAccuracy()
+    loop = make_loop(train=3, val=3, lr=0.5)
+    loop.fit(num_epochs=4, callbacks=[hand, TrainingParamsCallback(
+        {'max_epochs': 4, 'valid_metrics_list': [TorchmetricsAccuracy(num_classes=5, average='micro')],
+         'metric_to_watch': 'MulticlassAccuracy', 'greater_metric_to_watch_is_better': True}), best])
+    tops = [epoch for epoch, accuracy in enumerate(hand.accuracies) if accuracy > max(hand.accuracies[:epoch] + [-1])]
+    assert [epoch for epoch, _, _ in best.best] == tops
+    for epoch, name, metrics in best.best:
+        assert name == 'MulticlassAccuracy'
+        assert float(metrics['MulticlassAccuracy']) == pytest.approx(hand.accuracies[epoch])
+
+
+class ItemsNet(Net):
+    """A model fed SG's batch format, (inputs, targets, {name: item})."""
+
+    def get_loss(self, batch_data, criterion, device):
+        return criterion(self(batch_data[0].to(device)), batch_data[1].to(device))
+
+
+class SeenIds:
+    """A metric whose update takes an item of SG's batch dict by its name, as SG hands every context field."""
+
+    def __init__(self):
+        self.ids = []
+
+    def update(self, preds, target, sample_ids):
+        self.ids += sample_ids.tolist()
+
+    def compute(self):
+        return torch.tensor(float(len(self.ids)))
+
+    def reset(self):
+        pass
+
+
+def test_sg_batch_format_gives_the_dict_and_each_item_as_a_context_field():
+    class Seen(Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_batch_start(self, context):
+            self.seen.append((context.additional_batch_items, context.sample_ids.tolist(), context.epoch))
+
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.rand(4, 3, 4, 4, generator=g), torch.randint(0, 5, (4,), generator=g),
+             {'sample_ids': torch.arange(4 * i, 4 * i + 4), 'epoch': 99}) for i in range(2)]
+    torch.manual_seed(0)
+    model = ItemsNet()
+    loop = TrainLoop(model, data, data, None, torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(),
+                     progress_bar=False)
+    seen, metric = Seen(), SeenIds()
+    loop.fit(num_epochs=1, callbacks=[seen, TrainingParamsCallback(
+        {'max_epochs': 1, 'valid_metrics_list': [metric], 'metric_to_watch': 'SeenIds'})])
+    assert [(items is data[i][2], ids) for i, (items, ids, _) in enumerate(seen.seen)] == \
+        [(True, [0, 1, 2, 3]), (True, [4, 5, 6, 7])]
+    assert [epoch for _, _, epoch in seen.seen] == [0, 0]      # an item named like a context field does not hide it
+    assert metric.ids == list(range(8))                         # SG's metrics update passed the item by its name
+
+
 # ---- phase_callbacks, max_epochs, batch_accumulate, the params nothing acts on -----------------------------------
 
 def test_phase_callbacks_run_and_max_epochs_must_agree_with_the_fit():

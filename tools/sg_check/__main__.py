@@ -4,9 +4,9 @@ through aitoolbox_like.callbacks.supergradients, against what SG's own unit test
     python -m tools.sg_check [--min-classes N] [--min-expectations K] [--keep]
 
 Downloads the pinned super-gradients wheel (pip download --no-deps: nothing installed), finds its callback
-classes, rewrites the import lines of their modules (rewrite.py), imports the copies and runs the scenarios
-(scenarios.py). The last line printed is "N of M SG callback classes run; K of L SG expectations hold"; the exit
-status is 1 when N or K is below the given minimum.
+classes, rewrites the import lines of their modules and of SG's drawing helpers they use (rewrite.py), imports the
+copies and runs the scenarios (scenarios.py, drawing_scenarios.py). The last line printed is "N of M SG callback
+classes run; K of L SG expectations hold"; the exit status is 1 when N or K is below the given minimum.
 """
 import argparse
 import importlib
@@ -29,6 +29,18 @@ PACKAGE = 'sg_callbacks'
 # SG's modules of plain data that the callback modules import; copied unchanged.
 DATA_MODULES = {'super_gradients.common.object_names': 'object_names',
                 'super_gradients.common.sg_loggers.time_units': 'time_units'}
+# SG's own helpers the visualisation callbacks draw with (OpenCV and NumPy code, in the same wheel): copied with their
+# import lines rewritten as the callback modules' are, so those callbacks run with SG's drawing code (what those
+# helpers import from torchvision is stand_ins' equivalent when torchvision does not import here).
+HELPER_MODULES = {
+    'super_gradients.training.utils.detection_utils': 'detection_utils',
+    'super_gradients.training.utils.segmentation_utils': 'segmentation_utils',
+    'super_gradients.training.utils.visualization.detection': 'visualization_detection',
+    'super_gradients.training.utils.visualization.utils': 'visualization_utils',
+    'super_gradients.training.utils.visualization.pose_estimation': 'visualization_pose_estimation',
+    'super_gradients.training.datasets.data_formats.bbox_formats.xywh': 'bbox_xywh',
+    'super_gradients.training.utils.pose_estimation.dekr_decode_callbacks': 'dekr_decode_callbacks',
+}
 
 
 def dotted(path: str) -> str:
@@ -36,12 +48,12 @@ def dotted(path: str) -> str:
 
 
 def write_copies(sources: Dict[str, str], modules: List[wheel_files.CallbackModule], folder: Path) -> List[str]:
-    """The rewritten callback modules and SG's data modules as the package ``sg_callbacks`` in ``folder``;
-    returns a report line per rewritten import."""
+    """The rewritten callback modules, SG's data modules and SG's rewritten helper modules as the package
+    ``sg_callbacks`` in ``folder``; returns a report line per rewritten import."""
     package = folder / PACKAGE
     package.mkdir()
     (package / '__init__.py').write_text('')
-    copies = {name: f'{PACKAGE}.{stem}' for name, stem in DATA_MODULES.items()}
+    copies = {name: f'{PACKAGE}.{stem}' for name, stem in {**DATA_MODULES, **HELPER_MODULES}.items()}
     copies.update({dotted(module.path): f'{PACKAGE}.{module.stem}' for module in modules})
     defined = {}
     for module in modules:
@@ -51,10 +63,13 @@ def write_copies(sources: Dict[str, str], modules: List[wheel_files.CallbackModu
     report = []
     for name, stem in DATA_MODULES.items():
         (package / f'{stem}.py').write_text(sources[name.replace('.', '/') + '.py'])
-    for module in modules:
-        text, edits = rewriter.rewrite(module.source)
-        (package / f'{module.stem}.py').write_text(text)
-        report += [f'  {module.path}:{line}: {new}' for line, new in edits]
+    rewritten = [(module.path, module.stem, module.source) for module in modules]
+    rewritten += [(name.replace('.', '/') + '.py', stem, sources[name.replace('.', '/') + '.py'])
+                  for name, stem in HELPER_MODULES.items()]
+    for path, stem, source in rewritten:
+        text, edits = rewriter.rewrite(source)
+        (package / f'{stem}.py').write_text(text)
+        report += [f'  {path}:{line}: {new}' for line, new in edits]
     return report
 
 

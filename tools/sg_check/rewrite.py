@@ -12,7 +12,8 @@ numbers, so tracebacks point at SG's own lines):
   ``tools.sg_check.stand_ins``, which has small equivalents or a placeholder that fails when used;
 * a third-party module that imports here stays as it is; one that does not (OpenCV, ONNX, ...) becomes a
   placeholder from ``stand_ins`` that fails, naming the module, when used. NumPy 2 becomes NumPy with the 1.x
-  aliases SG 3.7.1 uses (it requires numpy<=1.23).
+  aliases SG 3.7.1 uses (it requires numpy<=1.23); a Matplotlib from 3.9 on becomes ``matplotlib.pyplot`` with the
+  ``cm.get_cmap(name, lut)`` SG's drawing helpers call (3.9 removed it; SG allows any matplotlib>=3.3.4).
 
 Every class body, function body, decorator and expression stays byte for byte as published.
 """
@@ -36,6 +37,15 @@ def importable(module: str) -> bool:
     return True
 
 
+def pyplot_lacks_get_cmap() -> bool:
+    """Whether Matplotlib here is 3.9 or newer (``matplotlib.cm.get_cmap`` removed); False without Matplotlib."""
+    try:
+        import matplotlib.cm
+    except Exception:
+        return False
+    return not hasattr(matplotlib.cm, 'get_cmap')
+
+
 def numpy_is_2() -> bool:
     import numpy
     return int(numpy.__version__.split('.')[0]) >= 2
@@ -49,14 +59,18 @@ class Rewriter:
         classes_of: class name -> the dotted name of the rewritten callback module defining it.
         can_import: whether a third-party module imports here.
         numpy_2: whether NumPy here is 2.x (None: the installed one's).
+        old_pyplot: whether ``import matplotlib.pyplot as ...`` gets the stand-in with ``cm.get_cmap`` (None: when the
+            installed Matplotlib lacks it).
     """
 
     def __init__(self, copies: Dict[str, str], classes_of: Dict[str, str],
-                 can_import: Callable[[str], bool] = importable, numpy_2: Optional[bool] = None) -> None:
+                 can_import: Callable[[str], bool] = importable, numpy_2: Optional[bool] = None,
+                 old_pyplot: Optional[bool] = None) -> None:
         self.copies = copies
         self.classes_of = classes_of
         self.can_import = can_import
         self.numpy_2 = numpy_is_2() if numpy_2 is None else numpy_2
+        self.old_pyplot = pyplot_lacks_get_cmap() if old_pyplot is None else old_pyplot
 
     def _target_of(self, module: str, name: str) -> str:
         if name in ADAPTER_NAMES and module.startswith(ADAPTER_SOURCES):
@@ -86,6 +100,9 @@ class Rewriter:
             top = alias.name.split('.')[0]
             if top == 'numpy' and self.numpy_2:
                 parts.append(f'from {STAND_INS} import numpy_1 as {alias.asname or "numpy"}')
+                changed = True
+            elif alias.name == 'matplotlib.pyplot' and alias.asname and self.old_pyplot:
+                parts.append(f'from {STAND_INS} import pyplot_3_8 as {alias.asname}')
                 changed = True
             elif top.startswith('super_gradients') or not self.can_import(alias.name):
                 bound = alias.asname or top

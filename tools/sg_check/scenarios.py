@@ -7,8 +7,8 @@ kind the test uses (SG's zero images, a classifier, a metric or loss returning t
 
 A class *runs* when an instance of it (or, for SG's abstract bases, of a subclass) takes part in a fit that
 completes, and the adapter called its SG methods; each scenario also checks what the class is for (the learning
-rates it sets, the stage it switches, the file it writes). A class with no scenario is listed in NOT_RUN with
-the reason.
+rates it sets, the stage it switches, the file it writes, the images it logs: drawing_scenarios.py). A class with
+no scenario is listed in NOT_RUN with the service it needs.
 """
 import csv
 import math
@@ -22,28 +22,21 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from .drawing_scenarios import DrawingScenarios
 from .fixtures import ConstantMetric, EpochLoss, Net, loader, named
 from .tally import Expectation, Tally, Watch
 from .trainer import ParamsTrainer, Run, Trainer
 
 # SG callback classes the check does not run, and why (docs/callbacks/supergradients.md lists them too).
 NOT_RUN = {
-    'ModelConversionCheckCallback': 'exports the model to ONNX and runs it in onnxruntime: a model-export check, not '
-                                    'training (needs onnx and onnxruntime; SG pins 1.15)',
+    'ModelConversionCheckCallback': 'exports the model to ONNX and runs it in onnxruntime: a model-export check before '
+                                    'training, not a training step (needs onnx and onnxruntime; SG pins 1.15)',
     'DeciLabUploadCallback': "uploads the trained model to Deci's platform (needs Deci's DeciClient and an account)",
-    'DetectionVisualizationCallback': "draws with SG's detection model zoo (DetectionVisualization and a detection "
-                                      "model's post-prediction callback)",
-    'BinarySegmentationVisualizationCallback': "draws with SG's segmentation model-zoo visualisation "
-                                               '(BinarySegmentationVisualization)',
-    'ExtremeBatchDetectionVisualizationCallback': "draws with SG's detection model zoo (DetectionVisualization, "
-                                                  "box-format helpers, a detection model's post-prediction callback)",
-    'ExtremeBatchPoseEstimationVisualizationCallback': "draws with SG's pose-estimation model zoo (PoseVisualization, "
-                                                       'its pose predictions and samples)',
-    'PPYoloETrainingStageSwitchCallback': "switches SG's PPYoloELoss (the loss of its PP-YOLOE detection models) to "
-                                          'its task-aligned assigner, and refuses any other criterion',
-    'DEKRVisualizationCallback': "decodes with SG's DEKR pose-estimation model (its post-prediction decoding)",
-    'WandBDetectionValidationPredictionLoggerCallback': "uploads SG detection-model predictions (SG's prediction "
-                                                        'classes) to Weights & Biases',
+    'PPYoloETrainingStageSwitchCallback': "switches SG's PPYoloELoss to its task-aligned assigner and refuses any "
+                                          "other criterion (needs SG's PP-YOLOE detection loss as the fit's criterion)",
+    'WandBDetectionValidationPredictionLoggerCallback': "logs SG detection-model predictions to Weights & Biases "
+                                                        "(needs a W&B run, which SG's W&B logger starts, and SG's "
+                                                        'prediction classes)',
 }
 
 # The scenarios run a second time through the adapter's TrainingParamsCallback (what a user moving an SG setup
@@ -56,7 +49,7 @@ PARAMS_LABEL = ' [TrainingParamsCallback]'
 
 # ---- the scenarios -----------------------------------------------------------------------------------------------
 
-class Scenarios:
+class Scenarios(DrawingScenarios):
     """Each ``scenario_*`` method trains with SG's callbacks through ``attempt``, which records the classes that ran
     and the expectations measured."""
 

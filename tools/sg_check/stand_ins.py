@@ -113,6 +113,34 @@ class _NumPy1(types.ModuleType):
 numpy_1 = _NumPy1('numpy', 'NumPy, with the NumPy 1.x aliases SuperGradients 3.7.1 uses')
 
 
+# ---- matplotlib.pyplot with cm.get_cmap(name, lut), which Matplotlib 3.9 removed (SG's colour mappings call it) ----
+
+class _ColourMaps(types.ModuleType):
+    """``matplotlib.cm`` with the ``get_cmap(name, lut)`` of Matplotlib before 3.9."""
+
+    def __getattr__(self, name: str) -> Any:
+        import matplotlib.cm
+        return getattr(matplotlib.cm, name)
+
+    @staticmethod
+    def get_cmap(name: Any = None, lut: Optional[int] = None) -> Any:
+        import matplotlib
+        colour_map = matplotlib.colormaps[name or matplotlib.rcParams['image.cmap']]
+        return colour_map if lut is None else colour_map.resampled(lut)
+
+
+class _PyPlot38(types.ModuleType):
+    """``matplotlib.pyplot`` (imported when first used) whose ``cm`` has the old ``get_cmap``."""
+    cm = _ColourMaps('matplotlib.cm', 'matplotlib.cm with get_cmap(name, lut)')
+
+    def __getattr__(self, name: str) -> Any:
+        import matplotlib.pyplot
+        return getattr(matplotlib.pyplot, name)
+
+
+pyplot_3_8 = _PyPlot38('matplotlib.pyplot', "matplotlib.pyplot with Matplotlib 3.8's cm.get_cmap(name, lut)")
+
+
 # ---- SG's helpers of ExtremeBatchCaseVisualizationCallback (device, DDP gathers), with SG's behaviour ------------
 
 class _DeviceConfig:

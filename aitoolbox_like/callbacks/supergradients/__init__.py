@@ -34,13 +34,13 @@ Callback, PhaseCallback), ``lr`` (SG's learning-rate callbacks), ``trainer`` (Tr
 MetricsUpdateCallback), ``sg_logger`` (``context.sg_logger``), ``images`` (save_image). Import from this package.
 """
 from .callback import Callback, PhaseCallback
-from .context import NoExperimentFolderError, PhaseContext, UnavailableFieldError
+from .context import PhaseContext, UnavailableFieldError
 from .images import save_image
 from .lr import (CosineLRScheduler, ExponentialLRScheduler, FunctionLRScheduler, LinearBatchLRWarmup,
                  LinearEpochLRWarmup, LRCallbackBase, LRSchedulerCallback, PolyLRScheduler, StepLRScheduler)
 from .params import AverageMeter, EpochLossMeter, SGMetricCollection, TrainingParams
 from .phases import PHASE_METHODS, SG_METHOD_HOOKS, Phase, multi_process_safe
-from .sg_logger import SGLogger
+from .sg_logger import NoExperimentFolderError, SGLogger
 from .trainer import MetricsUpdateCallback, TrainingParamsCallback
 
 __all__ = ['Phase', 'PhaseContext', 'Callback', 'PhaseCallback', 'multi_process_safe', 'save_image',

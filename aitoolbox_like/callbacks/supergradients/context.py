@@ -13,13 +13,17 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .params import AverageMeter, EpochLossMeter, SGMetricCollection, TrainingParams
-from .sg_logger import NoExperimentFolderError, SGLogger, UnavailableFieldError, experiment_folder
+from .sg_logger import SGLogger, UnavailableFieldError, experiment_folder
 
 if TYPE_CHECKING:
     from ...engine.train_loop import TrainLoop
 
 # dataset_info['type'] of an evaluation pass -> the history prefix of its values ('val_loss', 'val_Accuracy')
 EVAL_PREFIXES = {'validation': 'val_', 'test': 'test_'}
+# The fields the adapter sets on every context (an item of SG's batch dict is not set over one of them).
+CONTEXT_FIELDS = frozenset({'loop', 'metric_to_watch', 'batch_idx', 'metrics_dict', 'batch', 'inputs', 'target',
+                            'additional_batch_items', 'preds', 'loss', 'loss_log_items', 'loss_logging_items_names',
+                            'metrics_compute_fn', 'loss_avg_meter', 'ema_model', 'state'})
 # the training-params list of each split's metrics (SG's trainer: train_metrics_list, valid_metrics_list)
 METRICS_LISTS = {'train': 'train_metrics_list', 'validation': 'valid_metrics_list', 'test': 'valid_metrics_list'}
 
@@ -214,13 +218,23 @@ class PhaseContext:
 
     def set_batch(self, batch: Any, batch_idx: Optional[int]) -> None:
         """The batch the next method sees. ``inputs`` / ``target`` / ``additional_batch_items`` are its parts when
-        it is a tuple or list ``(inputs, target, *rest)``, else the batch and None. Clears what belongs to one
-        phase (``preds``, ``loss``, ``loss_log_items``, ``metrics_dict``)."""
+        it is a tuple or list ``(inputs, target, *rest)``, else the batch and None. SG's own batch format,
+        ``(inputs, target, {name: item})``, gives that dict as ``additional_batch_items`` and each item as a field
+        of its name (``context.gt_samples``), as SG's trainer does. Clears what belongs to one phase (``preds``,
+        ``loss``, ``loss_log_items``, ``metrics_dict``)."""
         self.batch, self.batch_idx = batch, batch_idx
         self.metrics_dict = None
         if isinstance(batch, (tuple, list)) and len(batch) >= 2:
             self.inputs, self.target = batch[0], batch[1]
-            self.additional_batch_items = tuple(batch[2:]) or None
+            if len(batch) == 3 and isinstance(batch[2], Mapping):
+                self.additional_batch_items = batch[2]
+                for name, item in batch[2].items():
+                    # an item named like one of the context's own fields would hide it for the rest of the run
+                    if isinstance(name, str) and name.isidentifier() and not hasattr(PhaseContext, name) \
+                            and name not in CONTEXT_FIELDS:
+                        setattr(self, name, item)
+            else:
+                self.additional_batch_items = tuple(batch[2:]) or None
         else:
             self.inputs, self.target, self.additional_batch_items = batch, None, None
         self.preds = self.loss = self.loss_log_items = None
