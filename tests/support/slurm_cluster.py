@@ -245,8 +245,13 @@ class SlurmCluster:
     def release(self, job_id, restarts=1, timeout=120):
         """Wait until the job is pending again after its ``restarts``-th requeue, and let it start now instead of
         after the begin time SLURM gives a requeued job (about two minutes)."""
-        self.wait_for(job_id, lambda f: f.get('JobState') == 'PENDING' and int(f.get('Restarts', 0)) >= restarts,
-                      f'requeue number {restarts}', timeout)
+        # SLURM gives some requeued jobs no begin time: such a job may already run again, or have finished, when
+        # first seen after its requeue (a short remaining run): then there is nothing to release.
+        fields = self.wait_for(job_id, lambda f: int(f.get('Restarts', 0)) >= restarts
+                               and f.get('JobState') in ('PENDING', 'RUNNING', *FINISHED),
+                               f'requeue number {restarts}', timeout)
+        if fields.get('JobState') != 'PENDING':
+            return
         # slurmd revokes the killed run's job credential with a time in whole seconds and refuses any credential of
         # the job made in that second or before ("Job credential revoked", the job FAILS): start it in a later one.
         time.sleep(_CREDENTIAL_REVOCATION_GRANULARITY_S)

@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from .fixtures import BATCH_SIZE, LinearModel, loaders, make_loop
-from .tally import Expectation, Tally, Watch
+from ..published_wheel import Watch
+from .tally import Expectation, Tally
 
 # Orca callback classes the check does not run, and why (docs/callbacks/orca.md lists them too).
 NOT_RUN: Dict[str, str] = {}
@@ -52,7 +53,7 @@ class Scenarios:
                 body: Callable[[Watch], None]) -> None:
         """Run ``body`` (which trains and fills ``expectations``' actual values); an exception is the error of each
         subject that has not run and of each expectation left without a value."""
-        watch = Watch(self.tally, self.method_names)
+        watch = Watch(self.tally.orca_classes, self.tally.ran, self.method_names)
         try:
             body(watch)
         except Exception as exc:      # the check reports every failure and goes on

@@ -7,14 +7,12 @@ A callback class is a class of ``bigdl/orca/learn/pytorch/callbacks/*.py`` whose
 and ``__init__.py`` only re-exports, so their classes are not counted.
 """
 import ast
-import hashlib
-import os
-import subprocess
-import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Set
+
+from ..published_wheel import PublishedWheel
 
 ORCA_VERSION = '2.4.0'
 WHEEL_NAME = f'bigdl_orca-{ORCA_VERSION}-py3-none-manylinux1_x86_64.whl'
@@ -26,35 +24,10 @@ REPLACED = {FOLDER + 'base.py', FOLDER + '__init__.py'}
 ROOT_CLASSES = {'Callback'}
 
 
-def default_cache() -> Path:
-    base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-    return Path(os.environ.get('ORCA_CHECK_CACHE') or os.path.join(base, 'aitoolbox-like-orca-check'))
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, 'rb') as file:
-        for chunk in iter(lambda: file.read(1 << 20), b''):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def fetch_wheel(cache: Path) -> Path:
-    """The pinned wheel, from the cache or from PyPI; a file whose hash differs is downloaded again."""
-    wheel = cache / WHEEL_NAME
-    if wheel.exists() and sha256(wheel) == WHEEL_SHA256:
-        return wheel
-    cache.mkdir(parents=True, exist_ok=True)
-    wheel.unlink(missing_ok=True)
-    # The manylinux wheel whatever this machine is: only its Python sources are read.
-    subprocess.run([sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps', '--only-binary', ':all:',
-                    '--platform', 'manylinux1_x86_64', '--dest', str(cache), f'bigdl-orca=={ORCA_VERSION}'],
-                   check=True)
-    got = sha256(wheel)
-    if got != WHEEL_SHA256:
-        raise SystemExit(f'orca-check: {wheel} has sha256 {got}, expected {WHEEL_SHA256} (bigdl-orca {ORCA_VERSION} '
-                         f'as published); delete it and run again')
-    return wheel
+# The manylinux wheel whatever this machine is: only its Python sources are read.
+_WHEEL = PublishedWheel('orca-check', 'bigdl-orca', ORCA_VERSION, WHEEL_NAME, WHEEL_SHA256, platform='manylinux1_x86_64')
+default_cache = _WHEEL.default_cache
+fetch_wheel = _WHEEL.fetch
 
 
 def read_sources(wheel: Path) -> Dict[str, str]:

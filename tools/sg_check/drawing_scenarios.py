@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .fixtures import Net
-from .tally import Watch
+from ..published_wheel import Watch
 
 
 # ---- what the scenarios train: small models of each task, and their batches ----------------------------------------

