@@ -59,14 +59,23 @@ def _forward_inputs(model: Any, inputs: Sequence[Any], batch_data: Any) -> Any:
     try:
         return model(*inputs)
     except TypeError as error:
-        text = str(error)
-        if 'forward()' not in text or not ('positional argument' in text or 'missing' in text):
+        explained = _batch_shape_error(error, inputs, batch_data)
+        if explained is error:
             raise
-        raise TypeError(f'TTBasicModel feeds every element of a batch but the last to forward() and uses the last as '
-                        f'the target. This batch held {len(batch_data)} elements ({_describe_batch(batch_data)}), so '
-                        f'forward() was called with {len(inputs)} input(s) and failed: {text}. Make the data set '
-                        f'return (inputs..., target) matching forward(), or subclass TTModel and write get_loss / '
-                        f'get_predictions to use the batch as it is') from error
+        raise explained from error
+
+
+def _batch_shape_error(error: TypeError, inputs: Sequence[Any], batch_data: Any) -> TypeError:
+    """What a TypeError of ``forward(*inputs)`` means for a TTBasicModel: the batch's elements do not match
+    ``forward`` (then said so), or anything else (``error`` itself)."""
+    text = str(error)
+    if 'forward()' not in text or not ('positional argument' in text or 'missing' in text):
+        return error
+    return TypeError(f'TTBasicModel feeds every element of a batch but the last to forward() and uses the last as '
+                     f'the target. This batch held {len(batch_data)} elements ({_describe_batch(batch_data)}), so '
+                     f'forward() was called with {len(inputs)} input(s) and failed: {text}. Make the data set '
+                     f'return (inputs..., target) matching forward(), or subclass TTModel and write get_loss / '
+                     f'get_predictions to use the batch as it is')
 
 
 class TTBasicModel(TTModel):
@@ -75,9 +84,20 @@ class TTBasicModel(TTModel):
 
     def get_loss(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
         """``criterion(self(*inputs), target)`` where the batch is ``(*inputs, target)``."""
+        # The training step's path, written out: plain tensors move without the generic recursion, and the forward
+        # call is made here rather than through _forward_inputs (a call per step less).
         *inputs, target = batch_data
-        predicted = _forward_inputs(self, _inputs_to_device(inputs, device), batch_data)
-        return criterion(predicted, _to_device(target, device))
+        moved = [x.to(device, non_blocking=True) if type(x) is torch.Tensor else _to_device(x, device)
+                 for x in inputs]
+        try:
+            predicted = self(*moved)
+        except TypeError as error:
+            explained = _batch_shape_error(error, moved, batch_data)
+            if explained is error:
+                raise
+            raise explained from error
+        return criterion(predicted, target.to(device, non_blocking=True) if type(target) is torch.Tensor
+                         else _to_device(target, device))
 
     def get_predictions(self, batch_data: Any, device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
         """``(self(*inputs), target, {})`` where the batch is ``(*inputs, target)`` (a tensor output detached)."""

@@ -39,6 +39,11 @@ BENCHMARKS = [
      ['--model', 'resnet18', '--image-size', '224', '--batch-size', '32', '--batches', '20', '--repeats', '5']),
     ('loop_overhead[resnet18 3x64x64 batch 64]',
      ['--model', 'resnet18', '--image-size', '64', '--batch-size', '64', '--batches', '20', '--repeats', '5']),
+    # A transfer-bound step (large images, little compute) with the batches in host memory: the hand-written loop
+    # copies each at the top of its step, the TrainLoop prefetches the next one while the step runs (above 1.0).
+    ('loop_overhead[transfer-bound: one convolution, 3x224x224 batch 128 from host memory]',
+     ['--model', 'tinyconv', '--image-size', '224', '--batch-size', '128', '--host-data', '--batches', '20',
+      '--repeats', '5']),
 ]
 CPU_BENCHMARKS = [
     ('loop_overhead[resnet18 3x32x32 batch 2, CPU]',

@@ -16,8 +16,14 @@ no-op callbacks on every per-step hook), repeats, and prints median ratios of st
 already on the device. CUDA runs asynchronously, so every timer waits for the device first
 (``torch.cuda.synchronize``); neither loop reads a value on the host inside an epoch. ``make gpu-check`` runs it.
 
+``--host-data`` keeps the batches in (pinned) host memory, as a loader delivers them: the hand-written loop is the
+one people write, ``x.to(device)`` at the top of each step, the copy and the compute one after the other; the
+TrainLoop prefetches (``prefetch_to_device=True``: the next batch is copied on a side stream while the current step
+runs). ``--model tinyconv`` is a small convolution net on large images: a transfer-bound step.
+
 Usage: python benchmarks/loop_overhead.py [--repeats N] [--tiny] [--compile [--backend B]]
-                                          [--device cuda] [--model resnet18 [--image-size S] [--batch-size B]]
+                                          [--device cuda] [--model resnet18|tinyconv [--image-size S]
+                                          [--batch-size B]] [--host-data]
 """
 import argparse
 import os
@@ -43,6 +49,7 @@ COMPILE = None      # None: eager; a dict of torch.compile kwargs with --compile
 MODEL, IMAGE_SIZE = 'mlp', 224      # --model resnet18: 3 x IMAGE_SIZE x IMAGE_SIZE images, 1000 classes
 DEVICE = torch.device('cpu')
 DISTINCT_BATCHES = 4    # ResNet batches: this many distinct tensors, reused, so the data fits on any GPU
+HOST_DATA = False       # --host-data: batches in pinned host memory, moved by the loop
 
 
 class SmallMLP(TTBasicModel):
@@ -88,6 +95,18 @@ class ResNet18(TTBasicModel):
         return self.fc(self.features(x))
 
 
+class TinyConv(TTBasicModel):
+    """One strided convolution, pooled, and a linear layer: little compute for a large image (--model tinyconv)."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 5, stride=4)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+
 def sync():
     """Wait for the device: a CUDA timer must not stop while queued work still runs."""
     if DEVICE.type == 'cuda':
@@ -116,18 +135,25 @@ class NoOp(AbstractCallback):
 
 def make_batches(num_batches):
     g = torch.Generator().manual_seed(0)
-    if MODEL == 'resnet18':
-        distinct = [(torch.randn(BATCH_SIZE, 3, IMAGE_SIZE, IMAGE_SIZE, generator=g).to(DEVICE),
-                     torch.randint(0, 1000, (BATCH_SIZE,), generator=g).to(DEVICE))
+    pin = HOST_DATA and DEVICE.type == 'cuda'
+
+    def placed(tensor):
+        if HOST_DATA:
+            return tensor.pin_memory() if pin else tensor
+        return tensor.to(DEVICE)
+    if MODEL in ('resnet18', 'tinyconv'):
+        classes = 1000 if MODEL == 'resnet18' else 10
+        distinct = [(placed(torch.randn(BATCH_SIZE, 3, IMAGE_SIZE, IMAGE_SIZE, generator=g)),
+                     placed(torch.randint(0, classes, (BATCH_SIZE,), generator=g)))
                     for _ in range(min(num_batches, DISTINCT_BATCHES))]
         return [distinct[i % len(distinct)] for i in range(num_batches)]
-    return [(torch.randn(BATCH_SIZE, IN_FEATURES, generator=g).to(DEVICE),
-             torch.randint(0, 10, (BATCH_SIZE,), generator=g).to(DEVICE)) for _ in range(num_batches)]
+    return [(placed(torch.randn(BATCH_SIZE, IN_FEATURES, generator=g)),
+             placed(torch.randint(0, 10, (BATCH_SIZE,), generator=g))) for _ in range(num_batches)]
 
 
 def new_model_and_optimizer():
     torch.manual_seed(0)
-    model = (ResNet18() if MODEL == 'resnet18' else SmallMLP()).to(DEVICE)
+    model = {'resnet18': ResNet18, 'tinyconv': TinyConv, 'mlp': SmallMLP}[MODEL]().to(DEVICE)
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 
@@ -141,6 +167,8 @@ def run_raw(batches, epochs):
     model.train()
     for _ in range(epochs):
         for x, y in batches:
+            if HOST_DATA:       # the loop people write: the copy at the top of the step, then the compute
+                x, y = x.to(DEVICE), y.to(DEVICE)
             loss = criterion(forward(x), y)
             loss.backward()
             optimizer.step()
@@ -172,6 +200,8 @@ def run_trainloop(batches, epochs, num_callbacks):
     sync()
     start = time.perf_counter()
     options = {} if COMPILE is None else {'compile': COMPILE}
+    if HOST_DATA:
+        options['prefetch_to_device'] = True    # a list of batches has no workers: prefetching is asked for
     loop = TrainLoop(model, batches, None, None, optimizer, nn.CrossEntropyLoss(), end_auto_eval=False,
                      progress_bar=False, **options)
     loop.move_to_device(DEVICE)     # the loop would take a GPU whenever there is one; --device decides
@@ -192,18 +222,21 @@ def main():
                         help='TrainLoop(compile=True) vs a hand-written loop over torch.compile(model)')
     parser.add_argument('--backend', default='inductor', help='torch.compile backend with --compile')
     parser.add_argument('--device', default='cpu', help="where both loops train: 'cpu' or 'cuda' (or 'cuda:N')")
-    parser.add_argument('--model', choices=('mlp', 'resnet18'), default='mlp')
+    parser.add_argument('--model', choices=('mlp', 'resnet18', 'tinyconv'), default='mlp')
+    parser.add_argument('--host-data', action='store_true',
+                        help='batches in pinned host memory: the hand-written loop copies each at the top of its '
+                             'step, the TrainLoop prefetches')
     parser.add_argument('--image-size', type=int, default=224, help='--model resnet18: images are 3 x S x S')
     parser.add_argument('--batch-size', type=int, default=None,
                         help='default: 64 for the MLP (32 with --tiny), 32 for ResNet-18')
     args = parser.parse_args()
-    global IN_FEATURES, HIDDEN, BATCH_SIZE, COMPILE, MODEL, IMAGE_SIZE, DEVICE
+    global IN_FEATURES, HIDDEN, BATCH_SIZE, COMPILE, MODEL, IMAGE_SIZE, DEVICE, HOST_DATA
     if args.tiny:
         IN_FEATURES, HIDDEN, BATCH_SIZE = 64, 128, 32
     if args.compile:
         COMPILE = {'backend': args.backend}
-    MODEL, IMAGE_SIZE, DEVICE = args.model, args.image_size, torch.device(args.device)
-    if MODEL == 'resnet18':
+    MODEL, IMAGE_SIZE, DEVICE, HOST_DATA = args.model, args.image_size, torch.device(args.device), args.host_data
+    if MODEL in ('resnet18', 'tinyconv'):
         BATCH_SIZE = 32
     if args.batch_size is not None:
         BATCH_SIZE = args.batch_size
@@ -232,8 +265,11 @@ def main():
     mode = f'torch.compile(backend={args.backend!r})' if args.compile else 'eager'
     if DEVICE.type == 'cuda':
         mode += f', on {torch.cuda.get_device_name(DEVICE)}'
-    model = f'ResNet-18 on 3x{IMAGE_SIZE}x{IMAGE_SIZE} images' if MODEL == 'resnet18' else \
-        f'MLP {IN_FEATURES}-{HIDDEN}-10'
+    model = {'resnet18': f'ResNet-18 on 3x{IMAGE_SIZE}x{IMAGE_SIZE} images',
+             'tinyconv': f'a one-convolution net on 3x{IMAGE_SIZE}x{IMAGE_SIZE} images',
+             'mlp': f'MLP {IN_FEATURES}-{HIDDEN}-10'}[MODEL]
+    if HOST_DATA:
+        model += ', batches in host memory (the TrainLoop prefetches)'
     print(f'model: {model}, batch {BATCH_SIZE}, {steps} steps per run ({args.epochs} epochs), '
           f'{args.repeats} interleaved repeats, torch {torch.__version__}, 1 thread, {mode}; raw loop step '
           f'~{raw_step_us:.0f} us')

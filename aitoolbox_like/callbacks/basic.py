@@ -18,6 +18,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List
 import torch
 
 from ..experiment import get_experiment, is_cloud_mode
+from ..host_copy import HostCopy, host_copy
 from ..multi_loss_optim import MultiLoss
 from ..storage.local import write_atomically
 from ._common import check_int, lower_is_better, missing_monitor_message
@@ -578,8 +579,9 @@ class ProgressBar(AbstractCallback):
     """A tqdm bar per epoch, with the epoch's metrics in the postfix at the end of the epoch.
 
     The TrainLoop adds one on the main process when its ``progress_bar`` is on (default: when stderr is
-    a terminal). The running loss is shown every ``loss_refresh_steps`` steps; reading it is a host
-    sync, so it is never done per step (0 disables it).
+    a terminal). The running loss is shown every ``loss_refresh_steps`` steps (0: never); on a GPU its copy
+    to the host is started then and shown once it has arrived, a step or so later, so the bar never makes
+    the host wait for the device.
     """
 
     def __init__(self, loss_refresh_steps: int = 50, leave: bool = True) -> None:
@@ -587,6 +589,7 @@ class ProgressBar(AbstractCallback):
         self.loss_refresh_steps = loss_refresh_steps
         self.leave = leave
         self._bar: Any = None     # the epoch's tqdm bar
+        self._loss_copy: Optional[HostCopy] = None     # the running loss on its way to the host
 
     def on_epoch_begin(self) -> None:
         """Open the epoch's bar."""
@@ -608,8 +611,14 @@ class ProgressBar(AbstractCallback):
         n = self.loss_refresh_steps
         if n and self._bar.n % n == 0 and self.train_loop_obj.loss_batch_accum:
             last = self.train_loop_obj.loss_batch_accum[-1]
-            self._bar.set_postfix(loss=f'{float(last.total() if hasattr(last, "total") else last):.4g}',
-                                  refresh=False)
+            last = last.total() if hasattr(last, 'total') else last
+            if isinstance(last, torch.Tensor):
+                self._loss_copy = host_copy(last.detach())
+            else:
+                self._bar.set_postfix(loss=f'{float(last):.4g}', refresh=False)
+        if self._loss_copy is not None and self._loss_copy.ready():
+            self._bar.set_postfix(loss=f'{self._loss_copy.wait().item():.4g}', refresh=False)
+            self._loss_copy = None
 
     def on_epoch_end(self) -> None:
         """Show the epoch's metrics and close the bar."""
@@ -632,6 +641,7 @@ class ProgressBar(AbstractCallback):
         self._close()
 
     def _close(self) -> None:
+        self._loss_copy = None
         if self._bar is not None:
             self._bar.close()
             self._bar = None

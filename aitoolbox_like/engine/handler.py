@@ -60,17 +60,14 @@ class CallbacksHandler:
         self.train_loop_obj = train_loop_obj
         self.registered_cbs: List[AbstractCallback] = []    # AIToolbox name; same objects as loop.callbacks
         self.cached_callbacks: List[AbstractCallback] = []  # registered at the first fit
-        self._hook_lists: Dict[str, List[Callable[..., Any]]] = {name: [] for name in HOOK_NAMES}
+        #: Per hook name, the bound methods to call, in execution order (only callbacks that use the hook). Updated
+        #: in place when the registered callbacks change (the same dict, the same keys); read it, do not modify it.
+        #: The loop reads it to skip the call to :meth:`fire` for a hook no callback uses.
+        self.hook_lists: Dict[str, List[Callable[..., Any]]] = {name: [] for name in HOOK_NAMES}
         self._custom_event_lists: Dict[str, List[Callable[..., Any]]] = {}
         # What the dispatch lists were built from: per hook the callbacks in its list, and the callbacks in order.
         self._hook_owners: Dict[str, List[AbstractCallback]] = {name: [] for name in HOOK_NAMES}
         self._dispatched: List[AbstractCallback] = []
-
-    @property
-    def hook_lists(self) -> Mapping[str, List[Callable[..., Any]]]:
-        """Per hook name, the bound methods to call, in execution order (only callbacks that use the hook).
-        Rebuilt when the registered callbacks change; read it, do not modify it."""
-        return self._hook_lists
 
     # ---- registration -------------------------------------------------------------------------
 
@@ -185,7 +182,7 @@ class CallbacksHandler:
         for hook_name in HOOK_NAMES:
             owners = [cb for cb in callbacks if hook_name in hooks_of[id(cb)]]
             self._hook_owners[hook_name] = owners
-            self._hook_lists[hook_name] = [self._bound(cb, hook_name) for cb in owners]
+            self.hook_lists[hook_name] = [self._bound(cb, hook_name) for cb in owners]
         self._dispatched = list(callbacks)
         self._custom_event_lists = {}
 
@@ -206,7 +203,7 @@ class CallbacksHandler:
             owners = self._hook_owners[hook_name]
             at = sum(1 for cb in owners if id(cb) in before)
             owners.insert(at, callback)
-            self._hook_lists[hook_name].insert(at, self._bound(callback, hook_name))
+            self.hook_lists[hook_name].insert(at, self._bound(callback, hook_name))
         self._dispatched.insert(position, callback)
         self._custom_event_lists = {}
 
@@ -230,7 +227,7 @@ class CallbacksHandler:
 
     def fire(self, hook_name: str, *args: Any) -> None:
         """Call ``hook_name(*args)`` on the callbacks that use the hook, in execution order."""
-        for fn in self._hook_lists[hook_name]:
+        for fn in self.hook_lists[hook_name]:
             fn(*args)
 
     # AIToolbox's names for firing each hook.
@@ -283,7 +280,7 @@ class CallbacksHandler:
     def execute_exception(self, exception: BaseException) -> None:
         """Tell every callback about the exception; one failing handler must not hide the others or
         the original error."""
-        for fn in self._hook_lists['on_exception']:
+        for fn in self.hook_lists['on_exception']:
             try:
                 fn(exception)
             except Exception:
@@ -301,7 +298,7 @@ class CallbacksHandler:
 
     def has_hook(self, hook_name: str) -> bool:
         """Whether any registered callback uses ``hook_name``."""
-        return bool(self._hook_lists[hook_name])
+        return bool(self.hook_lists[hook_name])
 
     # ---- state for checkpoints ----------------------------------------------------------------
 

@@ -47,10 +47,12 @@ from ..console import default_console_output, in_notebook
 from ..devices import cuda_is_available
 from ..experiment.layout import CHECKPOINT_DIR
 from ..history import TrainingHistory
+from ..host_copy import to_host
 from ..message_passing import MessageService
 from ..model import CompiledFeed, ModelWrap, resolve_model
 from ..multi_loss_optim import MultiLoss, MultiOptimizer
 from ..predictions import append_predictions, batch_size_of, combine_prediction_metadata_batches, torch_cat_transf
+from ..prefetch import DevicePrefetcher, prefetch_applies
 from . import loop_state
 from .callback import AbstractCallback, AbstractScheduler, StopTraining, TrainingInterrupted
 from .checks import check_fit_inputs, check_fit_keywords, explain_step_failure, loss_to_record
@@ -58,6 +60,9 @@ from .handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError, 
 
 if TYPE_CHECKING:
     from ..experiment import Experiment, ExperimentUploader
+
+#: The context of a step outside a DDP fit (no gradient synchronisation to skip): one object, entered each step.
+_NOTHING = contextlib.nullcontext()
 
 # Users configure the loop's messages under this name (the module's public path).
 logger = logging.getLogger('aitoolbox_like.train_loop')
@@ -109,6 +114,12 @@ class TrainLoop:
             batches: ``'batch'`` (AIToolbox's: the mean of the per-batch mean losses) or ``'sample'`` (weighted by
             batch size, so a smaller last batch does not count as much as a full one: the mean over samples).
             Also settable as ``loop.eval_loss_weighting`` before an evaluation.
+        prefetch_to_device (bool or None): on a CUDA device, copy the next training batch to the GPU while the
+            current step runs (pinned memory, a side stream; ``aitoolbox_like.prefetch``), so the step does not wait
+            for its copy. None (default): when the train loader has worker processes (``num_workers > 0``), where
+            taking the next batch early cannot change what the run computes; True: also with ``num_workers=0``
+            (a dataset drawing random numbers in the training process then draws them in another order); False:
+            never. No effect on the CPU.
     """
 
     def __init__(self, model: Any, train_loader: Any, validation_loader: Any, test_loader: Any, optimizer: Any,
@@ -117,7 +128,8 @@ class TrainLoop:
                  end_auto_eval: Union[bool, int] = True, lazy_experiment_save: bool = False,
                  print_callbacks: bool = False, gpu_mode: str = 'single', cuda_device_idx: Optional[int] = None,
                  use_amp: Union[bool, str, Dict[str, Any]] = False, progress_bar: Optional[bool] = None,
-                 compile: Union[bool, Dict[str, Any]] = False, eval_loss_weighting: str = 'batch') -> None:
+                 compile: Union[bool, Dict[str, Any]] = False, eval_loss_weighting: str = 'batch',
+                 prefetch_to_device: Optional[bool] = None) -> None:
         if isinstance(compile, dict):
             self.compile_options: Optional[Dict[str, Any]] = dict(compile)
         elif isinstance(compile, bool):
@@ -153,6 +165,9 @@ class TrainLoop:
         self.gpu_mode = gpu_mode
         self.cuda_device_idx = cuda_device_idx
         self.progress_bar = (sys.stderr.isatty() or in_notebook()) if progress_bar is None else bool(progress_bar)
+        if prefetch_to_device not in (None, True, False):
+            raise TypeError(f'prefetch_to_device must be None, True or False, got {prefetch_to_device!r}')
+        self.prefetch_to_device = prefetch_to_device
 
         self.device = self._select_device(cuda_device_idx)
         # Mixed precision, and the GradScaler's steps with whether each changed the weights.
@@ -560,7 +575,8 @@ class TrainLoop:
         if not self.num_iterations and epoch >= num_epochs:
             logger.warning('Nothing to train: %d epochs are already done and num_epochs=%d is the total; pass a '
                            'larger num_epochs to continue', epoch, self.num_epochs)
-        fire = self.callbacks_handler.fire
+        handler = self.callbacks_handler
+        fire, hooks = handler.fire, handler.hook_lists
         self._epochs_running = True
         try:
             # With num_iterations the batch count decides (num_epochs is only an estimate then: a previous fit may
@@ -573,9 +589,12 @@ class TrainLoop:
                 step = self._train_step if self.train_step_owner is None else self._custom_step
                 for self.iteration, self.batch, self._is_last_batch in self._batches():
                     self.total_iteration_idx += 1
-                    fire('on_batch_begin')
+                    # Per step, a hook no callback uses costs a dict lookup, not a call.
+                    if hooks['on_batch_begin']:
+                        fire('on_batch_begin')
                     step(self.batch)
-                    fire('on_batch_end')
+                    if hooks['on_batch_end']:
+                        fire('on_batch_end')
                     if self._is_last_batch:
                         break
                 fire('on_train_epoch_end')
@@ -603,6 +622,8 @@ class TrainLoop:
         are fetched exactly when a hand-written loop would fetch them; others look one batch ahead."""
         remaining = self.num_iterations - (self.total_iteration_idx + 1) if self.num_iterations else None
         iterator, start, loader = self._open_epoch()
+        if prefetch_applies(self.device, loader, self.prefetch_to_device):
+            iterator = DevicePrefetcher(iterator, self.device)
         sized = not isinstance(getattr(loader, 'dataset', None), IterableDataset)
         try:
             length = len(loader) if sized else None
@@ -653,12 +674,13 @@ class TrainLoop:
         replace ``loss``), the loss kept for the epoch's mean (detached: no host sync), backward (which fires
         on_after_backward) and, on update steps, the optimizer update."""
         update = self._is_update_step()
-        # DDP: micro-batches that do not update skip the gradient all-reduce (no_sync covers the forward too).
         try:
-            with distributed.skip_grad_sync(self.ddp_model, not update):
+            # DDP: micro-batches that do not update skip the gradient all-reduce (no_sync covers the forward too).
+            with _NOTHING if self.ddp_model is None else distributed.skip_grad_sync(self.ddp_model, not update):
                 with self._amp.autocast():
                     self.loss = self._feed.get_loss(batch, self.criterion, self.device)
-                self.callbacks_handler.fire('on_after_loss')
+                if self.callbacks_handler.hook_lists['on_after_loss']:
+                    self.callbacks_handler.fire('on_after_loss')
                 loss = self.loss
                 self.loss_batch_accum.append(loss.detach() if isinstance(loss, torch.Tensor)
                                              else loss_to_record(loss, self))
@@ -700,8 +722,11 @@ class TrainLoop:
         # (MultiLoss, a user's class) is divided as AIToolbox always did, since its division may do more.
         if self.grad_accumulation > 1 or not isinstance(loss, torch.Tensor):
             loss = loss / self.grad_accumulation
-        self._amp.scale(loss).backward()
-        self.callbacks_handler.fire('on_after_backward')
+        if self._amp.uses_scaler:
+            loss = self._amp.scale(loss)
+        loss.backward()
+        if self.callbacks_handler.hook_lists['on_after_backward']:
+            self.callbacks_handler.fire('on_after_backward')
 
     def step_optimizers(self, optimizer_indices: Optional[Sequence[int]] = None) -> None:
         """Apply an update with the given optimizers (all by default) as the standard step does: unscale once under
@@ -714,21 +739,29 @@ class TrainLoop:
         """The optimizer update: the gradients unscaled once under fp16 (so callbacks see and clip the real ones),
         then per optimizer on_after_gradient_update, its step, on_after_optimizer_step and zero_grad, and the
         GradScaler's update. ``update_applied`` says which optimizers changed the weights."""
-        optimizers, fire, amp = self.optimizers, self.callbacks_handler.fire, self._amp
+        optimizers, amp, handler = self.optimizers, self._amp, self.callbacks_handler
+        hooks, scaled = handler.hook_lists, amp.uses_scaler
         if indices is None:
             indices, chosen = range(len(optimizers)), optimizers
             applied = self.update_applied = [True] * len(optimizers)
         else:
             chosen = [optimizers[i] for i in indices]
             applied = self.update_applied = [i in indices for i in range(len(optimizers))]
-        amp.unscale(chosen)
+        if scaled:
+            amp.unscale(chosen)
         for idx in indices:
             self.optimizer_idx = idx
-            fire('on_after_gradient_update', idx)
-            applied[idx] = amp.step(optimizers[idx])
-            fire('on_after_optimizer_step')
+            if hooks['on_after_gradient_update']:
+                handler.fire('on_after_gradient_update', idx)
+            if scaled:
+                applied[idx] = amp.step(optimizers[idx])
+            else:
+                optimizers[idx].step()
+            if hooks['on_after_optimizer_step']:
+                handler.fire('on_after_optimizer_step')
             optimizers[idx].zero_grad()
-        amp.update(optimizers, applied)
+        if scaled:
+            amp.update(optimizers, applied)
         self.optimizer_idx = 0
 
     def should_execute_optimizer_update(self) -> bool:
@@ -816,11 +849,13 @@ class TrainLoop:
         if isinstance(loss, MultiLoss):
             # One key per loss as in AIToolbox, plus their sum under the plain name (AIToolbox left it
             # empty, which broke early stopping and plots on multi-loss models).
-            for loss_name, value in loss.items():
-                self.insert_metric_result_into_history(f'{name}_{loss_name}', value.item())
-            self.insert_metric_result_into_history(name, float(sum(v.item() for v in loss.values())))
+            # Read through to_host: a CUDA value's copy is waited for alone, not the whole stream (host_copy.py).
+            values = {loss_name: to_host(value).item() for loss_name, value in loss.items()}
+            for loss_name, value in values.items():
+                self.insert_metric_result_into_history(f'{name}_{loss_name}', value)
+            self.insert_metric_result_into_history(name, float(sum(values.values())))
         else:
-            self.insert_metric_result_into_history(name, loss.item())
+            self.insert_metric_result_into_history(name, to_host(loss).item())
 
     def insert_metric_result_into_history(self, metric_name: str, metric_result: Any) -> None:
         """Record ``metric_result`` under ``metric_name`` for the current epoch."""
@@ -917,7 +952,7 @@ class TrainLoop:
             # The pass's result, for on_eval_end (SuperGradients hands it to its loader-end phase).
             info['loss'] = result
         if move_to_cpu:
-            return result.apply(torch.Tensor.cpu) if isinstance(result, MultiLoss) else result.cpu()
+            return result.apply(to_host) if isinstance(result, MultiLoss) else to_host(result)
         return result
 
     @contextlib.contextmanager
