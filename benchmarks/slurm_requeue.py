@@ -158,7 +158,7 @@ def main():
     total = args.epochs * args.steps_per_epoch
     print(f'job: MLP 64-{args.width}-{args.width}-1, batch {args.batch_size} per task, 2 srun tasks on CPU (gloo, 1 '
           f'thread each), {total} steps at {step_ms:.1f} ms; ModelCheckpoint per epoch, the default '
-          f'PreemptionCheckpoint (ddp_sync_every=10); torch {torch.__version__}')
+          f'PreemptionCheckpoint (stop_within_s=1.0); torch {torch.__version__}')
     for name, run in runs.items():
         identical = all(torch.equal(reference['weights'][k], run['final'][k]) for k in reference['weights'])
         print(f'{name}:')

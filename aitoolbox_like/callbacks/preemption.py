@@ -84,12 +84,19 @@ class PreemptionCheckpoint(AbstractCallback):
     KeyboardInterrupt at once; a second SIGTERM with the default handler terminates the process).
 
     Per training step the callback costs one attribute check in ``on_batch_end`` (no device sync). In a DDP fit
-    the ranks agree on the step to stop at: every ``ddp_sync_every`` steps each rank starts an asynchronous
-    all-reduce of its flag over a CPU (gloo) group, and reads its result ``ddp_sync_every`` steps later, so all ranks
-    stop at the same step (at most ``2 * ddp_sync_every`` steps after the signal) without a device sync; rank 0
-    writes the checkpoint. A signal reaching any one rank stops them all. Under FSDP every rank writes its shards of
-    the checkpoint; a stop agreed on inside a gradient-accumulation window waits for the window's update step (a
-    sharded checkpoint cannot hold the accumulated gradients).
+    the ranks agree on the step to stop at, so that a stop takes at most about ``stop_within_s`` seconds (1 s), or
+    one step when a step is longer, whatever the step time: at agreement steps every rank takes part in one blocking
+    all-reduce (MAX) over a CPU (gloo) group of two numbers, its stop flag and its seconds per step since the previous
+    agreement (``time.monotonic()`` read at agreement steps only). Every rank then knows whether to stop at this step,
+    and computes the same number of steps to the next agreement: as many as the slowest rank's steps fit in
+    ``stop_within_s`` (at least 1, at most twice the previous number, at most ``ddp_sync_every`` when given). Between
+    two agreements a step costs a counter comparison: no host sync per step, no device sync ever; an agreement costs
+    one host collective (well under a millisecond) about once per ``stop_within_s``. The first agreement comes after
+    the fit's first step. A signal reaching any one rank stops them all, at the same step; rank 0 writes the
+    checkpoint. Under FSDP every rank writes its shards of the checkpoint; a stop agreed on inside a
+    gradient-accumulation window waits for the window's update step (a sharded checkpoint cannot hold the
+    accumulated gradients). When steps suddenly become much slower, the interval planned from the faster ones can
+    last longer once (until the next agreement measures the new speed).
 
     ``on_exception=True`` under FSDP (several processes): a sharded checkpoint needs every rank, which the exception
     may not have reached (a rank whose data loader failed alone leaves the others waiting in the next step's
@@ -116,26 +123,33 @@ class PreemptionCheckpoint(AbstractCallback):
             ``128 + signal number`` (143 for SIGTERM, what a process killed by SIGTERM reports), raises
             ``SystemExit`` with that status at the end of ``on_train_end`` after a stop caused by a signal, so that a
             scheduler that restarts only failed jobs (a Kubernetes Job) runs the job again.
-        ddp_sync_every (int): in a DDP fit, the steps between two agreements on stopping.
+        ddp_sync_every (int or None): in a DDP fit, the most steps between two agreements on stopping (None, the
+            default: only ``stop_within_s`` decides). A stop then comes at most this many steps after the signal.
         fsdp_exception_timeout_s (float): with ``on_exception=True`` in an FSDP fit of several processes, how long a
             rank waits for the others to reach ``on_exception`` too before it gives the checkpoint up (see above).
         slurm_signal (int or None): inside a SLURM job, the signal SLURM sends before the time limit
             (``#SBATCH --signal=USR1@90``: SIGUSR1, the default), handled besides ``signals``. After a stop it
             caused, the job is requeued (``scontrol requeue``) and every rank exits; after a stop caused by another
             signal every rank exits (see docs/distributed.md, "SLURM"). None: no such signal.
+        stop_within_s (float): in a DDP or FSDP fit, the time the ranks may take to agree on a stop: they agree
+            about this often (or after every step, when a step takes longer), so the checkpoint starts at most about
+            this long after the signal (or one step). A single process checks its flag after every step.
     """
 
     def __init__(self, signals: Sequence[int] = DEFAULT_SIGNALS, on_exception: bool = False,
                  upload_wait_s: float = 120.0, exit_code: Union[None, int, str] = None,
-                 ddp_sync_every: int = 10, fsdp_exception_timeout_s: float = 30.0,
-                 slurm_signal: Optional[int] = slurm.DEFAULT_WARNING_SIGNAL) -> None:
+                 ddp_sync_every: Optional[int] = None, fsdp_exception_timeout_s: float = 30.0,
+                 slurm_signal: Optional[int] = slurm.DEFAULT_WARNING_SIGNAL, stop_within_s: float = 1.0) -> None:
         super().__init__('Preemption-safe checkpoint', execution_order=10_000, device_idx_execution=None)
         self.signals: Tuple[signal.Signals, ...] = tuple(signal.Signals(s) for s in signals)
         if isinstance(exit_code, bool) or not (exit_code is None or exit_code == 'signal' or
                                                isinstance(exit_code, int)):
             raise ValueError(f"exit_code must be None, an int or 'signal', got {exit_code!r}")
-        if isinstance(ddp_sync_every, bool) or not isinstance(ddp_sync_every, int) or ddp_sync_every < 1:
-            raise ValueError(f'ddp_sync_every must be an int >= 1, got {ddp_sync_every!r}')
+        if ddp_sync_every is not None and (isinstance(ddp_sync_every, bool) or not isinstance(ddp_sync_every, int)
+                                           or ddp_sync_every < 1):
+            raise ValueError(f'ddp_sync_every must be None or an int >= 1, got {ddp_sync_every!r}')
+        if isinstance(stop_within_s, bool) or not isinstance(stop_within_s, (int, float)) or not stop_within_s > 0:
+            raise ValueError(f'stop_within_s must be a number of seconds > 0, got {stop_within_s!r}')
         if upload_wait_s < 0:
             raise ValueError(f'upload_wait_s must be >= 0, got {upload_wait_s!r}')
         if isinstance(fsdp_exception_timeout_s, bool) or not isinstance(fsdp_exception_timeout_s, (int, float)) \
@@ -146,6 +160,7 @@ class PreemptionCheckpoint(AbstractCallback):
         self.upload_wait_s = float(upload_wait_s)
         self.exit_code = exit_code
         self.ddp_sync_every = ddp_sync_every
+        self.stop_within_s = float(stop_within_s)
         self.fsdp_exception_timeout_s = float(fsdp_exception_timeout_s)
         self.slurm_signal = None if slurm_signal is None else signal.Signals(slurm_signal)
         # What happened in the latest fit (read them after fit returns).
@@ -159,7 +174,10 @@ class PreemptionCheckpoint(AbstractCallback):
         self._between_steps = False
         self._group: Any = None
         self._exception_group: Any = None   # FSDP with on_exception: the bounded agreement on saving after an error
-        self._pending: Optional[Tuple[Any, torch.Tensor]] = None
+        # DDP / FSDP: the agreement on stopping (see _agreed_stop).
+        self._next_agreement = -1           # the total_iteration_idx of the next agreement step
+        self._stride = 1                    # the steps from the previous agreement to the next one
+        self._agreed_at: Optional[Tuple[int, float]] = None     # (iteration, time.monotonic()) of the previous one
         self._stop_due = False              # a stop is agreed on; the checkpoint follows at the next update step
         self._window_reported = False
 
@@ -212,7 +230,7 @@ class PreemptionCheckpoint(AbstractCallback):
         self._signals_seen = []
         self.checkpoint_path = None
         self._between_steps = False
-        self._pending = None
+        self._next_agreement, self._stride, self._agreed_at = -1, 1, None     # the first one after the first step
         self._stop_due = self._window_reported = False
         loop = self.train_loop_obj
         if loop.world_size > 1 and self._group is None:
@@ -265,7 +283,8 @@ class PreemptionCheckpoint(AbstractCallback):
         if self._group is None:
             if self._requested is None:
                 return
-        elif not self._stop_due and not self._agreed_stop():
+        elif not self._stop_due and (self.train_loop_obj.total_iteration_idx < self._next_agreement
+                                     or not self._agreed_stop()):
             return
         self._stop_due = True
         if self._inside_sharded_window():
@@ -288,21 +307,19 @@ class PreemptionCheckpoint(AbstractCallback):
         return True
 
     def _agreed_stop(self) -> bool:
-        """DDP: every rank answers the same at the same step. The flags are reduced asynchronously over the gloo
-        group at every ``ddp_sync_every``-th step and the result is read at the next one."""
-        if (self.train_loop_obj.total_iteration_idx + 1) % self.ddp_sync_every:
-            return False
-        stop = False
-        if self._pending is not None:
-            work, flag = self._pending
-            work.wait()
-            stop = bool(flag.item())
-            self._pending = None
-        if not stop:
-            flag = torch.tensor([0 if self._requested is None else 1], dtype=torch.int32)
-            work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
-            self._pending = (work, flag)
-        elif self._requested is None:
+        """DDP / FSDP, at an agreement step (the same on every rank): whether every rank stops after this step. One
+        blocking all-reduce (MAX) over the gloo group of [stop flag, seconds per step since the previous agreement];
+        from the slowest rank's step time every rank computes the same next agreement step."""
+        idx = self.train_loop_obj.total_iteration_idx
+        now = time.monotonic()
+        step_s = 0.0 if self._agreed_at is None else (now - self._agreed_at[1]) / max(idx - self._agreed_at[0], 1)
+        values = torch.tensor([0.0 if self._requested is None else 1.0, step_s], dtype=torch.float64)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self._group)
+        stop, slowest_step_s = bool(values[0] > 0), float(values[1])
+        self._stride = next_agreement_stride(self._stride, slowest_step_s, self.stop_within_s, self.ddp_sync_every)
+        self._next_agreement = idx + self._stride
+        self._agreed_at = (idx, now)
+        if stop and self._requested is None:
             self._requested = 'another rank was asked to stop'
         return stop
 
@@ -415,14 +432,23 @@ class PreemptionCheckpoint(AbstractCallback):
         return bool(agreed)
 
     def _finish_agreement(self) -> None:
-        if self._pending is not None:
-            # Every rank started this reduction at the same step; complete it before the group is used again.
-            self._pending[0].wait()
-            self._pending = None
         # No process-group object outlives the fit here: one still referenced when the script's
         # destroy_process_group() has run is destroyed at interpreter exit, where gloo's threads can abort the
         # process ("terminate called without an active exception": 2 runs in 12 under torchrun before this).
         self._group = self._exception_group = None
+
+
+def next_agreement_stride(stride: int, step_s: float, within_s: float, most: Optional[int] = None) -> int:
+    """The steps to the next agreement on stopping, after ``stride`` steps since the previous one at ``step_s``
+    seconds per step on the slowest rank (0: not measured yet): as many as fit in ``within_s`` seconds, at least 1,
+    at most ``2 * stride`` (an interval measured on few steps, or while the host ran ahead of the device, does not
+    set a long one at once) and at most ``most`` when given. Every rank computes it from the same all-reduced
+    numbers, so all reach the next agreement at the same step."""
+    if not step_s > 0:
+        return 1
+    fit = within_s / step_s
+    steps = 2 * stride if fit >= 2 * stride else max(int(fit), 1)
+    return steps if most is None else min(steps, most)
 
 
 def agree_on_position(group: Any, iteration_idx: int) -> Optional[bool]:

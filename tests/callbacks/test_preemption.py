@@ -1,6 +1,7 @@
 """Preemption-safe saving: a real training process gets SIGTERM / SIGINT, checkpoints mid-epoch and exits cleanly;
 a new process resumes with fit(resume_from='latest') and ends with the weights of the uninterrupted run, bit for
 bit. Also Timer(max_duration_s), the default registration and the opt-out, handler restoration, on_exception."""
+import json
 import os
 import signal
 import sys
@@ -18,7 +19,8 @@ if SAVING not in sys.path:
 from aitoolbox_like import AbstractCallback, TrainLoop  # noqa: E402
 from aitoolbox_like.callbacks.basic import EarlyStopping, Timer  # noqa: E402
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint  # noqa: E402
-from aitoolbox_like.callbacks.preemption import PreemptionCheckpoint, find_preemption_callback  # noqa: E402
+from aitoolbox_like.callbacks.preemption import (PreemptionCheckpoint, find_preemption_callback,  # noqa: E402
+                                                 next_agreement_stride)
 from aitoolbox_like.callbacks.train_schedule import StepLRScheduler  # noqa: E402
 from aitoolbox_like.checkpoint import load_checkpoint  # noqa: E402
 from aitoolbox_like.experiment import bookkeeping_dir  # noqa: E402
@@ -259,8 +261,10 @@ def test_ddp_every_rank_stops_at_the_same_step_rank0_saves_and_the_resume_contin
     uninterrupted.fit(num_epochs=6, **ddp)
 
     first = tracked_loop(tmp_path / 'run')
-    first.fit(num_epochs=6, callbacks=[RequestStopOnRank(1, 2), RecordLastBatch(str(tmp_path))], **ddp)
-    # Flags are reduced at batches 9, 19, ... (ddp_sync_every=10) and read one agreement later: both stop at 19.
+    # ddp_sync_every caps the steps between two agreements (and stop_within_s this long leaves the cap to decide):
+    # agreements after batches 0, 1, 3, 7, 11, 15, 19, ... The stop asked after batch 17 is agreed on at 19.
+    first.fit(num_epochs=6, callbacks=[PreemptionCheckpoint(ddp_sync_every=4, stop_within_s=3600),
+                                       RequestStopOnRank(1, 17), RecordLastBatch(str(tmp_path))], **ddp)
     assert (tmp_path / 'last_batch_rank0').read_text() == (tmp_path / 'last_batch_rank1').read_text() == '19'
     experiment = _experiment(tmp_path / 'run')
     assert _pointer(experiment).read_text().endswith('_E4_ITER19.pth')
@@ -269,6 +273,60 @@ def test_ddp_every_rank_stops_at_the_same_step_rank0_saves_and_the_resume_contin
     resumed.fit(num_epochs=6, resume_from='latest', **ddp)
     for key, value in uninterrupted.model.state_dict().items():
         torch.testing.assert_close(resumed.model.state_dict()[key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_the_steps_between_two_agreements_fit_the_steps_in_stop_within_s():
+    """Fast steps: many steps per agreement (doubling up to what fits in stop_within_s); steps longer than
+    stop_within_s: an agreement after every step; ddp_sync_every caps the steps; a slow-down shortens at once."""
+    def strides(step_s, agreements, within_s=1.0, most=None, stride=1):
+        seen = []
+        for _ in range(agreements):
+            stride = next_agreement_stride(stride, step_s, within_s, most)
+            seen.append(stride)
+        return seen
+
+    assert next_agreement_stride(1, 0.0, 1.0) == 1                  # the first agreement: nothing measured yet
+    assert strides(0.001, 12) == [2, 4, 8, 16, 32, 64, 128, 256, 512, 1000, 1000, 1000]
+    assert strides(0.3, 3) == [2, 3, 3] and strides(2.5, 3) == [1, 1, 1] and strides(5.0, 3, stride=1000) == [1] * 3
+    assert strides(0.001, 6, most=10) == [2, 4, 8, 10, 10, 10]      # ddp_sync_every: at most that many steps
+    assert strides(0.001, 2, within_s=0.01) == [2, 4] and strides(0.001, 3, within_s=0.01, stride=8) == [10] * 3
+    assert next_agreement_stride(512, 0.4, 1.0) == 2
+
+
+@pytest.mark.timeout(300)
+def test_ddp_a_real_signal_to_one_rank_stops_both_at_the_same_agreement_step_whose_stride_follows_the_step_time(
+        tmp_path, monkeypatch):
+    """2 processes: 5 slow steps (0.3 s each, longer than half of stop_within_s=0.5: an agreement after every one),
+    then fast steps (the steps between two agreements double). SIGTERM to rank 1 alone in batch 20: both ranks stop
+    after the first agreement at or after it, having made the same agreements; rank 0 writes its checkpoint."""
+    from torch import nn
+    from torch.utils.data import DataLoader
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), 'distributed', 'ddp_scripts'))
+    from ddp_common import Regressor, regression_data
+    from stop_deadline_fit import RecordAgreements, SignalOnRank, SleepInSteps
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    torch.manual_seed(0)
+    model = Regressor()
+    # 40 batches per rank in the epoch: the agreement after batch 20 comes by batch 35 (1, 2, 4, 8, 16 steps apart).
+    loop = TrainLoop(model, DataLoader(regression_data(320, 1), batch_size=4), None, None,
+                     torch.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), gpu_mode='ddp', progress_bar=False)
+    loop.fit(num_epochs=1, num_gpus=2, on_gpu=False, callbacks=[
+        ModelCheckpoint('proj', 'exp', str(tmp_path / 'out'), {}, cloud_save_mode='local', async_save=False),
+        RecordAgreements(str(tmp_path), stop_within_s=0.5), SleepInSteps(range(5), 0.3), SignalOnRank(1, 20)])
+
+    ranks = [json.loads((tmp_path / f'agreements_rank{r}.json').read_text()) for r in (0, 1)]
+    assert ranks[0]['agreements'] == ranks[1]['agreements'], ranks     # the same steps, strides and answers
+    agreements = ranks[0]['agreements']
+    steps = [step for step, _, _ in agreements]
+    assert steps[:5] == [0, 1, 2, 3, 4], agreements                      # slow steps: one agreement after each
+    assert max(stride for _, stride, _ in agreements) >= 8, agreements   # fast steps: many steps per agreement
+    stop = min(step for step in steps if step >= 20)
+    assert [step for step, _, stopped in agreements if stopped] == [stop] == [steps[-1]], agreements
+    assert ranks[0]['last'] == ranks[1]['last'] == stop
+    assert ranks[1]['received_signal'] == signal.SIGTERM and ranks[1]['stop_reason'] == 'received SIGTERM'
+    assert ranks[0]['stop_reason'] == 'another rank was asked to stop' and ranks[0]['received_signal'] is None
+    assert ranks[0]['checkpoint_path'].endswith(f'_E0_ITER{stop}.pth')
+    assert load_checkpoint(ranks[0]['checkpoint_path'])['data_position']['batches_done'] == stop + 1
 
 
 # ---------------------------------------------------------------------------------------------- Timer budget
@@ -352,9 +410,11 @@ def test_on_exception_does_not_save_a_half_done_step(tmp_path):
 
 
 def test_arguments_are_checked():
-    for kwargs in ({'exit_code': 'yes'}, {'exit_code': True}, {'ddp_sync_every': 0}, {'upload_wait_s': -1}):
+    for kwargs in ({'exit_code': 'yes'}, {'exit_code': True}, {'ddp_sync_every': 0}, {'ddp_sync_every': 2.5},
+                   {'upload_wait_s': -1}, {'stop_within_s': 0}, {'stop_within_s': True}):
         with pytest.raises(ValueError):
             PreemptionCheckpoint(**kwargs)
+    assert PreemptionCheckpoint(ddp_sync_every=10).ddp_sync_every == 10      # still accepted: now a cap
     assert 'on_batch_begin' not in PreemptionCheckpoint().hooks_in_use()       # one check per step only
     assert 'on_batch_begin' in PreemptionCheckpoint(on_exception=True).hooks_in_use()
 

@@ -8,6 +8,7 @@ import glob
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from aitoolbox_like import TrainLoop, TTBasicModel
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint
+from aitoolbox_like.checkpoint import load_checkpoint
 from aitoolbox_like.distributed import find_free_port
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -130,6 +132,68 @@ def test_a_machine_lost_for_good_the_other_finishes_alone_training_each_sample_o
     assert sorted(before + after) == list(range(96))       # every sample of the interrupted epoch exactly once
     # The resumed epoch continues the same order: the uninterrupted 2-process run would have trained `after` too.
     assert not {r['epoch'] for r in one_process} - {1}
+
+
+DEADLINE_SCRIPT = os.path.join(REPO_ROOT, 'tests', 'distributed', 'ddp_scripts', 'stop_deadline_fit.py')
+# A large model's step (the script's model sleeps in forward), and the SIGKILL simulated after the SIGTERM, well below
+# torchrun's own 30 s: the checkpoint must be complete by then. Stops agreed on every 10 steps and read one agreement
+# later (before issue 40) came 10 to 20 steps after the signal: 20 to 40 s here.
+SLOW_STEP_S, KILL_AFTER_S = 2.0, 12.0
+
+
+def _killed(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.timeout(180)
+def test_with_slow_steps_sigterm_to_torchrun_checkpoints_every_rank_at_the_same_step_before_the_kill(tmp_path):
+    """Steps of 2 s on 2 workers; SIGTERM to torchrun's agent (what Kubernetes or `docker stop` send to a container's
+    first process; the agent passes it to its workers) in the middle of batch 1; SIGKILL to the agent and the
+    workers 12 s later unless they are gone. The checkpoint is complete and loadable, both ranks stopped after the
+    same batch."""
+    command = [sys.executable, '-m', 'torch.distributed.run', '--nnodes=1', '--nproc_per_node=2',
+               '--rdzv-backend=c10d', f'--rdzv-endpoint=127.0.0.1:{find_free_port()}', DEADLINE_SCRIPT,
+               str(tmp_path), '--step-s', str(SLOW_STEP_S), '--mark-at', '1']
+    agent = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    begun = [tmp_path / f'begun_run0_rank{rank}' for rank in (0, 1)]
+    deadline = time.monotonic() + 120
+    while not all(path.exists() for path in begun) and agent.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = [json.loads(path.read_text())['pid'] for path in begun if path.exists()]
+    if len(workers) < 2:
+        agent.kill(), _killed(workers)
+        pytest.fail(f'the workers never began batch 1: {agent.communicate()[0][-3000:]}')
+    time.sleep(0.3)                                     # in the middle of the step
+    warned = time.time()
+    agent.send_signal(signal.SIGTERM)
+    try:
+        output = agent.communicate(timeout=KILL_AFTER_S)[0]
+        killed = False
+    except subprocess.TimeoutExpired:
+        agent.kill()                                    # the simulated SIGKILL: the agent, then its workers
+        _killed(workers)
+        output, killed = agent.communicate()[0], True
+    ended_after = time.time() - warned
+
+    stopped = [tmp_path / f'stopped_run0_rank{rank}.json' for rank in (0, 1)]
+    assert not killed and all(path.exists() for path in stopped), \
+        f'not stopped {KILL_AFTER_S} s after SIGTERM (killed: {killed}):\n{output[-3000:]}'
+    stopped = [json.loads(path.read_text()) for path in stopped]
+    last = stopped[0]['last']
+    assert stopped[1]['last'] == last and last in (1, 2), stopped        # the signal's step (or the next one)
+    assert [s['stop_reason'] for s in stopped] == ['received SIGTERM'] * 2, stopped
+    assert stopped[0]['checkpoint_path'].endswith(f'_E0_ITER{last}.pth'), stopped
+    checkpoint = load_checkpoint(stopped[0]['checkpoint_path'])           # complete: loads with weights_only
+    assert checkpoint['data_position']['batches_done'] == last + 1 and checkpoint['model_state_dict']
+    steps = [json.loads(line) for line in (tmp_path / 'steps_run0_rank0.jsonl').read_text().splitlines()]
+    checkpoint_started = steps[-1]['time'] - warned                 # the end of the last step: the checkpoint follows
+    assert checkpoint_started < ended_after < KILL_AFTER_S
+    print(f'SIGTERM -> checkpoint started {checkpoint_started:.2f} s, every process ended {ended_after:.2f} s '
+          f'(steps of {SLOW_STEP_S} s)')
 
 
 class _Regression(TTBasicModel):

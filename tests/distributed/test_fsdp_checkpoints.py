@@ -107,12 +107,12 @@ def test_kill_9_during_a_background_sharded_write_keeps_the_previous_checkpoint_
 
 @pytest.mark.timeout(300)
 def test_sigterm_to_one_rank_checkpoints_after_the_accumulation_window_and_resume_is_exact(tmp_path):
-    """SIGTERM reaches rank 1 alone after global batch 2. The ranks agree on stopping at batch 5 (flags reduced
-    every 3 batches, read 3 later), which is inside a gradient-accumulation window (3 batches per update, 4 per
+    """SIGTERM reaches rank 1 alone after global batch 5. The ranks agree on stopping at batch 5 (an agreement after
+    every batch: ddp_sync_every=1), which is inside a gradient-accumulation window (3 batches per update, 4 per
     epoch: batch 5 is the second of epoch 1): the sharded checkpoint follows the window's update, after batch 6."""
     first = checkpoint_loop(tmp_path)
     first.fit(num_epochs=3, grad_accumulation=3, callbacks=callbacks() + [
-        SignalSelfOnRank(1, 2), PreemptionCheckpoint(ddp_sync_every=3), RecordStop(str(tmp_path))], **FSDP)
+        SignalSelfOnRank(1, 5), PreemptionCheckpoint(ddp_sync_every=1), RecordStop(str(tmp_path))], **FSDP)
     stops = [torch.load(tmp_path / f'stop_rank{r}.pt', weights_only=True) for r in (0, 1)]
     assert [s['last_batch'] for s in stops] == [6, 6]
     assert [s['stop_reason'] for s in stops] == ['another rank was asked to stop', 'received SIGTERM']

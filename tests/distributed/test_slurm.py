@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ import torch
 from aitoolbox_like import AbstractCallback, slurm
 from aitoolbox_like.callbacks.basic import Timer
 from aitoolbox_like.callbacks.preemption import find_preemption_callback
+from aitoolbox_like.checkpoint import load_checkpoint
 from aitoolbox_like.distributed import find_free_port
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 from helpers import MLP, loaders
@@ -213,6 +215,70 @@ def test_a_job_that_cannot_be_requeued_fails_with_the_command_that_continues_it(
     assert job['JobState'] == 'COMPLETED', _failure(slurm_cluster, job, tmp_path)
     _assert_every_sample_once_per_epoch(_records(tmp_path))
     _assert_same_run(uninterrupted, tmp_path)
+
+
+DEADLINE_SCRIPT = REPO_ROOT / 'tests' / 'distributed' / 'ddp_scripts' / 'stop_deadline_fit.py'
+# A large model's step (the script's model sleeps in forward in the job's first run), and the time limit simulated
+# after the warning: the job must have checkpointed and requeued itself by then. Stops agreed on every 10 steps and
+# read one agreement later (before issue 40) came 10 to 20 steps after the signal: 20 to 40 s here.
+SLOW_STEP_S, LIMIT_AFTER_WARNING_S = 2.0, 12.0
+
+
+def _deadline_records(out_dir, name, run=0):
+    """stop_deadline_fit.py's files of ``run``: ``name`` 'stopped' (a dict per rank) or 'steps' (a list per rank)."""
+    if name == 'stopped':
+        return [json.loads((out_dir / f'stopped_run{run}_rank{r}.json').read_text()) for r in (0, 1)]
+    return [[json.loads(line) for line in (out_dir / f'steps_run{run}_rank{r}.jsonl').read_text().splitlines()]
+            for r in (0, 1)]
+
+
+@pytest.mark.timeout(300)
+def test_with_slow_steps_the_time_limit_warning_checkpoints_and_requeues_the_job_before_the_limit(
+        slurm_cluster, tmp_path):
+    """Steps of 2 s on 2 srun tasks; SIGUSR1 (what `#SBATCH --signal=USR1@90` sends) in the middle of batch 1; then
+    the time limit, simulated: unless the job has checkpointed and requeued itself within 12 s, it is cancelled and
+    the test fails. The requeued job continues from the checkpoint."""
+    script = write_batch_script(tmp_path / 'job.sh', f'srun {sys.executable} {DEADLINE_SCRIPT} {tmp_path} '
+                                f'--step-s {SLOW_STEP_S} --mark-at 1', '--ntasks=2', '--requeue',
+                                f'--output={tmp_path}/job.out', '--open-mode=append')
+    job_id = slurm_cluster.sbatch(script, env=_job_env())
+    begun = [tmp_path / f'begun_run0_rank{rank}' for rank in (0, 1)]
+    slurm_cluster.wait_for(job_id, lambda fields: all(p.exists() for p in begun) or fields['JobState'] not in
+                           ('PENDING', 'RUNNING'), 'every rank to begin batch 1')
+    assert all(p.exists() for p in begun), f'job {job_id} ended early:\n{_output(tmp_path)}'
+    time.sleep(0.3)                                     # in the middle of the step
+    warned = time.time()
+    slurm_cluster.run('scancel', '--signal=USR1', job_id)
+    try:
+        slurm_cluster.wait_for(job_id, lambda fields: int(fields.get('Restarts', 0)) >= 1,
+                               'the job to checkpoint and requeue itself',
+                               timeout=LIMIT_AFTER_WARNING_S - (time.time() - warned))
+    except AssertionError as late:
+        slurm_cluster.run('scancel', job_id, check=False)           # the time limit
+        raise AssertionError(f'{late}: the time limit ({LIMIT_AFTER_WARNING_S} s after the warning) came first\n'
+                             f'{_output(tmp_path)}') from None
+    requeued_after = time.time() - warned
+
+    stopped, steps = _deadline_records(tmp_path, 'stopped'), _deadline_records(tmp_path, 'steps')
+    last = stopped[0]['last']
+    assert stopped[1]['last'] == last and last in (1, 2), stopped        # the signal's step (or the next one)
+    assert [s['stop_reason'] for s in stopped] == ['received SIGUSR1'] * 2, stopped
+    assert stopped[0]['checkpoint_path'].endswith(f'_E0_ITER{last}.pth'), stopped
+    assert load_checkpoint(stopped[0]['checkpoint_path'])['data_position']['batches_done'] == last + 1
+    checkpoint_started = steps[0][-1]['time'] - warned            # the end of the last step: the checkpoint follows
+    assert checkpoint_started < requeued_after < LIMIT_AFTER_WARNING_S
+
+    slurm_cluster.release(job_id)                                   # the requeued job continues
+    job = slurm_cluster.wait_until_finished(job_id, JOB_TIMEOUT_S)
+    assert job['JobState'] == 'COMPLETED' and job['Restarts'] == '1', _failure(slurm_cluster, job, tmp_path)
+    assert 'training stopped on SIGUSR1 (the time-limit warning), the checkpoint is saved and the job is requeued' \
+        in _output(tmp_path)
+    continued = _deadline_records(tmp_path, 'steps', run=1)
+    assert [[s['idx'] for s in rank] for rank in continued] == [list(range(last + 1, 8))] * 2
+    trained = sorted(sample for run in (steps, continued) for rank in run for s in rank for sample in s['samples'])
+    assert trained == list(range(64))                               # every sample of the epoch once
+    print(f'SIGUSR1 -> checkpoint started {checkpoint_started:.2f} s, job requeued {requeued_after:.2f} s '
+          f'(steps of {SLOW_STEP_S} s)')
 
 
 def test_a_job_of_two_tasks_that_runs_the_script_without_srun_fails_before_training_naming_srun(
