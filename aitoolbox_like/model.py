@@ -84,11 +84,12 @@ class TTBasicModel(TTModel):
 
     def get_loss(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
         """``criterion(self(*inputs), target)`` where the batch is ``(*inputs, target)``."""
-        # The training step's path, written out: plain tensors move without the generic recursion, and the forward
-        # call is made here rather than through _forward_inputs (a call per step less).
+        # The training step's path, written out: plain tensors move without the generic recursion (and without the
+        # call to .to() when already there: prefetched to the GPU, or on the CPU), and the forward call is made here
+        # rather than through _forward_inputs.
         *inputs, target = batch_data
-        moved = [x.to(device, non_blocking=True) if type(x) is torch.Tensor else _to_device(x, device)
-                 for x in inputs]
+        moved = [(x if x.device == device else x.to(device, non_blocking=True)) if type(x) is torch.Tensor
+                 else _to_device(x, device) for x in inputs]
         try:
             predicted = self(*moved)
         except TypeError as error:
@@ -96,8 +97,11 @@ class TTBasicModel(TTModel):
             if explained is error:
                 raise
             raise explained from error
-        return criterion(predicted, target.to(device, non_blocking=True) if type(target) is torch.Tensor
-                         else _to_device(target, device))
+        if type(target) is torch.Tensor:
+            target = target if target.device == device else target.to(device, non_blocking=True)
+        else:
+            target = _to_device(target, device)
+        return criterion(predicted, target)
 
     def get_predictions(self, batch_data: Any, device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
         """``(self(*inputs), target, {})`` where the batch is ``(*inputs, target)`` (a tensor output detached)."""

@@ -162,7 +162,7 @@ def test_tracking_loops_pass_every_trainloop_argument_on(cls, tmp_path, monkeypa
     # tracking loop by keyword, and the tracking loop's signature lists it (help(), the docs, recipe checks).
     import inspect
     loop_parameters = list(inspect.signature(TrainLoop).parameters.values())[6:]
-    assert [p.name for p in loop_parameters][-2:] == ['compile', 'eval_loss_weighting']
+    assert [p.name for p in loop_parameters][-3:] == ['compile', 'eval_loss_weighting', 'prefetch_to_device']
     received = {}
     real_init = TrainLoop.__init__
 
