@@ -11,7 +11,7 @@ CONSTRAINT := $(VENV)/torch-constraint.txt
 DEMO_STAMP := $(VENV)/.installed-demo
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install demo test test-area typecheck bench gpu-check docs clean compat-check sg-check pta-check orca-check
+.PHONY: install demo test test-area typecheck bench gpu-check docs clean compat-check sg-check pta-check orca-check bench-peers
 
 # $(call install-extra,EXTRA): the venv, torch, then the package with EXTRA, torch held at $(TORCH).
 define install-extra
@@ -105,6 +105,16 @@ orca-check: $(DEV_STAMP)
 
 bench: $(DEV_STAMP)
 	$(PY) benchmarks/loop_overhead.py
+
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): setup.py
+	$(call install-extra,bench)
+
+# The TrainLoop against a hand-written loop and the libraries people use instead (docs/performance.md); about 70 s.
+# WRITE_DOCS=1 rewrites the figures of docs/performance.md and docs/images/loop-overhead.png from the run.
+bench-peers: $(BENCH_STAMP)
+	$(PY) benchmarks/peers.py $(if $(WRITE_DOCS),--write-docs)
 
 # The GPU check (docs/gpu-check.md): tests/gpu and the loop-overhead benchmark on a ResNet-18 step, on a CUDA GPU.
 # It needs no install: GPU_PYTHON is the venv's python when `make test` has installed it (pytest included), else python3.

@@ -42,6 +42,11 @@ setup(
         'tune': ['optuna>=4'],
         'pta': ['pytorch-accelerated>=0.1.61,<0.2'],   # pytorch-accelerated's callbacks on the loop
         'notebook': ['ipywidgets>=8'],     # tqdm's notebook progress bar in Jupyter
+        # make bench-peers (benchmarks/peers.py): the libraries it measures the TrainLoop against, matplotlib for its
+        # plot, and what the original AIToolbox 1.8.0 (imported from its published wheel) imports.
+        'bench': ['matplotlib>=3.7', 'accelerate>=1.0', 'pytorch-accelerated==0.1.61', 'pytorch-ignite>=0.5',
+                  'lightning>=2.4', 'keras>=3.5', 'seaborn>=0.13', 'scikit-learn>=1.3', 'tensorboard>=2.14',
+                  'boto3>=1.28', 'google-cloud-storage>=3.0', 'wandb>=0.16'],
         'demo': DEMO,
         # everything the tests use (the demo's packages too: tests/docs/test_examples.py runs it)
         'dev': DEMO + [

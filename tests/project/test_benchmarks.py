@@ -1,0 +1,48 @@
+"""benchmarks/peers.py runs end to end on a tiny configuration: it prints its markdown table, reports a peer that
+is not installed as skipped (with the command that installs it), writes its plot, and rewrites only the marked
+block of the docs page. No timing is asserted: the benchmark measures, the tests only check that it runs."""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BEGIN, END = '<!-- peers:begin -->', '<!-- peers:end -->'
+
+# Ignite made unimportable in the benchmark's process: it must be reported as skipped, never left out silently.
+RUN_WITHOUT_IGNITE = ('import runpy, sys\n'
+                      'sys.modules["ignite"] = None\n'
+                      'sys.argv = ["peers.py"] + sys.argv[1:]\n'
+                      f'runpy.run_path({str(ROOT / "benchmarks" / "peers.py")!r}, run_name="__main__")\n')
+
+
+def test_the_peers_benchmark_prints_its_table_writes_its_plot_and_rewrites_only_the_marked_block(tmp_path):
+    docs = tmp_path / 'performance.md'
+    docs.write_text(f'# Performance\n\nBefore.\n\n{BEGIN}\nold figures\n{END}\n\nAfter.\n')
+    image = tmp_path / 'images' / 'loop-overhead.png'
+    process = subprocess.run(
+        [sys.executable, '-c', RUN_WITHOUT_IGNITE, '--models', 'tiny', '--peers', 'trainloop,ignite', '--repeats', '2',
+         '--warmup', '0', '--batches', '3', '--epochs', '1', '--quiet', '--write-docs', '--docs', str(docs),
+         '--image', str(image)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert process.returncode == 0, process.stdout + process.stderr
+    out = process.stdout
+    assert '| x hand-written loop, steps/s | fed | whole fit | steady state |' in out
+    assert '| hand-written loop, again (noise floor) | list |' in out
+    assert '| aitoolbox_like TrainLoop | list |' in out
+    assert '| PyTorch Ignite | list | skipped |' in out
+    assert 'skipped: PyTorch Ignite: pip install pytorch-ignite' in out
+    # the variants that ran trained the same weights as the hand-written loop (the last column)
+    assert [line.rsplit('|', 2)[1].strip() for line in out.splitlines()
+            if line.startswith(('| hand-written loop, again', '| aitoolbox_like TrainLoop'))] == ['0', '0']
+    assert image.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    text = docs.read_text()
+    assert text.startswith('# Performance\n\nBefore.\n\n' + BEGIN) and text.endswith(END + '\n\nAfter.\n')
+    assert 'old figures' not in text and '| aitoolbox_like TrainLoop | list |' in text
+    assert '](images/loop-overhead.png)' in text and 'Skipped: PyTorch Ignite:' in text
+
+
+def test_the_docs_page_has_the_block_the_benchmark_rewrites_and_the_plot_it_shows():
+    text = (ROOT / 'docs' / 'performance.md').read_text()
+    assert text.count(BEGIN) == 1 and text.count(END) == 1 and text.index(BEGIN) < text.index(END)
+    block = text[text.index(BEGIN):text.index(END)]
+    assert '](images/loop-overhead.png)' in block and (ROOT / 'docs' / 'images' / 'loop-overhead.png').is_file()
