@@ -46,3 +46,19 @@ def test_the_docs_page_has_the_block_the_benchmark_rewrites_and_the_plot_it_show
     assert text.count(BEGIN) == 1 and text.count(END) == 1 and text.index(BEGIN) < text.index(END)
     block = text[text.index(BEGIN):text.index(END)]
     assert '](images/loop-overhead.png)' in block and (ROOT / 'docs' / 'images' / 'loop-overhead.png').is_file()
+
+
+def test_the_step_breakdown_names_every_piece_and_sets_their_sum_beside_the_whole_step():
+    process = subprocess.run([sys.executable, str(ROOT / 'benchmarks' / 'step_breakdown.py'), '--number', '400',
+                              '--repeats', '1'], capture_output=True, text=True, timeout=120)
+    assert process.returncode == 0, process.stdout + process.stderr
+    names = [line.rsplit('  ', 1)[0].strip() for line in process.stdout.splitlines()[1:]]
+    assert names == ['batch taken: _batches generator and loop.iteration/batch/_is_last_batch',
+                     'bookkeeping: iteration counter, 2 hook checks, the step call, last-batch test',
+                     'update decision: _is_update_step()', 'DDP and autocast contexts (no-ops)',
+                     'TTBasicModel.get_loss around the forward: unpack, device checks',
+                     'loss kept: loop.loss, on_after_loss check, detach and append',
+                     'backward() around loss.backward(): accumulation and scaler checks, hook check',
+                     'optimizer update around step() and zero_grad(): applied flags, hook checks',
+                     'sum of the pieces', 'whole step over the raw step (tiny MLP, batches of 32)']
+    assert all(line.endswith(' us') for line in process.stdout.splitlines()[1:])
