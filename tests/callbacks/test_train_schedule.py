@@ -1,5 +1,6 @@
 """Learning-rate schedulers inside real fits, compared with torch's own schedulers stepped by hand."""
 import contextlib
+import math
 import os
 
 import pytest
@@ -77,21 +78,68 @@ def test_multistep_and_general_wrapper_match_torch():
     assert rec.lrs[0] == pytest.approx(per_update(torch_lrs(lambda o: tls.ExponentialLR(o, 0.7), 4), 3))
 
 
-@pytest.mark.parametrize('cls, args', [
-    (LinearWithWarmupScheduler, dict(num_warmup_steps=3, num_training_steps=10)),
-    (CosineWithWarmupScheduler, dict(num_warmup_steps=2, num_training_steps=10)),
-    (HardRestartsCosineWithWarmupScheduler, dict(num_warmup_steps=2, num_training_steps=10, num_cycles=2)),
-    (ConstantWithWarmupScheduler, dict(num_warmup_steps=4)),
+# The published warm-up shapes (HuggingFace transformers' get_*_schedule_with_warmup, which AIToolbox's
+# schedulers.warmup follows), written out here so that the expected curves owe nothing to the code under test.
+def hf_linear(step, warmup, total):
+    if step < warmup:
+        return step / max(1, warmup)
+    return max(0., (total - step) / max(1, total - warmup))
+
+
+def hf_cosine(step, warmup, total, num_cycles=0.5):
+    if step < warmup:
+        return step / max(1, warmup)
+    progress = (step - warmup) / max(1, total - warmup)
+    return max(0., 0.5 * (1. + math.cos(math.pi * num_cycles * 2. * progress)))
+
+
+def hf_hard_restarts(step, warmup, total, num_cycles=1.):
+    if step < warmup:
+        return step / max(1, warmup)
+    progress = (step - warmup) / max(1, total - warmup)
+    if progress >= 1.:
+        return 0.
+    return max(0., 0.5 * (1. + math.cos(math.pi * ((num_cycles * progress) % 1.))))
+
+
+def hf_constant(step, warmup):
+    return step / max(1., warmup) if step < warmup else 1.
+
+
+def test_published_shapes_as_written_here_have_their_landmarks():
+    # Guards the oracle itself against a slip: warm-up ends at 1, half a cosine wave ends at 0, hard restarts
+    # climb back to 1 at each cycle's start, and every decay is 0 from num_training_steps on.
+    assert [hf_linear(t, 2, 6) for t in range(8)] == [0., .5, 1., .75, .5, .25, 0., 0.]
+    assert [hf_constant(t, 4) for t in range(6)] == [0., .25, .5, .75, 1., 1.]
+    assert hf_cosine(2, 2, 10) == 1. and hf_cosine(6, 2, 10) == pytest.approx(.5) and hf_cosine(10, 2, 10) == 0.
+    assert hf_cosine(10, 2, 10, num_cycles=1.) == 1.          # a full wave comes back up
+    assert [hf_hard_restarts(t, 2, 10, 2) for t in (2, 6, 10, 11)] == [1., 1., 0., 0.]
+    assert hf_hard_restarts(4, 2, 10, 2) == pytest.approx(.5)
+
+
+# Four epochs of 3 updates: 12 steps, past num_training_steps=10, so the tail after the schedule is checked too.
+@pytest.mark.parametrize('cls, args, shape', [
+    (LinearWithWarmupScheduler, dict(num_warmup_steps=3, num_training_steps=10), lambda t: hf_linear(t, 3, 10)),
+    (LinearWithWarmupScheduler, dict(num_warmup_steps=0, num_training_steps=8), lambda t: hf_linear(t, 0, 8)),
+    (CosineWithWarmupScheduler, dict(num_warmup_steps=2, num_training_steps=10), lambda t: hf_cosine(t, 2, 10)),
+    (CosineWithWarmupScheduler, dict(num_warmup_steps=3, num_training_steps=11, num_cycles=1.25),
+     lambda t: hf_cosine(t, 3, 11, 1.25)),
+    (HardRestartsCosineWithWarmupScheduler, dict(num_warmup_steps=2, num_training_steps=10, num_cycles=2),
+     lambda t: hf_hard_restarts(t, 2, 10, 2)),
+    # AIToolbox's default is half a wave (transformers' is 1): one decay that ends at 0.5, then 0 after the end
+    (HardRestartsCosineWithWarmupScheduler, dict(num_warmup_steps=1, num_training_steps=9),
+     lambda t: hf_hard_restarts(t, 1, 9, 0.5)),
+    (ConstantWithWarmupScheduler, dict(num_warmup_steps=4), lambda t: hf_constant(t, 4)),
+    (ConstantWithWarmupScheduler, dict(num_warmup_steps=1), lambda t: hf_constant(t, 1)),
 ])
-def test_warmup_schedulers_step_once_per_real_update_with_grad_accumulation(cls, args):
+def test_warmup_schedulers_follow_the_published_shapes_once_per_real_update_with_grad_accumulation(cls, args, shape):
     # 5 batches of 8 per epoch, grad_accumulation=2: updates after batches 2, 4 and 5 (last) -> 3 per epoch.
     loop, rec, callback = make_loop(n=40), LRRecorder(), cls(**args)
-    loop.fit(num_epochs=3, callbacks=[callback, rec], grad_accumulation=2)
-    lr_lambda = callback.scheduler.lr_lambdas[0]
-    expected = torch_lrs(lambda o: tls.LambdaLR(o, lr_lambda), 9)
-    assert len(rec.lrs[0]) == 9
-    assert rec.lrs[0] == pytest.approx(expected)
-    assert callback.scheduler.last_epoch == 9
+    loop.fit(num_epochs=4, callbacks=[callback, rec], grad_accumulation=2)
+    expected = [BASE_LR * shape(step) for step in range(12)]
+    assert len(rec.lrs[0]) == 12
+    assert rec.lrs[0] == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert callback.scheduler.last_epoch == 12
 
 
 def test_lambda_lr_on_epoch_and_on_batch():
@@ -211,7 +259,7 @@ def test_multi_optimizer_each_scheduler_drives_its_own_optimizer():
     warmup = LinearWithWarmupScheduler(3, 9, optimizer_idx=1)
     loop.fit(num_epochs=3, callbacks=[StepLRScheduler(1, gamma=0.5, optimizer_idx=0), warmup, rec])
     assert rec.lrs[0] == pytest.approx(per_update(torch_lrs(lambda o: tls.StepLR(o, 1, 0.5), 3), 3))
-    assert rec.lrs[1] == pytest.approx(torch_lrs(lambda o: tls.LambdaLR(o, warmup.scheduler.lr_lambdas[0]), 9, 0.2))
+    assert rec.lrs[1] == pytest.approx([0.2 * hf_linear(t, 3, 9) for t in range(9)], rel=1e-12, abs=1e-15)
     assert set(loop.train_history.keys()) >= {'lr_0_0', 'lr_1_0'} and 'lr' not in loop.train_history
     assert loop.train_history['lr_1_0'] == pytest.approx([0.0, 0.2 * 6 / 6 * 1.0, 0.2 * 3 / 6])
 
@@ -264,14 +312,13 @@ def test_batch_scheduler_does_not_step_when_grad_scaler_skips_the_update(fused, 
     loop.fit(num_epochs=1, callbacks=[callback, rec])
     assert loop.amp_scaler.get_scale() == 2. ** 6            # the scaler really skipped two updates
     assert not torch.equal(weights_before, loop.model.net.weight)
-    lr_lambda = callback.scheduler.lr_lambdas[0]
     # 8 update attempts; the schedule advances only after the 6 that were applied.
     expected, step = [], 0
     for batch in range(8):
-        expected.append(BASE_LR * lr_lambda(step))
+        expected.append(BASE_LR * hf_linear(step, 4, 8))
         if batch not in poisoned:
             step += 1
-    assert rec.lrs[0] == pytest.approx(expected)
+    assert rec.lrs[0] == pytest.approx(expected, rel=1e-12, abs=1e-15)
     assert callback.scheduler.last_epoch == 6
 
 

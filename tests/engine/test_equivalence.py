@@ -24,20 +24,35 @@ def hand_written_loop(model, train_loader, optimizer, criterion, num_epochs, gra
     return model
 
 
-def make(seed, dropout, optimizer_cls):
+def make(seed, dropout, optimizer_cls, **optimizer_kwargs):
     torch.manual_seed(seed)
     model = MLP(dropout=dropout)
-    optimizer = optimizer_cls(model.parameters(), lr=0.05) if optimizer_cls is torch.optim.SGD \
-        else optimizer_cls(model.parameters(), lr=0.01)
+    optimizer = optimizer_cls(model.parameters(), lr=0.05, **optimizer_kwargs) if optimizer_cls is torch.optim.SGD \
+        else optimizer_cls(model.parameters(), lr=0.01, **optimizer_kwargs)
     return model, optimizer
 
 
+def assert_optimizer_state_equal(ref, tl):
+    """Every parameter's optimizer state (tensors to the bit) and every param group's settings."""
+    ref, tl = ref.state_dict(), tl.state_dict()
+    assert ref['param_groups'] == tl['param_groups']
+    assert ref['state'].keys() == tl['state'].keys()
+    for idx, state in ref['state'].items():
+        assert state.keys() == tl['state'][idx].keys(), idx
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, tl['state'][idx][key]), (idx, key)
+            else:
+                assert value == tl['state'][idx][key], (idx, key)
+
+
 @pytest.mark.parametrize('grad_accumulation', [1, 3])
-@pytest.mark.parametrize('optimizer_cls', [torch.optim.SGD, torch.optim.Adam])
-def test_weights_equal_hand_written_loop_to_the_bit(grad_accumulation, optimizer_cls):
+@pytest.mark.parametrize('optimizer_cls, optimizer_kwargs', [
+    (torch.optim.SGD, {}), (torch.optim.SGD, dict(momentum=0.9)), (torch.optim.Adam, {})])
+def test_weights_equal_hand_written_loop_to_the_bit(grad_accumulation, optimizer_cls, optimizer_kwargs):
     # 53 samples in batches of 8: 7 batches, so with accumulation 3 the last window holds one batch.
-    ref_model, ref_opt = make(1, 0.2, optimizer_cls)
-    tl_model, tl_opt = make(1, 0.2, optimizer_cls)
+    ref_model, ref_opt = make(1, 0.2, optimizer_cls, **optimizer_kwargs)
+    tl_model, tl_opt = make(1, 0.2, optimizer_cls, **optimizer_kwargs)
     assert state_equal(ref_model.state_dict(), tl_model.state_dict())
 
     torch.manual_seed(7)
@@ -51,8 +66,11 @@ def test_weights_equal_hand_written_loop_to_the_bit(grad_accumulation, optimizer
         num_epochs=3, grad_accumulation=grad_accumulation)
 
     assert state_equal(ref_model.state_dict(), tl_model.state_dict())
-    assert state_equal(ref_opt.state_dict()['state'][0], tl_opt.state_dict()['state'][0]) \
-        if optimizer_cls is torch.optim.Adam else True
+    # The state a resumed run would continue from: plain SGD keeps none, momentum and Adam one entry per parameter.
+    num_params = len(list(ref_model.parameters()))
+    stateful = optimizer_cls is torch.optim.Adam or optimizer_kwargs.get('momentum', 0) != 0
+    assert len(ref_opt.state_dict()['state']) == (num_params if stateful else 0)
+    assert_optimizer_state_equal(ref_opt, tl_opt)
 
 
 @pytest.mark.parametrize('weighting', ['batch', 'sample'])
