@@ -5,6 +5,10 @@ SAS, e.g. Azurite's), or the account URL (``endpoint_url=``, ``AZURE_STORAGE_ACC
 ``AZURE_STORAGE_ACCOUNT``) with the credentials ``azure.identity.DefaultAzureCredential`` finds (environment, managed
 identity, Azure CLI login). ``bucket_name`` names the container. The client library is imported when an
 AzureBlobStorage is created and the client made at the first operation; nothing reaches the network before.
+
+Azure's client logs every request and response, with their headers, at INFO (its ``http_logging_policy``), which
+drowns a script's own INFO log: when the client is made, the ``azure`` logger is set to WARNING unless a level was
+set on it. A level set on it, or on any logger under it, brings that log back (:func:`quiet_sdk_log`).
 """
 from __future__ import annotations
 
@@ -36,6 +40,22 @@ def _import_client() -> Any:
     except ImportError as error:
         raise missing_client_error('Azure Blob', 'azure-storage-blob', 'azure', error) from error
     return azure.storage.blob
+
+
+#: The logger every logger of Azure's client libraries is under.
+SDK_LOGGER = 'azure'
+
+
+def quiet_sdk_log() -> None:
+    """Set the ``azure`` logger to WARNING if its level is not set (NOTSET), else leave it as it is.
+
+    A level the user set on ``azure`` (before or after: theirs replaces this one) or on a logger under it
+    (``azure.core.pipeline.policies.http_logging_policy``: the request log; ``azure.identity``) takes precedence, so
+    ``logging.getLogger('azure').setLevel(logging.INFO)`` shows Azure's log again.
+    """
+    sdk = logging.getLogger(SDK_LOGGER)
+    if sdk.level == logging.NOTSET:
+        sdk.setLevel(logging.WARNING)
 
 
 def parse_connection_string(text: str) -> dict[str, str]:
@@ -124,6 +144,8 @@ class AzureBlobStorage(CloudStorage):
     def container(self) -> Any:
         """Azure's ``ContainerClient`` of the container, made at the first use."""
         if self._container is None:
+            # Here and not at import: a script that imports us and never uses Azure keeps its logging as it was.
+            quiet_sdk_log()
             if self._service is None:
                 self._service = self._make_service()
             self._container = self._service.get_container_client(self.bucket_name)
