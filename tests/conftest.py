@@ -18,11 +18,8 @@ for _name in [name for name in os.environ if name.startswith('SLURM_')]:
     del os.environ[_name]
 
 
-# torchvision's CUDA wheel beside CPU torch (tools/cpu_torchvision.py): declared before any test imports it.
+# The tests of the checks in tools/ (sg_check, pta_check, orca_check) import them as the package `tools`.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tools.cpu_torchvision import declare_torchvision_ops  # noqa: E402
-
-_TORCHVISION_SCHEMAS = declare_torchvision_ops()
 
 # Tiny models: extra threads only add contention on the CI's two cores.
 torch.set_num_threads(1)

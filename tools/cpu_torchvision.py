@@ -1,23 +1,44 @@
-"""torchvision (and torchmetrics, which imports it) beside the CPU build of torch, for the tests and the checks.
+"""The startup hook of the venv the Makefile builds: torchvision (and torchmetrics) importable beside CPU torch.
 
-The torchvision wheel these machines reach is a CUDA build: with CPU-only torch its import fails with 'operator
-torchvision::nms does not exist'. Declaring the two op schemas first is enough for transforms, datasets, models and
-utils. Set-up of the tests (tests/conftest.py) and of make pta-check only: the library never does this.
+    .venv/bin/python -m tools.cpu_torchvision
+
+writes ``aitoolbox_like-torchvision-cpu.pth`` into the site-packages of the venv that runs it (the Makefile does,
+after each install). Python runs that file's line at every start of the venv's interpreter: it loads
+aitoolbox_like/_torchvision_compat.py of this checkout on its own (not the package, whose import loads torch) and
+installs its import hook, which declares the two op schemas torchvision's CUDA build needs beside a CPU-only torch
+when torchvision is first imported, and does nothing otherwise (aitoolbox_like/_torchvision_compat.py says why).
+The line does nothing when that file is gone; deleting the .pth file removes the hook.
 """
-import importlib.util
-from typing import Any
+import logging
+import sys
+import sysconfig
+from pathlib import Path
 
-import torch
+HOOK_FILE = 'aitoolbox_like-torchvision-cpu.pth'
+# The name the hook's copy of the module has in sys.modules: keeps it, and the schemas it declared, alive.
+HOOK_MODULE = '_aitoolbox_like_torchvision_hook'
+COMPAT_MODULE = Path(__file__).resolve().parents[1] / 'aitoolbox_like' / '_torchvision_compat.py'
+
+logger = logging.getLogger('tools.cpu_torchvision')
 
 
-def declare_torchvision_ops() -> Any:
-    """The library object holding the two schemas (keep it alive), or None where nothing is needed."""
-    if torch.version.cuda is not None or importlib.util.find_spec('torchvision') is None:
-        return None
-    try:
-        lib = torch.library.Library('torchvision', 'DEF')
-    except RuntimeError:        # declared already in this process
-        return None
-    lib.define('nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
-    lib.define('qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
-    return lib
+def hook_line(module_path: Path = COMPAT_MODULE) -> str:
+    """The .pth line: one statement starting with ``import`` (the only kind of line site.py runs)."""
+    return (f'import os, sys, importlib.util as u; p = {str(module_path)!r}; '
+            f's = os.path.exists(p) and u.spec_from_file_location({HOOK_MODULE!r}, p); '
+            f'm = s and u.module_from_spec(s); '
+            f'm and (sys.modules.setdefault(s.name, m), s.loader.exec_module(m), m.install_import_hook())\n')
+
+
+def install() -> Path:
+    """Write the hook into this interpreter's site-packages; a venv's only, never a system Python's."""
+    if sys.prefix == sys.base_prefix:
+        raise SystemExit(f'{sys.executable} is not a virtual environment\'s python: the hook goes into a venv only')
+    target = Path(sysconfig.get_paths()['purelib']) / HOOK_FILE
+    target.write_text(hook_line())
+    return target
+
+
+if __name__ == '__main__':
+    logging.basicConfig(level=logging.INFO, format='%(message)s')
+    logger.info('torchvision start-up hook: %s', install())

@@ -1,5 +1,5 @@
-# torchvision on this CPU-only torch is imported after tests/conftest.py declares the torchvision::nms / qnms
-# op schemas (test set-up only; the library imports torchvision lazily and reports a clear error).
+# torchvision imports here as in any script the venv runs: the Makefile's venv has a start-up hook for its CUDA
+# build beside CPU torch (tools/cpu_torchvision.py); the library imports it lazily and reports a clear error.
 import glob
 import os
 

@@ -86,8 +86,6 @@ def seed_examples(tally: Tally, seeds: Path, work: Path) -> None:
     from pytorch_accelerated import Trainer
     from pytorch_accelerated.callbacks import LogMetricsCallback, TrainerCallback
 
-    from ..cpu_torchvision import declare_torchvision_ops
-    schemas = declare_torchvision_ops()       # torchmetrics imports torchvision (tools/cpu_torchvision.py)
     from torchmetrics import Accuracy, ConfusionMatrix
 
     namespace: Dict[str, Any] = {'TrainerCallback': TrainerCallback, 'Trainer': Trainer,
@@ -134,5 +132,4 @@ def seed_examples(tally: Tally, seeds: Path, work: Path) -> None:
     tally.expect(f'{PAGE}: ClassificationMetricsCallback, side by side', metrics_side_by_side)
     tally.expect(f'{PAGE}: VerifyBatchCallback\'s custom event holds for 28x28 batches', lambda: custom_event(28))
     tally.expect(f'{PAGE}: VerifyBatchCallback\'s custom event fails for 14x14 batches', lambda: custom_event(14))
-    del schemas
 
