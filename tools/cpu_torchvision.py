@@ -39,6 +39,13 @@ def install() -> Path:
     return target
 
 
+def declare_torchvision_ops() -> None:
+    """The hook's work done by hand in this process, for a script that may run outside the Makefile's venv
+    (benchmarks/peers.py); in that venv the hook has done it already."""
+    from aitoolbox_like._torchvision_compat import prepare_torchvision
+    prepare_torchvision()
+
+
 if __name__ == '__main__':
     logging.basicConfig(level=logging.INFO, format='%(message)s')
     logger.info('torchvision start-up hook: %s', install())
