@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Optional
 
-from ..experiment.reporting import TrainingHistoryPlotter, append_epoch_text_block
+from ..experiment.reporting import TRAIN_VAL_SUFFIX, TrainingHistoryPlotter, append_epoch_text_block
 from ..experiment.reporting import history_series    # public here too: the tensorboard / wandb callbacks use it
 from ..message_passing import MessageHandling
 from ..result_package.basic import TorchMetricsPackage
@@ -383,7 +383,7 @@ class ModelTrainHistoryBaseCB(AbstractExperimentCallback):
 class ModelTrainHistoryPlot(ModelTrainHistoryBaseCB):
     def __init__(self, epoch_end=True, train_end=False, file_format='png',
                  project_name=None, experiment_name=None, local_model_result_folder_path=None,
-                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None):
+                 cloud_save_mode=None, bucket_name=None, cloud_dir_prefix=None, train_val=True):
         """Plot every numeric history metric against the epochs (needs ``pip install aitoolbox_like[plots]``).
 
         Each call writes into ``<experiment>/results/<prefix>plots_epoch_<epoch>``: one ``<metric>.png`` per
@@ -391,12 +391,20 @@ class ModelTrainHistoryPlot(ModelTrainHistoryBaseCB):
         title gives the best value and its epoch (lowest for losses/errors, highest otherwise). Dict-valued
         metrics are plotted per key as ``<metric>_<key>``.
 
+        With ``train_val`` the training and validation values of a metric are also drawn on one chart, in
+        ``<prefix>plots_epoch_<epoch>_train_val/<m>_train_val.png`` (``.pdf``): ``loss_train_val.png`` for
+        ``loss``, ``accumulated_loss`` and ``val_loss``; ``<m>_train_val.png`` for ``train_<m>`` and ``val_<m>``
+        (TrainingHistoryPlotter.generate_train_val_report). Their folder is another one so that AIToolbox's keeps
+        exactly its files; they are in ``last_written_files`` and uploaded, while the message on the message service
+        lists AIToolbox's per-metric files only.
+
         Args:
             epoch_end (bool): plot after each epoch (prefix ''), in rank 0.
             train_end (bool): plot at the end of training (prefix 'train_end_').
             file_format (str): 'png' or 'pdf'.
             project_name, experiment_name, local_model_result_folder_path, cloud_save_mode, bucket_name,
                 cloud_dir_prefix: the experiment folder (see AbstractExperimentCallback).
+            train_val (bool): also draw each metric's training and validation values on one chart.
         """
         super().__init__('Model Train history Plot report', execution_order=97, epoch_end=epoch_end,
                          train_end=train_end, file_format=file_format, project_name=project_name,
@@ -405,6 +413,7 @@ class ModelTrainHistoryPlot(ModelTrainHistoryBaseCB):
         if file_format not in ('png', 'pdf'):
             raise ValueError(f"ModelTrainHistoryPlot: file_format {file_format!r} is not supported; use 'png' or 'pdf'")
         import_matplotlib('ModelTrainHistoryPlot')      # a missing extra fails here, not after the first epoch
+        self.train_val = train_val
 
     def on_epoch_end(self):
         if self.epoch_end:
@@ -423,12 +432,17 @@ class ModelTrainHistoryPlot(ModelTrainHistoryBaseCB):
         until the end of the epoch (AIToolbox's message), for callbacks that run after this one.
         """
         plotter = TrainingHistoryPlotter(self.results_dir_path)
-        saved = plotter.generate_report(self.train_loop_obj.train_history,
-                                        plots_folder_name=f'{prefix}plots_epoch_{self.train_loop_obj.epoch}',
-                                        file_format=self.file_format)
+        history = self.train_loop_obj.train_history
+        folder = f'{prefix}plots_epoch_{self.train_loop_obj.epoch}'
+        saved = plotter.generate_report(history, plots_folder_name=folder, file_format=self.file_format)
         paths = [path for _, path in saved]
-        self.last_written_files = paths
+        # AIToolbox's message: its per-metric files, as AIToolbox's readers of it expect.
         self._post_paths('ModelTrainHistoryPlot_results_file_local_paths', paths)
+        if self.train_val:
+            paired = plotter.generate_train_val_report(history, plots_folder_name=folder + TRAIN_VAL_SUFFIX,
+                                                       file_format=self.file_format)
+            paths = paths + [path for _, path in paired]
+        self.last_written_files = paths
         self._upload_files(paths)
         return paths
 

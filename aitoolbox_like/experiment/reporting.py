@@ -3,6 +3,10 @@ gradient distributions (AIToolbox's ``result_reporting`` classes).
 
 Plots need matplotlib (``pip install aitoolbox_like[plots]``), not seaborn; they are drawn on standalone
 figures, so the global pyplot state (style, backend, open figures) is left alone and no display is needed.
+
+Besides AIToolbox's one chart per metric, :class:`TrainingHistoryPlotter` draws training against validation on one
+chart (:meth:`TrainingHistoryPlotter.generate_train_val_report`, pairs found by :func:`train_val_pairs`), in a
+folder of its own so that AIToolbox's folders keep exactly their files.
 """
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ import logging
 import math
 import numbers
 import os
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -106,6 +111,48 @@ def history_series(training_history: HistoryMapping,
         else:
             series[name] = (epochs, values)
     return series
+
+
+#: What the folder (or PDF) of the training-vs-validation charts adds to the name of the per-metric one
+#: (``plots_epoch_3`` -> ``plots_epoch_3_train_val``), and each chart's file to the metric's (``loss_train_val.png``).
+TRAIN_VAL_SUFFIX = '_train_val'
+# val_<stem>, with the end-of-training prefix ModelPerformanceEvaluation gives (train_end_val_<stem>).
+_VALIDATION_NAME = re.compile(r'^(?P<prefix>(?:train_end_)?)val_(?P<stem>.+)$')
+
+
+def train_val_pairs(metric_names: Iterable[str]) -> Dict[str, Tuple[List[str], str]]:
+    """``{chart name: ([training metric names], validation metric name)}`` for every validation metric of
+    ``metric_names`` that has a training counterpart there.
+
+    ``val_<m>`` pairs with ``train_<m>`` (ModelPerformanceEvaluation's names; ``train_end_val_<m>`` with
+    ``train_end_train_<m>``), the chart named ``<m>`` (``train_end_<m>``). ``val_loss`` pairs with the loop's
+    training losses, ``loss`` (the model at the epoch's end, on the training set) and ``accumulated_loss`` (the mean
+    over the epoch's batches), and ``train_loss`` when a metric has that name.
+    """
+    names = list(metric_names)
+    present = set(names)
+    pairs: Dict[str, Tuple[List[str], str]] = {}
+    for name in names:
+        match = _VALIDATION_NAME.match(name)
+        if match is None:
+            continue
+        prefix, stem = match.group('prefix'), match.group('stem')
+        candidates = [f'{prefix}train_{stem}']
+        if not prefix and stem == 'loss':
+            candidates = ['loss', 'accumulated_loss'] + candidates
+        training = [candidate for candidate in candidates if candidate in present]
+        if training:
+            pairs[f'{prefix}{stem}'] = (training, name)
+    return pairs
+
+
+def _best_point(metric_name: str, epochs: Sequence, values: Sequence) -> Optional[Tuple[Any, float]]:
+    """The (epoch, value) of the best finite value: the lowest for losses and errors, the highest otherwise."""
+    finite = [(e, float(v)) for e, v in zip(epochs, values) if is_number(v) and math.isfinite(float(v))]
+    if not finite:
+        return None
+    pick = min if lower_is_better(metric_name) else max
+    return pick(finite, key=lambda p: p[1])
 
 
 def _safe_file_name(name: object) -> str:
@@ -259,13 +306,67 @@ class TrainingHistoryPlotter:
         ax.set_xlabel('Epoch')
         ax.set_ylabel(str(metric_name))
         ax.grid(True, alpha=0.3)
-        finite = [(e, v) for e, v in points if math.isfinite(v)]
-        if finite:
-            pick = min if lower_is_better(str(metric_name)) else max
-            best_epoch, best_value = pick(finite, key=lambda p: p[1])
-            ax.set_title(f'{metric_name}\nbest: {best_value:.5g} at epoch {best_epoch}')
+        best = _best_point(str(metric_name), [e for e, _ in points], [v for _, v in points])
+        if best is not None:
+            ax.set_title(f'{metric_name}\nbest: {best[1]:.5g} at epoch {best[0]}')
         else:
             ax.set_title(f'{metric_name}\n(no finite values)')
+        fig.tight_layout()
+        return fig
+
+    def generate_train_val_plots(self, training_history: HistoryMapping) -> Iterator[Tuple[str, Figure]]:
+        """Yield ``(chart name, Figure)`` for every pair of :func:`train_val_pairs` whose validation metric and at
+        least one training metric have two numeric values or more (a training metric with fewer is left out)."""
+        series = history_series(training_history)
+        for chart_name, (training, validation) in train_val_pairs(series).items():
+            drawn = {name: series[name] for name in training + [validation]
+                     if sum(is_number(v) for v in series[name][1]) > 1}
+            if validation in drawn and len(drawn) > 1:
+                yield chart_name, self.plot_train_val_curves(chart_name, drawn, validation)
+
+    def generate_train_val_report(self, training_history: HistoryMapping,
+                                  plots_folder_name: str = f'plots{TRAIN_VAL_SUFFIX}',
+                                  file_format: str = 'png') -> List[List[str]]:
+        """One ``<plots_folder_name>/<chart>_train_val.png`` per training/validation pair
+        (:meth:`generate_train_val_plots`: ``loss_train_val.png`` for ``loss``, ``accumulated_loss`` and ``val_loss``,
+        ``<m>_train_val.png`` for ``train_<m>`` and ``val_<m>``), or all of them in ``<plots_folder_name>.pdf``.
+        Nothing is written, not even the folder, while no pair has two values. Returns ``[[path inside the results
+        folder, local path], ...]``."""
+        _check_format(file_format, ('png', 'pdf'))
+        import_matplotlib('TrainingHistoryPlotter')
+        # The suffix in the file name too: a file attached or downloaded alone still says what it is.
+        figures = [(_safe_file_name(name) + TRAIN_VAL_SUFFIX, fig)
+                   for name, fig in self.generate_train_val_plots(training_history)]
+        if not figures:
+            return []
+        return _write_figures(figures, self.experiment_results_local_path, plots_folder_name, file_format)
+
+    @staticmethod
+    def plot_train_val_curves(chart_name: str, series: Mapping[str, Tuple[Sequence, Sequence]],
+                              validation_name: str) -> Figure:
+        """A matplotlib Figure of several metrics on one chart, one line each labelled with its history name:
+        ``series`` is ``{name: (epochs, values)}`` (non-numeric values skipped). The validation metric's best value
+        (lowest for losses and errors, highest otherwise, as in the per-metric charts) is named in the title with
+        its epoch and marked by a dotted vertical line at that epoch."""
+        fig = new_figure(figsize=(8, 5), dpi=100)
+        ax = fig.add_subplot()
+        for name, (epochs, values) in series.items():
+            points = [(e, float(v)) for e, v in zip(epochs, values) if is_number(v)]
+            # The validation line solid, the training ones dashed: which is which reads without the legend.
+            ax.plot([e for e, _ in points], [v for _, v in points], marker='o', label=str(name),
+                    linestyle='-' if name == validation_name else '--')
+        ax.set_xlabel('Epoch')
+        ax.set_ylabel(str(chart_name))
+        ax.grid(True, alpha=0.3)
+        epochs, values = series[validation_name]
+        best = _best_point(str(validation_name), epochs, values)
+        if best is not None:
+            ax.axvline(best[0], color='grey', linestyle=':', label=f'best {validation_name}')
+            ax.set_title(f'{chart_name}: training and validation\n'
+                         f'best {validation_name}: {best[1]:.5g} at epoch {best[0]}')
+        else:
+            ax.set_title(f'{chart_name}: training and validation\n({validation_name}: no finite values)')
+        ax.legend()
         fig.tight_layout()
         return fig
 

@@ -252,9 +252,11 @@ def test_history_plot_pdf_with_explicit_and_inferred_experiment_details(tmp_path
                                  experiment_name='exp', local_model_result_folder_path=str(tmp_path / 'out'))
     loop.fit(num_epochs=2, callbacks=[plot])
     path = os.path.join(_results_dir(str(tmp_path / 'out'), 'proj', 'exp'), 'train_end_plots_epoch_1.pdf')
-    assert plot.last_written_files == [path]
-    with open(path, 'rb') as f:
-        assert f.read(5) == b'%PDF-'
+    # AIToolbox's PDF, then the training-vs-validation charts' (loss and val_loss have two values)
+    assert plot.last_written_files == [path, path.replace('.pdf', '_train_val.pdf')]
+    for written in plot.last_written_files:
+        with open(written, 'rb') as f:
+            assert f.read(5) == b'%PDF-'
 
     # a tracking loop's details are used, and with a cloud mode the files go to its uploader
     loop = make_loop()
