@@ -1,7 +1,8 @@
 """Loop overhead: TrainLoop vs a hand-written PyTorch loop on the same model, data and steps.
 
-Runs the variants interleaved in one process (raw loop, TrainLoop without callbacks, TrainLoop with 50
-no-op callbacks on every per-step hook), repeats, and prints median ratios of steps/s, two of them:
+Runs the variants interleaved in one process (raw loop, the raw loop again as the noise floor, TrainLoop without
+callbacks, TrainLoop with 50 no-op callbacks on every per-step hook), repeats, and prints median ratios of steps/s,
+two of them:
 
 - whole fit: from building the loop to ``fit`` returning (registration, defaults, device moves, the
   per-epoch RNG capture and loss history, the end of fit), against the raw loop from its first line
@@ -249,8 +250,12 @@ def main():
         run_raw(batches, 1), run_trainloop(batches, 1, 0), run_trainloop(batches, 1, 50)
     whole_plain, steady_plain, whole_cbs, steady_cbs, per_callback_us, overhead_us, fixed_ms, fixed_cbs_ms = \
         ([] for _ in range(8))
+    noise_floor, noise_us = [], []      # the raw loop against itself: how far apart two equal runs come out
     for _ in range(args.repeats):
         raw, _ = run_raw(batches, args.epochs)
+        again, _ = run_raw(batches, args.epochs)
+        noise_floor.append(raw / again)
+        noise_us.append((again - raw) / steps * 1e6)
         plain = run_trainloop(batches, args.epochs, 0)
         with_cbs = run_trainloop(batches, args.epochs, 50)
         whole_plain.append(raw / plain[0])
@@ -273,10 +278,14 @@ def main():
     print(f'model: {model}, batch {BATCH_SIZE}, {steps} steps per run ({args.epochs} epochs), '
           f'{args.repeats} interleaved repeats, torch {torch.__version__}, 1 thread, {mode}; raw loop step '
           f'~{raw_step_us:.0f} us')
-    print(f'TrainLoop overhead per step (steady state): {statistics.median(overhead_us):.1f} us (median)')
+    print(f'TrainLoop overhead per step (steady state): {statistics.median(overhead_us):.1f} us (median; the raw '
+          f'loop against itself: {statistics.median(noise_us):+.1f} us)')
     print(f'fit start + end, outside the epochs:        {statistics.median(fixed_ms):.2f} ms per fit, '
           f'{statistics.median(fixed_cbs_ms):.2f} ms with 50 callbacks (median)')
     print('x raw-loop steps/s (median)      whole fit   steady state')
+    quartiles = statistics.quantiles(noise_floor, n=4)
+    print(f'raw loop again (noise floor):      {statistics.median(noise_floor):.3f}       (middle half of the '
+          f'repeats {quartiles[0]:.3f}-{quartiles[2]:.3f})')
     print(f'TrainLoop, no callbacks:           {statistics.median(whole_plain):.3f}       '
           f'{statistics.median(steady_plain):.3f}')
     print(f'TrainLoop, 50 no-op callbacks:     {statistics.median(whole_cbs):.3f}       '
