@@ -5,10 +5,17 @@
 
 Each script in scripts/ is written against the AIToolbox 1.8.0 API, is seeded, and ends by printing a one-line
 JSON summary; both runs must exit 0 and print the same summary.
+
+Most runs are forked from the tests' zygote (conftest's ``warm_python``: each its own process, as ``python ...``);
+a script that starts processes (a ``gpu_mode='ddp'`` fit) runs in fresh interpreters, as a user runs it, so that its
+ranks are spawned and re-import it (through the compat runner too) instead of being forked from a process that
+already ran it.
 """
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +28,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 SLOW_SCRIPTS = {'s19_ddp_cpu.py': 240}
 DEFAULT_TIMEOUT = 120
+_STARTS_PROCESSES = re.compile(r"""gpu_mode\s*=\s*['"](?:ddp|fsdp)['"]|multiprocessing""")
+
+
+def _starts_processes(script):
+    return bool(_STARTS_PROCESSES.search((SCRIPTS_DIR / script).read_text()))
 
 
 def _env():
@@ -35,13 +47,46 @@ def _env():
     return env
 
 
-def _run_both(warm, commands, cwd, timeout):
-    """Run the commands at the same time (the two runs of a script are independent) and return each one's
-    summary."""
-    processes = [warm.start(cmd, cwd, _env(), cwd / f'run{i}.stdout', cwd / f'run{i}.stderr')
-                 for i, cmd in enumerate(commands)]
+class _FreshProcess:
+    """``python *cmd`` started as a shell starts it (a fresh interpreter, no hash seed forced), with the interface of
+    warm_python's runs."""
+
+    def __init__(self, cmd, cwd, stdout, stderr):
+        env = _env()
+        del env['PYTHONHASHSEED']
+        self.stdout_path, self.stderr_path = stdout, stderr
+        with open(stdout, 'w') as out, open(stderr, 'w') as err:
+            self.process = subprocess.Popen([sys.executable, *map(str, cmd)], cwd=cwd, env=env, stdout=out,
+                                            stderr=err)
+
+    def wait(self, timeout):
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+    def output(self):
+        with open(self.stdout_path, errors='replace') as out, open(self.stderr_path, errors='replace') as err:
+            return out.read(), err.read()
+
+
+def _run_both(warm, commands, cwd, timeout, fresh=False):
+    """Run the commands at the same time (the two runs of a script are independent), forked from ``warm`` or, with
+    ``fresh``, in fresh interpreters, and return each one's summary."""
+    if fresh:
+        processes = [_FreshProcess(cmd, cwd, cwd / f'run{i}.stdout', cwd / f'run{i}.stderr')
+                     for i, cmd in enumerate(commands)]
+    else:
+        processes = [warm.start(cmd, cwd, _env(), cwd / f'run{i}.stdout', cwd / f'run{i}.stderr')
+                     for i, cmd in enumerate(commands)]
     deadline = time.monotonic() + timeout
-    codes = [warm.wait(proc, max(1.0, deadline - time.monotonic())) for proc in processes]
+
+    def wait(proc):
+        left = max(1.0, deadline - time.monotonic())
+        return proc.wait(left) if fresh else warm.wait(proc, left)
+
+    codes = [wait(proc) for proc in processes]
     summaries = []
     for cmd, proc, code in zip(commands, processes, codes):
         stdout, stderr = proc.output()
@@ -78,6 +123,10 @@ def test_scripts_are_written_against_aitoolbox():
         assert 'aitoolbox_like' not in src, name
 
 
+def test_the_ddp_script_is_recognised_as_starting_processes():
+    assert [script for script in SCRIPTS if _starts_processes(script)] == ['s19_ddp_cpu.py']
+
+
 @pytest.mark.parametrize('script', SCRIPTS)
 def test_script_compat_runner_and_renamed_agree(script, tmp_path, warm_python):
     timeout = SLOW_SCRIPTS.get(script, DEFAULT_TIMEOUT)
@@ -90,6 +139,7 @@ def test_script_compat_runner_and_renamed_agree(script, tmp_path, warm_python):
     out_b = tmp_path / 'out_renamed'
     out_b.mkdir()
     summary_a, summary_b = _run_both(warm_python, [['-m', 'aitoolbox_like.compat', original, out_a],
-                                                   [renamed, out_b]], cwd=tmp_path, timeout=timeout)
+                                                   [renamed, out_b]], cwd=tmp_path, timeout=timeout,
+                                       fresh=_starts_processes(script))
 
     assert summary_a == summary_b, f'summaries differ:\ncompat:  {summary_a}\nrenamed: {summary_b}'

@@ -7,10 +7,11 @@ once; each run is then a ``fork`` of it that becomes ``python ARGS``: its own pr
 status), its working directory, environment, ``sys.argv`` and ``sys.path[0]`` as the ``python`` command sets them,
 its stdout and stderr in files, and the interpreter's own end (atexit handlers, non-daemon threads joined, an
 uncaught exception printed with status 1). What differs from a cold ``python``: the preloaded modules are already in
-``sys.modules``, the hash seed and interpreter flags are the zygote's (its environment is the runs' at start), and the
-processes a run's ``fit(gpu_mode='ddp'/'fsdp')`` starts are forks of the run (the library's way from a notebook)
-instead of fresh interpreters, which would import torch again, seconds each: the tests marked ``real_spawn`` and the
-scripts that torchrun, SLURM or the command line start cold keep the spawn of fresh interpreters tested.
+``sys.modules``, and the hash seed and interpreter flags are the zygote's (its environment is the runs' at start).
+The processes a run starts are started as the run asks (a ``fit(gpu_mode='ddp'/'fsdp')`` from a file spawns fresh
+interpreters that re-import it), but the tests run scripts that start processes (the docs' DDP blocks, AIToolbox's
+DDP script) and the tests of Ctrl-C and exit statuses in fresh interpreters anyway, as a user runs them: a script
+that only works when forked from an interpreter that already ran it must fail there.
 
 Protocol (one JSON object per line on the zygote's stdin, one reply per line on its stdout): ``{"run": ARGS, "cwd",
 "env", "stdout", "stderr"}`` -> ``{"pid"}``; ``{"wait": PID}`` -> ``{"returncode"}`` (negative: the signal).
@@ -54,7 +55,7 @@ class WarmPython:
     without it would). The hash seed is the zygote's: give ``PYTHONHASHSEED`` in ``env``."""
 
     def __init__(self, env, preload=PRELOAD):
-        # Its own session: closing kills the runs' own children too (the workers a DDP run spawns).
+        # Its own session: closing kills the runs' own children too (the ranks or workers a run starts).
         self.zygote = subprocess.Popen([sys.executable, os.path.abspath(__file__), *preload], env=env,
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
                                        start_new_session=True)
@@ -151,16 +152,6 @@ def _serve():
     sys.exit(0)
 
 
-def _fork_ranks_instead_of_spawning():
-    import torch.multiprocessing
-    spawn_or_other = torch.multiprocessing.start_processes
-
-    def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method='spawn'):
-        return spawn_or_other(fn, args, nprocs, join, daemon, 'fork' if start_method == 'spawn' else start_method)
-
-    torch.multiprocessing.start_processes = start_processes
-
-
 def _pythonpath(env):
     return [entry for entry in env.get('PYTHONPATH', '').split(os.pathsep) if entry]
 
@@ -197,7 +188,6 @@ def _become(request):
     sys.stderr = open(2, 'w', closefd=False)
     os.chdir(request['cwd'])
     _start_as_a_fresh_interpreter_would(request['env'])
-    _fork_ranks_instead_of_spawning()
     args = request['run']
     if args[0] == '-m':
         sys.argv = [args[1], *args[2:]]     # runpy puts the module's file first, as `python -m` does
