@@ -367,12 +367,28 @@ def work(settings: StudySettings, study: Optional['optuna.Study'] = None) -> Non
             break
 
 
+_worker_interrupted: List[int] = []
+
+
+def _interrupt_worker(signum: int, frame: Any) -> None:
+    """A worker's SIGINT and SIGTERM where its trial's fit has no handler of its own (and a fit's second SIGINT): the
+    trial ends as on Ctrl-C, once. A second signal while that stop is under way (the terminal's Ctrl-C reached the
+    worker, then the search's SIGTERM) must not cut it short."""
+    if _worker_interrupted:
+        return
+    _worker_interrupted.append(signum)
+    raise KeyboardInterrupt(f'received {signal.Signals(signum).name}')
+
+
 def _work_in_child(settings: StudySettings, log_level: int, threads: int, ready: Any, start: Any) -> None:
     """A worker process of ``--concurrent``: logging as in the parent, its share of the CPU threads; it opens the
     study, says it is ready, and starts trials when every worker is."""
     import torch
     logging.basicConfig(level=log_level, format='%(levelname)s %(name)s: %(message)s')
     torch.set_num_threads(threads)
+    # SIGTERM too: the search stops its workers with it (_work_concurrently), which a trial's fit takes as Ctrl-C.
+    signal.signal(signal.SIGINT, _interrupt_worker)
+    signal.signal(signal.SIGTERM, _interrupt_worker)
     try:
         with quiet_optuna():
             study = open_study(settings)
@@ -380,7 +396,7 @@ def _work_in_child(settings: StudySettings, log_level: int, threads: int, ready:
             start.wait()
             work(settings, study)
     except KeyboardInterrupt:
-        # Ctrl-C (the terminal's, or the parent's SIGINT): this worker's trial is FAIL (interrupted); the parent says so.
+        # Ctrl-C (the terminal's) or the parent's SIGTERM: this worker's trial is FAIL (interrupted), as the parent says
         sys.exit(130)
 
 
@@ -411,9 +427,11 @@ def _work_concurrently(settings: StudySettings, study: 'optuna.Study', workers: 
         work(settings, study)
     except KeyboardInterrupt:
         # Only this process may have got it (kill -INT): every worker stops its trial the same way (checkpoint, FAIL).
+        # SIGTERM, not SIGINT: after a terminal's Ctrl-C, which reached the workers too, a SIGINT would be their
+        # second one, which ends a trial at once, its checkpoint unwritten.
         for child in children:
             if child.is_alive() and child.pid is not None:
-                os.kill(child.pid, signal.SIGINT)
+                os.kill(child.pid, signal.SIGTERM)
         raise
     finally:
         start.set()

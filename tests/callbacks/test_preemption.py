@@ -27,6 +27,7 @@ from aitoolbox_like.experiment import bookkeeping_dir  # noqa: E402
 from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave  # noqa: E402
 from aitoolbox_like.result_package import ClassificationResultPackage  # noqa: E402
 from saving_helpers import assert_same_weights, make_parts, weights  # noqa: E402
+from fresh_process import FreshProcess  # noqa: E402
 
 SCRIPT = os.path.join(SAVING, 'preempt_script.py')
 
@@ -57,6 +58,25 @@ def _signal_at_batch(warm_python, out_dir, result, batch_idx, signum, *args):
         os.kill(process.pid, signum)
     finally:
         warm_python.wait(process, timeout=120)         # kills a run still going after that
+    return process, process.output()[1]
+
+
+def _signal_fresh_at_batch(out_dir, result, batch_idx, signum, *args):
+    """As _signal_at_batch, with the script started as a user starts it (``python preempt_script.py``, a fresh
+    interpreter, no hash seed forced, a process group of its own as a terminal's job); SIGINT goes to the group, as
+    the terminal's Ctrl-C, another signal to the process, as a scheduler's."""
+    marker = str(result) + '.marker'
+    with FreshProcess([sys.executable, SCRIPT, out_dir, result, '--wait-at-batch', batch_idx, *args], os.getcwd(),
+                      os.environ, f'{result}.log') as process:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(marker) and process.running() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert os.path.exists(marker), f'the run never reached batch {batch_idx}: {process.output()[1][-3000:]}'
+        if signum == signal.SIGINT:
+            process.ctrl_c()
+        else:
+            process.send(signum)
+        process.wait(timeout=120)                      # kills a run still going after that
     return process, process.output()[1]
 
 
@@ -104,13 +124,14 @@ def test_sigterm_checkpoints_mid_epoch_exits_cleanly_and_resumes_bit_exactly(tmp
 
 
 def test_sigint_works_the_same_and_exit_code_signal_reports_143_for_sigterm(tmp_path, reference, warm_python):
-    process, stderr = _signal_at_batch(warm_python, tmp_path / 'a', tmp_path / 'a.pt', 3, signal.SIGINT)
+    # Both runs started cold, as a user's shell starts them (the others here fork from the tests' zygote).
+    process, stderr = _signal_fresh_at_batch(tmp_path / 'a', tmp_path / 'a.pt', 3, signal.SIGINT)
     assert process.returncode == 0, stderr[-3000:]
     assert _pointer(_experiment(tmp_path / 'a')).read_text().endswith('_E0_ITER3.pth')
     assert 'KeyboardInterrupt' not in stderr
 
-    process, stderr = _signal_at_batch(warm_python, tmp_path / 'b', tmp_path / 'b.pt', 5, signal.SIGTERM,
-                                       '--exit-code', 'signal')
+    process, stderr = _signal_fresh_at_batch(tmp_path / 'b', tmp_path / 'b.pt', 5, signal.SIGTERM,
+                                             '--exit-code', 'signal')
     assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert _pointer(_experiment(tmp_path / 'b')).read_text().endswith('_E0_ITER5.pth')
     resumed = _run(warm_python, tmp_path / 'b', tmp_path / 'b_resumed.pt', '--epochs', 3, '--resume')

@@ -19,6 +19,8 @@ from aitoolbox_like.callbacks.basic import EarlyStopping
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint
 from aitoolbox_like.callbacks.tensorboard import TensorboardFullTracking
 
+from fresh_process import FreshProcess
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -121,6 +123,10 @@ SCRIPT = textwrap.dedent('''
     TrainLoop(model, data, None, None, torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss()).fit(
         num_epochs=2, callbacks=[ModelCheckpoint('project', 'run', 'results', {}, cloud_save_mode='local')])
     logging.getLogger('aitoolbox_like').info('after fit')
+    # The test's view of this process's logging after the fit (a test cannot see it from its own process).
+    package = logging.getLogger('aitoolbox_like')
+    print(f'after fit: aitoolbox_like level={package.level} handlers={len(package.handlers)} '
+          f'root handlers={len(logging.getLogger().handlers)}')
 ''')
 
 
@@ -132,6 +138,9 @@ def test_per_epoch_lines_show_without_logging_configured_and_a_configured_progra
     result = subprocess.run([sys.executable, 'train.py', logging_setup], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=120)     # output is a pipe, not a terminal
     assert result.returncode == 0, result.stderr
+    # The fit left the program's logging as it found it: no level on the library's logger, no handler added.
+    assert f'after fit: aitoolbox_like level={logging.NOTSET} handlers=0 root handlers=' \
+           f'{1 if logging_setup == "configured" else 0}\n' in result.stdout, result.stdout
     lines = result.stderr.splitlines()
     if logging_setup == 'none':
         epochs = [line.split(':')[0] for line in lines if line.startswith('Epoch ')]
@@ -141,7 +150,6 @@ def test_per_epoch_lines_show_without_logging_configured_and_a_configured_progra
         assert 'after fit' not in result.stderr         # the handler is the fit's only: it does not stay behind
     else:
         assert not [line for line in lines if 'Epoch ' in line]      # WARNING level: the program's choice
-        assert logging.getLogger('aitoolbox_like').level == logging.NOTSET
 
 
 def test_tensorboard_on_a_plain_loop_follows_the_experiment_of_the_checkpoint_callback_and_says_where(tmp_path,
@@ -173,23 +181,23 @@ def test_a_fit_that_fails_before_its_first_step_leaves_no_experiment_folder_and_
 
 
 @pytest.mark.timeout(240)
-def test_sigterm_under_the_command_line_tells_the_command_that_continues_the_run(tmp_path, warm_python):
+def test_sigterm_under_the_command_line_tells_the_command_that_continues_the_run(tmp_path):
     console_script = os.path.join(os.path.dirname(sys.executable), 'aitoolbox-like')
     recipe = os.path.join(REPO_ROOT, 'examples', 'recipes', 'digits.yaml')
     env = dict(os.environ, OMP_NUM_THREADS='1', MPLBACKEND='Agg')
     env.pop('DIGITS_OUTPUT_DIR', None)
-    # The console script as its own process, forked from the tests' zygote (conftest's warm_python).
-    run = warm_python.start_here([console_script, 'train', recipe, 'fit.num_epochs=100',
-                                  f'vars.output_dir={tmp_path}'], tmp_path / 'run', env)
-    try:
+    # The console script started cold, as a shell starts it; SIGTERM to its process, as a scheduler sends it.
+    with FreshProcess([console_script, 'train', recipe, 'fit.num_epochs=100', f'vars.output_dir={tmp_path}'],
+                      tmp_path, env, tmp_path / 'run') as run:
         deadline = time.monotonic() + 150
         while not glob.glob(str(tmp_path / '.aitoolbox_like' / 'digits' / 'cnn_*' / 'latest_checkpoint.txt')):
-            assert warm_python.running(run) and time.monotonic() < deadline, 'no checkpoint was written'
+            assert run.running() and time.monotonic() < deadline, 'no checkpoint was written'
             time.sleep(0.05)
-        os.kill(run.pid, signal.SIGTERM)
-    finally:
-        warm_python.wait(run, timeout=120)          # kills a run still going after that
+        run.send(signal.SIGTERM)
+        run.wait(timeout=120)                       # kills a run still going after that
     stderr = run.output()[1]
+    # docs/user-guide.md: the command exits with status 130 after the checkpoint, and says how to continue.
+    assert run.returncode == 130, stderr[-3000:]
     [folder] = glob.glob(str(tmp_path / 'digits' / 'cnn_*'))
     assert f'continue with aitoolbox-like resume {folder}' in stderr, stderr[-3000:]
     assert "resume_from='latest'" not in stderr

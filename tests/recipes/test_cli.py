@@ -3,8 +3,10 @@ and resumed with `aitoolbox-like resume` ends with the weights of an uninterrupt
 alone, and a recipe that does not check trains nothing.
 
 The commands that train run forked from the tests' zygote (conftest's ``warm_python``: each its own process, as
-``python -m aitoolbox_like ...`` or the console script, without paying torch's start-up each time); those that train
-nothing start the installed console script and ``python -m aitoolbox_like`` cold, as a shell does."""
+``python -m aitoolbox_like ...`` or the console script, without paying torch's start-up each time), except the run
+stopped by Ctrl-C, which is the console script started cold in a process group of its own, as a terminal's job, and
+gets SIGINT as the terminal sends it (to the group); those that train nothing start the installed console script
+and ``python -m aitoolbox_like`` cold, as a shell does."""
 import glob
 import os
 import signal
@@ -17,6 +19,8 @@ import torch
 
 from aitoolbox_like.experiment import read_pointer
 from aitoolbox_like.recipes.cli import main
+
+from fresh_process import FreshProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DIGITS_RECIPE = os.path.join(ROOT, 'examples', 'recipes', 'digits.yaml')
@@ -105,19 +109,19 @@ def test_ctrl_c_stops_train_with_status_130_and_no_end_of_training_report_until_
                                                                                                      warm_python):
     epochs = 30       # far more than the run gets to before the signal
     out = tmp_path / 'out'
-    train = warm_python.start_here([CONSOLE_SCRIPT, 'train', DIGITS_RECIPE, f'fit.num_epochs={epochs}',
-                                    f'vars.output_dir={out}'], tmp_path / 'train', _env())
-    try:
+    with FreshProcess([CONSOLE_SCRIPT, 'train', DIGITS_RECIPE, f'fit.num_epochs={epochs}', f'vars.output_dir={out}'],
+                      tmp_path, _env(), tmp_path / 'train') as train:
         deadline = time.monotonic() + 150
         while not _checkpointed(out):
-            assert warm_python.running(train), train.output()[1][-3000:]
+            assert train.running(), train.output()[1][-3000:]
             assert time.monotonic() < deadline, 'no checkpoint after 150 s'
             time.sleep(0.02)
-        os.kill(train.pid, signal.SIGINT)           # what Ctrl-C in the terminal sends
-    finally:
-        warm_python.wait(train, timeout=120)        # kills a run still going after that
+        train.ctrl_c()
+        train.wait(timeout=120)                     # kills a run still going after that
+        left = train.left_running()
     stdout, stderr = train.output()
     assert train.returncode == 130, stderr[-3000:]
+    assert left == []
     folder = _experiment(out)
     assert f'interrupted (received SIGINT); continue with: aitoolbox-like resume {folder}' in stdout
     assert 'final ' not in stdout and 'Traceback' not in stderr

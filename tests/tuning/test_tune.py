@@ -4,7 +4,6 @@ cleanly and is recorded as PRUNED, a failing or interrupted trial is FAIL and th
 fails before anything trains."""
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,9 +11,12 @@ import time
 import optuna
 import pytest
 
+from aitoolbox_like.experiment import read_pointer
 from aitoolbox_like.recipes import Recipe
 from aitoolbox_like.tuning import MonitorNotRecorded, TuneInputError, tune
 from aitoolbox_like.tuning.cli import add_tune_parser
+
+from fresh_process import FreshProcess
 
 PARAMS = ['optimizer.lr=loguniform(1e-4,1e-2)', 'vars.batch_size=choice(32,64)']
 
@@ -153,26 +155,27 @@ def test_a_trial_interrupted_by_the_death_of_its_process_is_fail_and_not_counted
     assert 'trial 0 failed: interrupted: the process running it stopped' in '\n'.join(result.summary())
 
 
+CONSOLE_SCRIPT = os.path.join(os.path.dirname(sys.executable), 'aitoolbox-like')
+
+
+def _tune_command(digits_recipe, runs, out, epochs, *options, overrides=()):
+    return [CONSOLE_SCRIPT, 'tune', digits_recipe, f'vars.output_dir={runs}', f'fit.num_epochs={epochs}', *overrides,
+            '--param', PARAMS[0], '--monitor', 'val_loss', '--mode', 'min', '--output', out, *options]
+
+
 def test_ctrl_c_stops_the_search_and_the_same_command_continues_it(tmp_path, digits_recipe, read_csv, warm_python):
     out, runs = tmp_path / 'study', tmp_path / 'runs'
-    console_script = os.path.join(os.path.dirname(sys.executable), 'aitoolbox-like')
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
 
-    def start(epochs, log):
-        """The console script as its own process, forked from the tests' zygote (conftest's warm_python)."""
-        command = [console_script, 'tune', digits_recipe, f'vars.output_dir={runs}', f'fit.num_epochs={epochs}',
-                   '--trials', '2', '--param', PARAMS[0], '--monitor', 'val_loss', '--mode', 'min', '--output', out]
-        return warm_python.start_here(command, tmp_path / log, env)
-
-    search = start(50, 'search')
-    try:
+    # The search a user stops: the console script started cold in a process group of its own (a terminal's job).
+    with FreshProcess(_tune_command(digits_recipe, runs, out, 50, '--trials', '2'), tmp_path, env,
+                      tmp_path / 'search') as search:
         deadline = time.monotonic() + 120
         while not list(runs.glob('digits/*/results/results.csv')):     # the first trial has finished an epoch
-            assert warm_python.running(search) and time.monotonic() < deadline, search.output()[1][-3000:]
+            assert search.running() and time.monotonic() < deadline, search.output()[1][-3000:]
             time.sleep(0.05)
-        os.kill(search.pid, signal.SIGINT)          # Ctrl-C
-    finally:
-        warm_python.wait(search, timeout=120)       # kills a search still going after that
+        search.ctrl_c()
+        search.wait(timeout=120)                    # kills a search still going after that
     stdout, stderr = search.output()
     assert search.returncode == 130, stderr[-3000:]
     assert 'search interrupted' in stderr and 'run the same command again to continue the study to its 2 trials' \
@@ -184,8 +187,10 @@ def test_ctrl_c_stops_the_search_and_the_same_command_continues_it(tmp_path, dig
     assert [t.state.name for t in study.trials] == ['FAIL']     # not COMPLETE with its first epoch's value
 
     # The same command continues the study to its 2 trials; the interrupted one does not count. Its console says one
-    # line per trial (the trials' logs are in their folders) and the summary.
-    again = start(1, 'again')
+    # line per trial (the trials' logs are in their folders) and the summary. This one is forked from the tests'
+    # zygote (conftest's warm_python), to spare a start of torch.
+    again = warm_python.start_here(_tune_command(digits_recipe, runs, out, 1, '--trials', '2'), tmp_path / 'again',
+                                   env)
     assert warm_python.wait(again, timeout=300) == 0, again.output()[1][-3000:]
     again_stdout, again_stderr = again.output()
     assert [(r['number'], r['state']) for r in read_csv(out / 'trials.csv')] == [
@@ -196,6 +201,75 @@ def test_ctrl_c_stops_the_search_and_the_same_command_continues_it(tmp_path, dig
     for row in read_csv(out / 'trials.csv')[1:]:
         with open(os.path.join(row['experiment_dir'], 'train.log')) as f:
             assert 'End of epoch performance report' in f.read()
+
+
+EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            'examples')
+SLOW_WORKER_MODEL = """
+import multiprocessing
+import time
+
+from aitoolbox_like.recipes import register_model
+from digits_cnn import DigitsCNN
+
+
+@register_model
+class SlowInWorkerDigitsCNN(DigitsCNN):
+    def forward(self, x):
+        if self.training and multiprocessing.parent_process() is not None:      # in a worker of --concurrent
+            time.sleep(1.0)
+        return super().forward(x)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_stops_every_worker_of_a_concurrent_search_each_trial_with_its_checkpoint(tmp_path, digits_recipe):
+    """docs/tuning.md: with --concurrent K, Ctrl-C stops every worker's trial after its step with its checkpoint, the
+    trials are FAIL (interrupted), the command exits with status 130 and says so. Ctrl-C as a terminal sends it: to
+    the whole process group, the search and the workers it started alike. Nothing of the search is left running."""
+    out, runs = tmp_path / 'study', tmp_path / 'runs'
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    # The worker's steps take a second (a large model's), this process's are fast: its stop is over while the worker
+    # is still in its step, the case where a second SIGINT from the search would cut the worker's stop short.
+    (tmp_path / 'slow_worker.py').write_text(SLOW_WORKER_MODEL)
+    recipe = tmp_path / 'digits.yaml'
+    with open(digits_recipe) as f:
+        recipe.write_text(f.read().replace('imports: [../digits_cnn.py]', f'imports: [{EXAMPLES_DIR}/digits_cnn.py, '
+                                                                          f'slow_worker.py]')
+                          .replace('model: {name: DigitsCNN}', 'model: {name: SlowInWorkerDigitsCNN}'))
+    # Trials far longer than the test (no early stop either): both are running when Ctrl-C comes.
+    command = _tune_command(str(recipe), runs, out, 1000, '--trials', '2', '--concurrent', '2',
+                            overrides=['callbacks.6.patience=1000', 'vars.batch_size=512'])
+    with FreshProcess(command, tmp_path, env, tmp_path / 'search') as search:
+        deadline = time.monotonic() + 200
+        while len(list(runs.glob('digits/*/results/results.csv'))) < 2:    # each trial has finished an epoch
+            assert search.running() and time.monotonic() < deadline, search.output()[1][-3000:]
+            time.sleep(0.05)
+        search.ctrl_c()
+        search.wait(timeout=120)                    # kills a search still going after that
+        deadline = time.monotonic() + 60            # a process that outlives the command, until it ends or 60 s
+        while search.left_running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = search.left_running()
+    stdout, stderr = search.output()
+    assert search.returncode == 130, stderr[-3000:]
+    assert left == []
+    assert 'search interrupted (received SIGINT): the running trials are recorded as FAIL (interrupted) and not ' \
+           'counted; run the same command again to continue the study to its 2 trials' in stderr
+    assert 'Traceback' not in stderr and stdout == ''
+    study = optuna.load_study(study_name='digits', storage=f'sqlite:///{out}/study.db')
+    assert [t.state.name for t in study.trials] == ['FAIL', 'FAIL']
+    assert len({t.user_attrs['worker'] for t in study.trials}) == 2         # one trial in each process
+    # Each trial stopped after its step, with its checkpoint: the one its folder's pointer names.
+    folders = sorted(runs.glob('digits/*'))
+    assert len(folders) == 2, folders
+    for folder in folders:
+        with open(folder / 'train.log') as f:
+            log = f.read()
+        assert 'received SIGINT: checkpoint saved; continue with' in log, log[-3000:]
+        assert 'Traceback' not in log and 'KeyboardInterrupt' not in log, log[-3000:]
+        latest = read_pointer(folder)
+        assert '_ITER' in os.path.basename(latest) and os.path.isfile(latest), latest
 
 
 def test_a_wrong_search_fails_before_anything_trains(tmp_path, digits_recipe, digits_overrides):
