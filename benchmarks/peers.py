@@ -189,8 +189,10 @@ class EpochTimes:
         self.times.append(time.perf_counter() - self.start)
 
 
-def trainloop():
-    class Model(TTBasicModel):
+def aitoolbox_style(train_loop_class, model_class, callback_class, **loop_options):
+    """A run of a TrainLoop with AIToolbox's API (this checkout's, or AIToolbox's own): a TTBasicModel over the MLP
+    and an epoch timer as a callback of that library's kind."""
+    class Model(model_class):
         def __init__(self, cfg):
             super().__init__()
             self.net = mlp(*cfg)
@@ -198,7 +200,7 @@ def trainloop():
         def forward(self, x):
             return self.net(x)
 
-    class Timer(AbstractCallback):
+    class Timer(callback_class):
         def __init__(self, epochs):
             super().__init__('epoch timer', execution_order=-10**9)
             self.epochs = epochs
@@ -215,11 +217,15 @@ def trainloop():
         times = EpochTimes()
         timer = Timer(times)
         start = time.perf_counter()
-        loop = TrainLoop(model, batches, None, None, optimizer, nn.CrossEntropyLoss(), end_auto_eval=False,
-                         progress_bar=False)
+        loop = train_loop_class(model, batches, None, None, optimizer, nn.CrossEntropyLoss(), end_auto_eval=False,
+                                **loop_options)
         loop.fit(num_epochs=epochs, callbacks=[timer])
         return time.perf_counter() - start, sum(times.times), model.net
     return run
+
+
+def trainloop():
+    return aitoolbox_style(TrainLoop, TTBasicModel, AbstractCallback, progress_bar=False)
 
 
 def aitoolbox():
@@ -243,36 +249,7 @@ def aitoolbox():
     tqdm = module.tqdm
     module.tqdm = lambda iterable, **kwargs: tqdm(iterable, **{**kwargs, 'disable': True})
     del aitb_train_loop
-
-    class Model(AitbBasicModel):
-        def __init__(self, cfg):
-            super().__init__()
-            self.net = mlp(*cfg)
-
-        def forward(self, x):
-            return self.net(x)
-
-    class Timer(AitbCallback):
-        def __init__(self, epochs):
-            super().__init__('epoch timer', execution_order=-10**9)
-            self.epochs = epochs
-
-        def on_epoch_begin(self):
-            self.epochs.begin()
-
-        def on_epoch_end(self):
-            self.epochs.end()
-
-    def run(cfg, batches, epochs):
-        model = Model(cfg)
-        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-        times = EpochTimes()
-        timer = Timer(times)
-        start = time.perf_counter()
-        loop = AitbTrainLoop(model, batches, None, None, optimizer, nn.CrossEntropyLoss(), end_auto_eval=False)
-        loop.fit(num_epochs=epochs, callbacks=[timer])
-        return time.perf_counter() - start, sum(times.times), model.net
-    return run
+    return aitoolbox_style(AitbTrainLoop, AitbBasicModel, AitbCallback)
 
 
 def hf_accelerate():
