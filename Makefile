@@ -50,14 +50,18 @@ $(AZURITE):
 	mkdir -p .test-servers/azurite
 	npm install --no-audit --no-fund --prefix .test-servers/azurite azurite@3 > /dev/null
 
-# The type check runs first: a type error fails `make test` before the (slower) test suite starts. The tests run on
-# every core (pytest-xdist; tests sharing a server or a cluster are one xdist_group). tests/gpu is `make gpu-check`'s.
+# The type check runs beside the tests: the suite leaves about a third of the two cores idle while its processes wait
+# (for servers, signals, the SLURM scheduler), and the check's ~20 s fit there instead of before the suite. Either
+# failing fails `make test`; the check's output comes after the tests'. The tests run on every core (pytest-xdist;
+# tests sharing a server or a cluster are one xdist_group). tests/gpu is `make gpu-check`'s.
 # The tests start a few hundred Python processes that import the package: with PYTHONDONTWRITEBYTECODE set (as on
 # these machines) each would compile it from source again, so it is unset here and the bytecode is written once.
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n auto --dist loadgroup --ignore=tests/gpu
 test: $(DEV_STAMP) $(AZURITE)
-	$(PY) -m mypy aitoolbox_like
-	$(PYTEST) --durations=30 tests
+	@log=$$(mktemp); $(PY) -m mypy aitoolbox_like > $$log 2>&1 & typecheck=$$!; \
+	echo '$(PYTEST) --durations=30 tests'; $(PYTEST) --durations=30 tests; tests=$$?; \
+	wait $$typecheck; typed=$$?; echo '$(PY) -m mypy aitoolbox_like'; cat $$log; rm -f $$log; \
+	test $$tests -eq 0 -a $$typed -eq 0
 
 # The tests of one area, e.g. `make test-area AREA=tests/saving` or AREA=tests/distributed/test_ddp.py (CONTRIBUTING.md).
 AREA ?= tests
