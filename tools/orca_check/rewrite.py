@@ -17,6 +17,8 @@ expression stays byte for byte as published.
 import ast
 from typing import Dict, List, Optional, Tuple
 
+from ..callback_check import imported_names_text, rewrite_imports
+
 ADAPTER = 'aitoolbox_like.callbacks.orca'
 STAND_INS = 'tools.orca_check.stand_ins'
 PACKAGE = 'bigdl.orca.learn.pytorch.callbacks'
@@ -53,7 +55,7 @@ class Rewriter:
 
     def _from(self, node: ast.ImportFrom) -> Optional[str]:
         target = self.target(self.absolute(node))
-        return None if target is None else f'from {target} import {_aliases(node.names)}'
+        return None if target is None else f'from {target} import {imported_names_text(node.names)}'
 
     def _import(self, node: ast.Import) -> Optional[str]:
         parts, changed = [], False
@@ -68,24 +70,4 @@ class Rewriter:
 
     def rewrite(self, source: str) -> Tuple[str, List[Tuple[int, str]]]:
         """The module's source with its BigDL imports rewritten, and (line, new import) for each rewritten one."""
-        lines = source.splitlines(keepends=True)
-        edits = []
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.ImportFrom):
-                new = self._from(node)
-            elif isinstance(node, ast.Import):
-                new = self._import(node)
-            else:
-                continue
-            if new is not None:
-                edits.append((node.lineno, node.end_lineno or node.lineno, node.col_offset, node.end_col_offset, new))
-        for start, end, col, end_col, new in sorted(edits, reverse=True):
-            first, rest = lines[start - 1], lines[end - 1][end_col or 0:].strip()
-            if first[:col].strip() or (rest and not rest.startswith('#')):
-                raise ValueError(f'line {start}: an import shares its line with other code')
-            lines[start - 1:end] = [first[:col] + new + '\n'] + ['\n'] * (end - start)
-        return ''.join(lines), [(start, new) for start, _, _, _, new in sorted(edits)]
-
-
-def _aliases(aliases: List[ast.alias]) -> str:
-    return ', '.join(alias.name + (f' as {alias.asname}' if alias.asname else '') for alias in aliases)
+        return rewrite_imports(source, self._from, self._import)

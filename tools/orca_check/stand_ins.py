@@ -10,26 +10,9 @@ import os
 import shutil
 from typing import Any, List, Optional
 
+from ..callback_check import Unavailable, placeholder  # noqa: F401  (Unavailable: what a use of a placeholder raises)
+
 logger = logging.getLogger(__name__)
-
-
-class Unavailable(RuntimeError):
-    """A placeholder of a BigDL name with no stand-in here was used."""
-
-
-class _Placeholder(type):
-    def __getattr__(cls, attr: str) -> Any:
-        if attr.startswith('__'):
-            raise AttributeError(attr)
-        raise Unavailable(f'{cls.__name__}.{attr}: {cls.__name__} is not available here ({cls.why})')
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        raise Unavailable(f'{cls.__name__}(...): {cls.__name__} is not available here ({cls.why})')
-
-
-def placeholder(name: str, why: str) -> type:
-    """A class whose every use raises :class:`Unavailable`."""
-    return _Placeholder(name, (), {'why': why})
 
 
 def __getattr__(name: str) -> Any:

@@ -1,29 +1,8 @@
 """The check's bookkeeping: Orca's expectations and which Orca classes ran (tools/published_wheel.py's Watch tells)."""
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set
+from typing import Dict, List, Set
 
-
-@dataclass
-class Expectation:
-    test: str
-    expected: Any
-    actual: Any = None
-    error: Optional[str] = None
-
-    @property
-    def holds(self) -> bool:
-        return self.error is None and self.actual is not None and self.actual == self.expected
-
-    def describe(self) -> str:
-        if self.error is not None:
-            return f'{self.test}: failed before its value: {self.error}'
-        state = 'holds' if self.holds else 'does NOT hold'
-        return f'{self.test}: {state} (expected {_short(self.expected)}, got {_short(self.actual)})'
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 160 else text[:150] + '...' + text[-10:]
+from ..callback_check import Expectation
 
 
 @dataclass

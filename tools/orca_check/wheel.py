@@ -8,10 +8,11 @@ and ``__init__.py`` only re-exports, so their classes are not counted.
 """
 import ast
 import zipfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Set
 
+from .. import callback_check
+from ..callback_check import CallbackModule
 from ..published_wheel import PublishedWheel
 
 ORCA_VERSION = '2.4.0'
@@ -37,17 +38,6 @@ def read_sources(wheel: Path) -> Dict[str, str]:
                 if name.startswith(FOLDER) and name.endswith('.py')}
 
 
-@dataclass
-class CallbackModule:
-    path: str                                   # in the wheel
-    source: str
-    classes: List[str] = field(default_factory=list)    # its Orca callback classes, in source order
-
-    @property
-    def stem(self) -> str:
-        return Path(self.path).stem
-
-
 def _callback_names(tree: ast.Module) -> Set[str]:
     """Names a module imports from Orca's callbacks package or its base module (any depth, relative or not)."""
     names = set()
@@ -59,32 +49,6 @@ def _callback_names(tree: ast.Module) -> Set[str]:
     return names
 
 
-def _base_names(node: ast.ClassDef) -> List[str]:
-    return [base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else ''
-            for base in node.bases]
-
-
 def find_callback_modules(sources: Dict[str, str]) -> List[CallbackModule]:
     """The package's modules that define Orca callback classes, and those classes (to a fixpoint over subclasses)."""
-    parsed = {path: ast.parse(text) for path, text in sources.items() if path not in REPLACED}
-    imported = {path: _callback_names(tree) for path, tree in parsed.items()}
-    classes = {path: [node for node in tree.body if isinstance(node, ast.ClassDef)] for path, tree in parsed.items()}
-    known: Set[str] = set(ROOT_CLASSES)
-    found: Dict[str, List[str]] = {}
-    changed = True
-    while changed:
-        changed = False
-        for path, nodes in classes.items():
-            local = {node.name for node in nodes}
-            for node in nodes:
-                if node.name in found.get(path, []):
-                    continue
-                if any(name in known and (name in imported[path] or name in local) for name in _base_names(node)):
-                    found.setdefault(path, []).append(node.name)
-                    known.add(node.name)
-                    changed = True
-    modules = []
-    for path in sorted(found):
-        order = [node.name for node in classes[path]]
-        modules.append(CallbackModule(path, sources[path], sorted(found[path], key=order.index)))
-    return modules
+    return callback_check.find_callback_modules(sources, ROOT_CLASSES, _callback_names, skip=REPLACED)

@@ -21,6 +21,8 @@ import ast
 import importlib
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ..callback_check import imported_names_text, rewrite_imports
+
 ADAPTER = 'aitoolbox_like.callbacks.supergradients'
 STAND_INS = 'tools.sg_check.stand_ins'
 # The names SG's callbacks import from SG's callback API and the adapter provides.
@@ -88,11 +90,11 @@ class Rewriter:
         if not module.startswith('super_gradients'):
             if self.can_import(module.split('.')[0]) and self.can_import(module):
                 return None
-            return f'from {STAND_INS} import {_aliases(node.names)}'
+            return f'from {STAND_INS} import {imported_names_text(node.names)}'
         groups: Dict[str, List[ast.alias]] = {}
         for alias in node.names:
             groups.setdefault(self._target_of(module, alias.name), []).append(alias)
-        return '; '.join(f'from {target} import {_aliases(aliases)}' for target, aliases in groups.items())
+        return '; '.join(f'from {target} import {imported_names_text(aliases)}' for target, aliases in groups.items())
 
     def _import(self, node: ast.Import) -> Optional[str]:
         parts, changed = [], False
@@ -114,24 +116,4 @@ class Rewriter:
 
     def rewrite(self, source: str) -> Tuple[str, List[Tuple[int, str]]]:
         """The module's source with its imports rewritten, and (line, new import) for each rewritten one."""
-        lines = source.splitlines(keepends=True)
-        edits = []
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.ImportFrom):
-                new = self._from(node)
-            elif isinstance(node, ast.Import):
-                new = self._import(node)
-            else:
-                continue
-            if new is not None:
-                edits.append((node.lineno, node.end_lineno or node.lineno, node.col_offset, node.end_col_offset, new))
-        for start, end, col, end_col, new in sorted(edits, reverse=True):
-            first, rest = lines[start - 1], lines[end - 1][end_col or 0:].strip()
-            if first[:col].strip() or (rest and not rest.startswith('#')):
-                raise ValueError(f'line {start}: an import shares its line with other code')
-            lines[start - 1:end] = [first[:col] + new + '\n'] + ['\n'] * (end - start)
-        return ''.join(lines), [(start, new) for start, _, _, _, new in sorted(edits)]
-
-
-def _aliases(aliases: List[ast.alias]) -> str:
-    return ', '.join(alias.name + (f' as {alias.asname}' if alias.asname else '') for alias in aliases)
+        return rewrite_imports(source, self._from, self._import)

@@ -14,26 +14,9 @@ from typing import Any, Callable, Dict, Optional
 import numpy
 import torch
 
+from ..callback_check import Unavailable, placeholder  # noqa: F401  (Unavailable: what a use of a placeholder raises)
+
 logger = logging.getLogger(__name__)
-
-
-class Unavailable(RuntimeError):
-    """A placeholder of something SG's callbacks import and this environment does not have was used."""
-
-
-class _Placeholder(type):
-    def __getattr__(cls, attr: str) -> Any:
-        if attr.startswith('__'):
-            raise AttributeError(attr)
-        raise Unavailable(f'{cls.__name__}.{attr}: {cls.__name__} is not available here ({cls.why})')
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        raise Unavailable(f'{cls.__name__}(...): {cls.__name__} is not available here ({cls.why})')
-
-
-def placeholder(name: str, why: str) -> type:
-    """A class (usable in annotations and isinstance) whose every use raises :class:`Unavailable`."""
-    return _Placeholder(name, (), {'why': why})
 
 
 def __getattr__(name: str) -> Any:

@@ -1,39 +1,8 @@
 """The check's bookkeeping: SG's expectations and which SG classes ran (tools/published_wheel.py's Watch tells)."""
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set
+from typing import Dict, List, Set
 
-import numpy as np
-
-
-@dataclass
-class Expectation:
-    test: str
-    expected: Any
-    actual: Any = None
-    rtol: Optional[float] = None      # None: equal, as SG's assertListEqual / assertEqual
-    atol: float = 0.0
-    error: Optional[str] = None
-
-    @property
-    def holds(self) -> bool:
-        if self.error is not None or self.actual is None:
-            return False
-        if self.rtol is None and not self.atol:
-            return self.actual == self.expected
-        expected, actual = np.asarray(self.expected, dtype=float), np.asarray(self.actual, dtype=float)
-        return expected.shape == actual.shape and bool(np.allclose(actual, expected, rtol=self.rtol or 0.0,
-                                                                  atol=self.atol))
-
-    def describe(self) -> str:
-        if self.error is not None:
-            return f'{self.test}: failed before its value: {self.error}'
-        state = 'holds' if self.holds else 'does NOT hold'
-        return f'{self.test}: {state} (expected {_short(self.expected)}, got {_short(self.actual)})'
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 160 else text[:150] + '...' + text[-10:]
+from ..callback_check import Expectation
 
 
 @dataclass

@@ -8,10 +8,11 @@ is what the adapter replaces, so its classes are not counted.
 """
 import ast
 import zipfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Set
 
+from .. import callback_check
+from ..callback_check import CallbackModule
 from ..published_wheel import PublishedWheel
 
 SG_VERSION = '3.7.1'
@@ -34,17 +35,6 @@ def read_sources(wheel: Path) -> Dict[str, str]:
                 if name.startswith('super_gradients/') and name.endswith('.py')}
 
 
-@dataclass
-class CallbackModule:
-    path: str                                   # in the wheel
-    source: str
-    classes: List[str] = field(default_factory=list)    # its SG callback classes, in source order
-
-    @property
-    def stem(self) -> str:
-        return Path(self.path).stem
-
-
 def _sg_imported_names(tree: ast.Module) -> Set[str]:
     """Names a module imports from SuperGradients (any depth: SG imports inside functions too)."""
     names = set()
@@ -54,37 +44,9 @@ def _sg_imported_names(tree: ast.Module) -> Set[str]:
     return names
 
 
-def _base_names(node: ast.ClassDef) -> List[str]:
-    return [base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else ''
-            for base in node.bases]
-
-
 def find_callback_modules(sources: Dict[str, str]) -> List[CallbackModule]:
     """The wheel's modules that define SG callback classes, and those classes (to a fixpoint over subclasses)."""
-    parsed = {path: ast.parse(text) for path, text in sources.items() if path != BASE_MODULE}
-    imported = {path: _sg_imported_names(tree) for path, tree in parsed.items()}
-    classes = {path: [node for node in tree.body if isinstance(node, ast.ClassDef)] for path, tree in parsed.items()}
-    known: Set[str] = set(ROOT_CLASSES)
-    found: Dict[str, List[str]] = {}
-    changed = True
-    while changed:
-        changed = False
-        for path, nodes in classes.items():
-            local = {node.name for node in nodes}
-            for node in nodes:
-                if node.name in found.get(path, []):
-                    continue
-                bases = [name for name in _base_names(node) if name in known
-                         and (name in imported[path] or name in local)]
-                if bases:
-                    found.setdefault(path, []).append(node.name)
-                    known.add(node.name)
-                    changed = True
-    modules = []
-    for path in sorted(found):
-        order = [node.name for node in classes[path]]
-        modules.append(CallbackModule(path, sources[path], sorted(found[path], key=order.index)))
-    return modules
+    return callback_check.find_callback_modules(sources, ROOT_CLASSES, _sg_imported_names, skip={BASE_MODULE})
 
 
 def module_source(sources: Dict[str, str], dotted: str) -> Optional[str]:
