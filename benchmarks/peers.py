@@ -130,18 +130,20 @@ class Batches:
 # its model and optimizer first, untimed (but Keras, whose compile makes the optimizer).
 
 
-def hand_written():
+def hand_written(dataloader=False):
+    """The loop people write, over the list of batches or (``dataloader``) over a DataLoader of them."""
     def run(cfg, batches, epochs):
         model = mlp(*cfg)
         optimizer = torch.optim.SGD(model.parameters(), lr=LR)
         start = time.perf_counter()
+        data = batch_loader(batches) if dataloader else batches
         device = CPU
         model.to(device)
         criterion = nn.CrossEntropyLoss()
         model.train()
         epochs_start = time.perf_counter()
         for _ in range(epochs):
-            for x, y in batches:
+            for x, y in data:
                 x, y = x.to(device), y.to(device)
                 loss = criterion(model(x), y)
                 loss.backward()
@@ -153,26 +155,7 @@ def hand_written():
 
 
 def hand_written_dataloader():
-    def run(cfg, batches, epochs):
-        model = mlp(*cfg)
-        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-        start = time.perf_counter()
-        loader = batch_loader(batches)
-        device = CPU
-        model.to(device)
-        criterion = nn.CrossEntropyLoss()
-        model.train()
-        epochs_start = time.perf_counter()
-        for _ in range(epochs):
-            for x, y in loader:
-                x, y = x.to(device), y.to(device)
-                loss = criterion(model(x), y)
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-        end = time.perf_counter()
-        return end - start, end - epochs_start, model
-    return run
+    return hand_written(dataloader=True)
 
 
 class EpochTimes:
