@@ -301,7 +301,8 @@ def checkpoint_round_trips(tally: Tally, work: Path) -> None:
         loaded = t.optimizer.state_dict()['state']
         return None if runs.same({k: dict(v) for k, v in loaded.items()}, original) else 'optimizer state differs'
 
-    def scheduler() -> Optional[str]:
+    def scheduler_updates_after_reload(load_scheduler: bool) -> int:
+        """A scheduler stepped 50 times, saved, replaced by a new one, the checkpoint loaded: its num_updates."""
         t = trainer()
         t.scheduler = cosine(t)
         for _ in range(50):
@@ -309,8 +310,11 @@ def checkpoint_round_trips(tally: Tally, work: Path) -> None:
         p = path('checkpoint.pt')
         t.save_checkpoint(p, save_scheduler=True)
         t.scheduler = cosine(t)
-        t.load_checkpoint(p, load_scheduler=True)
-        got = t.scheduler.state_dict()['num_updates']
+        t.load_checkpoint(p, load_scheduler=load_scheduler)
+        return t.scheduler.state_dict()['num_updates']
+
+    def scheduler() -> Optional[str]:
+        got = scheduler_updates_after_reload(True)
         return None if got == 49 else f'num_updates {got}, expected 49'
 
     def custom_kwargs() -> Optional[str]:
@@ -331,15 +335,7 @@ def checkpoint_round_trips(tally: Tally, work: Path) -> None:
         return None if len(t.optimizer.state_dict()['state']) == 0 else 'the optimizer state was loaded'
 
     def skip_scheduler() -> Optional[str]:
-        t = trainer()
-        t.scheduler = cosine(t)
-        for _ in range(50):
-            t.scheduler.step()
-        p = path('checkpoint.pt')
-        t.save_checkpoint(p, save_scheduler=True)
-        t.scheduler = cosine(t)
-        t.load_checkpoint(p, load_scheduler=False)
-        return None if t.scheduler.state_dict()['num_updates'] == -1 else 'the scheduler state was loaded'
+        return None if scheduler_updates_after_reload(False) == -1 else 'the scheduler state was loaded'
 
     def weights_only_file() -> Optional[str]:
         t = trainer()
