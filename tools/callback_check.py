@@ -9,9 +9,11 @@ check; this module holds the mechanics that are the same for all:
   callback classes, found on the source with ``ast`` (nothing of the wheel is imported);
 * :func:`rewrite_imports`: a module's source with some import statements replaced in place, line numbers kept;
 * :func:`placeholder` and :class:`Unavailable`: a name with no stand-in, failing (naming itself) when used;
-* :class:`Expectation`: one of the library's expectations and the value the check got.
+* :class:`Expectation`: one of the library's expectations and the value the check got;
+* :func:`report`: the classes and expectations printed, and the verdict against the figures reached before.
 """
 import ast
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection, Dict, List, Optional, Set, Tuple
@@ -143,3 +145,42 @@ class Expectation:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 160 else text[:150] + '...' + text[-10:]
+
+
+def report(library: str, check: str, expectations_title: str, classes: List[Tuple[CallbackModule, str]], tally: Any,
+           not_run: Dict[str, str], import_errors: Dict[str, str], min_classes: int, min_expectations: int,
+           started: float) -> int:
+    """Print each class of the library (runs / not run and why / does not run and its error) and each expectation,
+    then the closing count line; the exit status: 1 when fewer classes ran or fewer expectations held than the
+    minimums (the figures reached before). ``tally``: the check's Tally (``ran``, ``errors``, ``expectations``)."""
+    print(f'\n{library} callback classes:')
+    for module, name in classes:
+        if name in tally.ran:
+            state = 'runs'
+        elif name in not_run:
+            state = f'not run: {not_run[name]}'
+            if module.stem in import_errors:
+                state += f' ({import_errors[module.stem]})'
+        elif module.stem in import_errors:
+            state = f'does not run: {import_errors[module.stem]}'
+        elif name in tally.errors:
+            state = f'does not run: {tally.errors[name]}'
+        else:
+            state = f'not run: no scenario for it in tools/{check.replace("-", "_")}/scenarios.py'
+        print(f'  {module.stem}.{name}: {state}')
+    print(f'\n{expectations_title}:')
+    for expectation in tally.expectations:
+        print(f'  {expectation.describe()}')
+    ran = sum(name in tally.ran for _, name in classes)
+    holding = sum(expectation.holds for expectation in tally.expectations)
+    print(f'\n({time.monotonic() - started:.0f} s)')
+    failed = []
+    if ran < min_classes:
+        failed.append(f'{ran} classes run, fewer than the {min_classes} reached before')
+    if holding < min_expectations:
+        failed.append(f'{holding} expectations hold, fewer than the {min_expectations} reached before')
+    for reason in failed:
+        print(f'{check}: {reason}')
+    print(f'{ran} of {len(classes)} {library} callback classes run; {holding} of {len(tally.expectations)} '
+          f'{library} expectations hold')
+    return 1 if failed else 0

@@ -17,8 +17,9 @@ import tempfile
 import time
 import types
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
+from .. import callback_check
 from . import wheel as wheel_files
 from .rewrite import Rewriter
 from .scenarios import NOT_RUN, Scenarios
@@ -83,45 +84,14 @@ def main() -> int:
         if 'maincallback' in imported:
             work = tempfile.mkdtemp(prefix='runs-', dir=folder)
             Scenarios(types.SimpleNamespace(**imported), adapter, tally, work).run_all()
-        return report(classes, tally, import_errors, args, started)
+        return callback_check.report('Orca', 'orca-check', "Orca tests' expectations (check: the check's own)",
+                                     classes, tally, NOT_RUN, import_errors, args.min_classes,
+                                     args.min_expectations, started)
     finally:
         if args.keep:
             print(f'rewritten modules kept in {folder / PACKAGE}')
         else:
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def report(classes: List, tally: Tally, import_errors: Dict[str, str], args: argparse.Namespace,
-           started: float) -> int:
-    print('\nOrca callback classes:')
-    for module, name in classes:
-        if name in tally.ran:
-            state = 'runs'
-        elif name in NOT_RUN:
-            state = f'not run: {NOT_RUN[name]}'
-        elif module.stem in import_errors:
-            state = f'does not run: {import_errors[module.stem]}'
-        elif name in tally.errors:
-            state = f'does not run: {tally.errors[name]}'
-        else:
-            state = 'not run: no scenario for it in tools/orca_check/scenarios.py'
-        print(f'  {module.stem}.{name}: {state}')
-    print("\nOrca tests' expectations (check: the check's own):")
-    for expectation in tally.expectations:
-        print(f'  {expectation.describe()}')
-    ran = sum(name in tally.ran for _, name in classes)
-    holding = sum(expectation.holds for expectation in tally.expectations)
-    print(f'\n({time.monotonic() - started:.0f} s)')
-    failed = []
-    if ran < args.min_classes:
-        failed.append(f'{ran} classes run, fewer than the {args.min_classes} reached before')
-    if holding < args.min_expectations:
-        failed.append(f'{holding} expectations hold, fewer than the {args.min_expectations} reached before')
-    for reason in failed:
-        print(f'orca-check: {reason}')
-    print(f'{ran} of {len(classes)} Orca callback classes run; {holding} of {len(tally.expectations)} '
-          f'Orca expectations hold')
-    return 1 if failed else 0
 
 
 if __name__ == '__main__':

@@ -19,6 +19,7 @@ import types
 from pathlib import Path
 from typing import Dict, List
 
+from .. import callback_check
 from . import wheel as wheel_files
 from .rewrite import Rewriter
 from .scenarios import NOT_RUN, Scenarios
@@ -117,47 +118,13 @@ def main() -> int:
             sg = types.SimpleNamespace(**imported)
             trainer = Trainer(sg, adapter, sg_default_training_params(sources))
             Scenarios(sg, adapter, trainer, tally).run_all()
-        return report(classes, tally, import_errors, args, started)
+        return callback_check.report('SG', 'sg-check', "SG unit tests' expectations", classes, tally,
+                                     NOT_RUN, import_errors, args.min_classes, args.min_expectations, started)
     finally:
         if args.keep:
             print(f'rewritten modules kept in {folder / PACKAGE}')
         else:
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def report(classes: List, tally: Tally, import_errors: Dict[str, str], args: argparse.Namespace,
-           started: float) -> int:
-    print('\nSG callback classes:')
-    for module, name in classes:
-        if name in tally.ran:
-            state = 'runs'
-        elif name in NOT_RUN:
-            state = f'not run: {NOT_RUN[name]}'
-            if module.stem in import_errors:
-                state += f' ({import_errors[module.stem]})'
-        elif module.stem in import_errors:
-            state = f'does not run: {import_errors[module.stem]}'
-        elif name in tally.errors:
-            state = f'does not run: {tally.errors[name]}'
-        else:
-            state = 'not run: no scenario for it in tools/sg_check/scenarios.py'
-        print(f'  {module.stem}.{name}: {state}')
-    print('\nSG unit tests\' expectations:')
-    for expectation in tally.expectations:
-        print(f'  {expectation.describe()}')
-    ran = sum(name in tally.ran for _, name in classes)
-    holding = sum(expectation.holds for expectation in tally.expectations)
-    print(f'\n({time.monotonic() - started:.0f} s)')
-    failed = []
-    if ran < args.min_classes:
-        failed.append(f'{ran} classes run, fewer than the {args.min_classes} reached before')
-    if holding < args.min_expectations:
-        failed.append(f'{holding} expectations hold, fewer than the {args.min_expectations} reached before')
-    for reason in failed:
-        print(f'sg-check: {reason}')
-    print(f'{ran} of {len(classes)} SG callback classes run; {holding} of {len(tally.expectations)} '
-          f'SG expectations hold')
-    return 1 if failed else 0
 
 
 if __name__ == '__main__':
