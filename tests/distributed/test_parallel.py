@@ -131,6 +131,7 @@ def _ddp_worker(rank, world_size, port, out_dir):
     os.environ['MASTER_PORT'] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group('gloo', rank=rank, world_size=world_size)
+    wrapper = None
     try:
         torch.manual_seed(0)
         model = ScaledRegressor()
@@ -148,6 +149,10 @@ def _ddp_worker(rank, world_size, port, out_dir):
             'y_pred': y_pred,
         }, os.path.join(out_dir, f'rank{rank}.pt'))
     finally:
+        # The DDP wrapper's reducer holds the process group: released before the group is destroyed, not after (a
+        # group object outliving destroy_process_group can abort the process in gloo's threads: "terminate called
+        # without an active exception", seen once in a full run; callbacks/preemption.py drops its groups likewise).
+        del wrapper
         dist.destroy_process_group()
 
 
