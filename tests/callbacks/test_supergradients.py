@@ -14,37 +14,16 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from aitoolbox_like import MultiLoss, TrainLoop, TTModel, distributed
+from aitoolbox_like import MultiLoss, TrainLoop, distributed
 from aitoolbox_like.callbacks.abstract import AbstractCallback
 from aitoolbox_like.callbacks import supergradients as sg
 from aitoolbox_like.callbacks.supergradients import (SG_METHOD_HOOKS, Callback, Phase, PhaseCallback, PhaseContext,
                                                      multi_process_safe)
 from aitoolbox_like.tracking import TrainLoopCheckpoint
-from helpers import EXAMPLES_DIR
+from helpers import EXAMPLES_DIR, ImageClassifier, image_batches
 
 
-class Net(TTModel):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(64, 10)
-
-    def forward(self, x):
-        return self.fc(x.flatten(1))
-
-    def get_loss(self, batch_data, criterion, device):
-        x, y = batch_data
-        return criterion(self(x.to(device)), y.to(device))
-
-    def get_predictions(self, batch_data, device):
-        x, y = batch_data
-        return self(x.to(device)), y, None
-
-
-def batches(num_batches, seed, batch_size=4):
-    """A list of (images, labels) batches: a loader whose tensors the test can compare by identity."""
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.rand(batch_size, 1, 8, 8, generator=g), torch.randint(0, 10, (batch_size,), generator=g))
-            for _ in range(num_batches)]
+Net, batches = ImageClassifier, image_batches      # 8x8 images (64 features), 10 classes
 
 
 def make_loop(train=2, val=1, test=1, loop_class=TrainLoop, **kwargs):

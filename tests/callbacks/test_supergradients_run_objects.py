@@ -9,32 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from aitoolbox_like import TrainLoop, TTModel
+from aitoolbox_like import TrainLoop
+from helpers import ImageClassifier, image_batches
 from aitoolbox_like.callbacks.supergradients import (AverageMeter, Callback, Phase, PhaseCallback, PhaseContext,
                                                      SGMetricCollection, TrainingParams, UnavailableFieldError)
 
 
-class Net(TTModel):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(64, 10)
-
-    def forward(self, x):
-        return self.fc(x.flatten(1))
-
-    def get_loss(self, batch_data, criterion, device):
-        x, y = batch_data
-        return criterion(self(x.to(device)), y.to(device))
-
-    def get_predictions(self, batch_data, device):
-        x, y = batch_data
-        return self(x.to(device)), y, None
-
-
-def batches(num_batches, seed, batch_size=4):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.rand(batch_size, 1, 8, 8, generator=g), torch.randint(0, 10, (batch_size,), generator=g))
-            for _ in range(num_batches)]
+Net, batches = ImageClassifier, image_batches      # 8x8 images (64 features), 10 classes
 
 
 def make_loop(train=3, val=2):

@@ -12,34 +12,23 @@ import pytest
 import torch
 from torch import nn
 
-from aitoolbox_like import TrainLoop, TTModel
+from aitoolbox_like import TrainLoop
 from aitoolbox_like.callbacks.abstract import AbstractCallback
 from aitoolbox_like.callbacks.supergradients import (Callback, LRCallbackBase, Phase, PhaseCallback,
                                                      TrainingParams, TrainingParamsCallback)
 from aitoolbox_like.tracking import TrainLoopCheckpoint
+from helpers import ImageClassifier, image_batches
 
 
-class Net(TTModel):
+class Net(ImageClassifier):
+    """48 features (3x4x4 images) to 5 classes."""
+
     def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(48, 5)
-
-    def forward(self, x):
-        return self.fc(x.flatten(1))
-
-    def get_loss(self, batch_data, criterion, device):
-        x, y = batch_data
-        return criterion(self(x.to(device)), y.to(device))
-
-    def get_predictions(self, batch_data, device):
-        x, y = batch_data
-        return self(x.to(device)), y, None
+        super().__init__(48, 5)
 
 
 def batches(num_batches, seed, batch_size=4):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.rand(batch_size, 3, 4, 4, generator=g), torch.randint(0, 5, (batch_size,), generator=g))
-            for _ in range(num_batches)]
+    return image_batches(num_batches, seed, batch_size, image_shape=(3, 4, 4), classes=5)
 
 
 def make_loop(train=2, val=2, lr=0.1, optimizer=None, **kwargs):

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from aitoolbox_like import TTBasicModel
+from aitoolbox_like import TTBasicModel, TTModel
 
 
 class MLP(TTBasicModel):
@@ -27,6 +27,33 @@ class PlainMLP(nn.Module):
 
     def forward(self, x):
         return self.net(x)
+
+
+class ImageClassifier(TTModel):
+    """A linear classifier over flattened images; its get_loss / get_predictions take ``(images, labels)``
+    batches."""
+
+    def __init__(self, in_features=64, classes=10):
+        super().__init__()
+        self.fc = nn.Linear(in_features, classes)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1))
+
+    def get_loss(self, batch_data, criterion, device):
+        x, y = batch_data
+        return criterion(self(x.to(device)), y.to(device))
+
+    def get_predictions(self, batch_data, device):
+        x, y = batch_data
+        return self(x.to(device)), y, None
+
+
+def image_batches(num_batches, seed, batch_size=4, image_shape=(1, 8, 8), classes=10):
+    """A list of (images, labels) batches: a loader whose tensors the test can compare by identity."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.rand(batch_size, *image_shape, generator=g), torch.randint(0, classes, (batch_size,), generator=g))
+            for _ in range(num_batches)]
 
 
 def classification_data(n=53, in_features=6, classes=3, seed=0):
