@@ -16,6 +16,10 @@ class TrainingHistory:
     Besides the values, the history remembers the epoch of each value (``get_epochs(metric)``), so
     that metrics computed only every k epochs can be plotted and compared without guessing.
     As in AIToolbox, ``history[name] = value`` APPENDS a value; ``history[name]`` returns the list.
+
+    ``steps`` holds per-step records, one dict per recorded training step (``{'step': global batch index, 'epoch':
+    ..., 'loss': ..., 'lr': ...}``), when a callback keeps them (StepHistory); empty otherwise. They are saved with
+    the history in checkpoints, and are not among its per-epoch names.
     """
 
     def __init__(self, has_validation: bool = True, strict_content_check: bool = False) -> None:
@@ -24,6 +28,7 @@ class TrainingHistory:
         self.train_history = self._empty_history()
         self._epochs: dict[str, list[int]] = {}
         self.current_epoch = 0   # the TrainLoop keeps this up to date; it labels new values
+        self.steps: list[dict[str, Any]] = []
 
     def _empty_history(self) -> dict[str, list[Any]]:
         history: dict[str, list[Any]] = {'loss': [], 'accumulated_loss': []}
@@ -91,15 +96,19 @@ class TrainingHistory:
 
     # ---- checkpoint state ----
     def state_dict(self) -> dict[str, Any]:
-        """Values, their epochs and ``current_epoch``, for a checkpoint."""
-        return {'train_history': copy.deepcopy(self.train_history), 'epochs': copy.deepcopy(self._epochs),
-                'current_epoch': self.current_epoch}
+        """Values, their epochs, ``current_epoch`` and the step records, for a checkpoint."""
+        state = {'train_history': copy.deepcopy(self.train_history), 'epochs': copy.deepcopy(self._epochs),
+                 'current_epoch': self.current_epoch}
+        if self.steps:
+            state['steps'] = copy.deepcopy(self.steps)
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (deep copies, so the checkpoint dict stays untouched)."""
         self.train_history = copy.deepcopy(state['train_history'])
         self._epochs = copy.deepcopy(state['epochs'])
         self.current_epoch = state.get('current_epoch', 0)
+        self.steps = copy.deepcopy(list(state.get('steps', [])))
 
     # ---- dict protocol ----
     def __getitem__(self, metric_name: str) -> list[Any]:

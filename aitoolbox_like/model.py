@@ -1,12 +1,13 @@
 """The model contract the TrainLoop trains: how a batch becomes a loss and predictions."""
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import types
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Optional, Protocol, cast
 
 import torch
 from torch import nn
@@ -41,6 +42,11 @@ class TTModel(nn.Module, ABC):
     @abstractmethod
     def get_predictions(self, batch_data: Any, device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
         """Return ``(y_pred, y_true, metadata)`` for one batch; metadata is a dict of lists or None."""
+
+    # Optional: ``get_loss_and_predictions(batch_data, criterion, device) -> (loss, y_pred, y_true, metadata)``, what
+    # get_loss_eval and get_predictions return for the batch, from one forward pass. A model that defines it is
+    # evaluated in one pass where the loop needs both (the end-of-epoch validation loss and a metric's predictions);
+    # TTBasicModel defines it. See one_pass_evaluation for when a subclass's own get_loss / get_predictions win.
 
 
 def _inputs_to_device(inputs: Sequence[Any], device: torch.device | str) -> list[Any]:
@@ -129,6 +135,15 @@ class TTBasicModel(TTModel):
         predicted = _forward_inputs(self, _inputs_to_device(inputs, device), batch_data)
         return (predicted.detach() if isinstance(predicted, torch.Tensor) else predicted), target, {}
 
+    def get_loss_and_predictions(self, batch_data: Any, criterion: Any,
+                                 device: torch.device) -> tuple[Any, Any, Any, dict[str, Any] | None]:
+        """What ``get_loss_eval`` and ``get_predictions`` give for the batch, from one forward:
+        ``(criterion(self(*inputs), target), self(*inputs), target, {})``."""
+        *inputs, target = batch_data
+        predicted = _forward_inputs(self, _inputs_to_device(inputs, device), batch_data)
+        loss = criterion(predicted, _to_device(target, device))
+        return loss, (predicted.detach() if isinstance(predicted, torch.Tensor) else predicted), target, {}
+
 
 class TTBasicMultiGPUModel(TTBasicModel):
     """A TTBasicModel whose training loss is computed inside ``forward``.
@@ -206,6 +221,9 @@ class AbstractModelFeedDefinition(ABC):
                         device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
         """Return ``(y_pred, y_true, metadata)`` of ``model`` for one batch; metadata is a dict or None."""
 
+    # Optional, as on TTModel: ``get_loss_and_predictions(model, batch_data, criterion, device) -> (loss, y_pred,
+    # y_true, metadata)`` from one forward pass, for one evaluation pass where the loop needs both.
+
 
 class ModelWrap:
     """Adapt a plain nn.Module: ``ModelWrap(model, batch_model_feed_def)``; the TrainLoop trains
@@ -252,6 +270,53 @@ class _BoundFeedDefinition:
 
     def get_predictions(self, batch_data: Any, device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
         return self._feed_def.get_predictions(self._model, batch_data, device)
+
+    def one_pass_evaluation(self) -> OnePass | None:
+        method = current_one_pass(type(self._feed_def))
+        return None if method is None else functools.partial(method, self._feed_def, self._model)
+
+
+#: ``(batch_data, criterion, device) -> (loss, y_pred, y_true, metadata)``: a feed's evaluation in one forward.
+OnePass = Callable[[Any, Any, torch.device], tuple[Any, Any, Any, 'dict[str, Any] | None']]
+
+
+def _defined_in(cls: type, name: str) -> type | None:
+    return next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+
+
+def current_one_pass(cls: type) -> Any:
+    """The ``get_loss_and_predictions`` function of ``cls`` when it still gives what the class's own evaluation
+    methods give, else None: it must be defined in the class that defines ``get_loss_eval`` and
+    ``get_predictions`` (and ``get_loss``, when ``get_loss_eval`` is the default that calls it), or below it. So a
+    subclass of TTBasicModel that writes its own ``get_loss`` is evaluated with it, in two passes, until it also
+    writes ``get_loss_and_predictions``."""
+    combined = _defined_in(cls, 'get_loss_and_predictions')
+    if combined is None:
+        return None
+    needed = ['get_predictions', 'get_loss_eval']
+    eval_owner = _defined_in(cls, 'get_loss_eval')
+    if eval_owner in (None, TTModel, AbstractModelFeedDefinition):     # the default get_loss_eval calls get_loss
+        needed.append('get_loss')
+    for name in needed:
+        owner = _defined_in(cls, name)
+        if owner is not None and not issubclass(combined, owner):
+            return None
+    return vars(combined)['get_loss_and_predictions']
+
+
+def one_pass_evaluation(feed: Any) -> OnePass | None:
+    """How ``feed`` (what the loop turns batches into losses and predictions with) gives the evaluation loss and the
+    predictions of a batch from one forward pass, or None when it cannot (the loop then makes two passes): a
+    TTModel's ``get_loss_and_predictions`` (see :func:`current_one_pass`), the feed definition's for a ModelWrap;
+    the loop's own wrappers (compiled, DDP, DataParallel) answer for what they wrap."""
+    if isinstance(feed, TTModel):
+        method = current_one_pass(type(feed))
+        return None if method is None else types.MethodType(method, feed)
+    wrapped = getattr(feed, 'one_pass_evaluation', None)
+    if callable(wrapped):
+        return cast(Optional[OnePass], wrapped())
+    method = current_one_pass(type(feed))
+    return None if method is None else types.MethodType(method, feed)
 
 
 FEED_METHODS = ('get_loss', 'get_loss_eval', 'get_predictions')
@@ -321,6 +386,14 @@ class CompiledFeed:
     def get_predictions(self, batch_data: Any, device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
         """``(y_pred, y_true, metadata)`` of one batch, computed through the compiled module."""
         return self._feed.get_predictions(batch_data, device)
+
+    def one_pass_evaluation(self) -> OnePass | None:
+        """The model's (or feed definition's) one-pass evaluation, through the compiled module."""
+        if self.feed_def is not None:
+            method = current_one_pass(type(self.feed_def))
+            return None if method is None else functools.partial(method, self.feed_def, self.compiled_module)
+        method = current_one_pass(type(self.original))
+        return None if method is None else types.MethodType(method, self.compiled_module)
 
 
 def resolve_model(model: Any, compile_options: dict[str, Any] | None = None) -> tuple[nn.Module, BatchFeed]:

@@ -57,7 +57,7 @@ def train_fn(config):
     optimizer = torch.optim.Adam(model.parameters(), lr=config['lr'])
     loop = TrainLoop(model, train_loader, val_loader, None, optimizer, nn.CrossEntropyLoss(), gpu_mode='ddp')
     callbacks = [ModelPerformanceEvaluation(ClassificationResultPackage(), config),
-                 RayTrainReport(metrics=['loss', 'val_loss', 'val_Accuracy'], hyperparams=config)]
+                 RayTrainReport(metrics=['accumulated_loss', 'val_loss', 'val_Accuracy'], hyperparams=config)]
     loop.fit(num_epochs=config['epochs'], callbacks=callbacks, resume_from='auto')
 
 

@@ -32,6 +32,35 @@ def check_int(name: str, value: object, minimum: int = 1, allow_none: bool = Fal
     return value
 
 
+def learning_rates(loop: Any) -> List[List[float]]:
+    """The learning rate of every param group of every optimizer the loop steps (Python floats: no device read)."""
+    return [[float(group['lr']) for group in getattr(optimizer, 'param_groups', []) if 'lr' in group]
+            for optimizer in loop.optimizers]
+
+
+class StepLearningRates:
+    """The learning rates the update of each recorded step used: read when the step begins (before a scheduler
+    moves them for the next update), taken when that step's loss is read."""
+
+    def __init__(self) -> None:
+        self.pending: Dict[int, List[List[float]]] = {}
+
+    def record(self, loop: Any) -> None:
+        """Keep the learning rates of the step beginning now (``loop.total_iteration_idx``)."""
+        self.pending[loop.total_iteration_idx] = learning_rates(loop)
+
+    def take(self, step: int) -> Optional[List[List[float]]]:
+        """The learning rates recorded for ``step`` (None when it was not recorded), forgotten here."""
+        return self.pending.pop(step, None)
+
+    def take_named(self, step: int) -> Dict[str, float]:
+        """The learning rates recorded for ``step`` as ``{'learning_rate/group_<i>': lr}`` (TensorBoard's names;
+        ``learning_rate/optimizer_<k>_group_<i>`` with several optimizers), ``{}`` when it was not recorded."""
+        lrs = self.take(step) or []
+        return {(f'learning_rate/optimizer_{k}_group_{i}' if len(lrs) > 1 else f'learning_rate/group_{i}'): lr
+                for k, groups in enumerate(lrs) for i, lr in enumerate(groups)}
+
+
 class BatchLossReader:
     """Reads the loop's per-batch training losses of the current epoch on the host, in blocks: every call copies the
     losses not read yet in one transfer (one host-device sync per call, however many steps it covers), so loggers

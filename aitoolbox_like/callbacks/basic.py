@@ -39,6 +39,10 @@ def _check_monitor_is_computed(loop: 'TrainLoop', monitor: str, who: str) -> Non
     if monitor in ('loss', 'val_loss') and not loop.end_auto_eval:
         raise ValueError(f'{who} monitors {monitor!r}, which the TrainLoop computes only with end_auto_eval=True '
                          f'(or an epoch interval); it is False')
+    if monitor == 'loss' and not loop.eval_train_set:
+        raise ValueError(f"{who} monitors 'loss', the loss over the whole training set, which the TrainLoop computes "
+                         f"only with eval_train_set=True (a pass over the training set after each epoch); monitor "
+                         f"'accumulated_loss' (the epoch's training loss, at no cost) or pass eval_train_set=True")
 
 
 class ListRegisteredCallbacks(AbstractCallback):
@@ -265,14 +269,16 @@ class TerminateOnNaN(AbstractCallback):
     """Stop training when the loss becomes NaN or infinite.
 
     Args:
-        monitor (str): history metric checked at the end of every epoch in which it got a value.
+        monitor (str or None): history metric checked at the end of every epoch in which it got a value; None: the
+            loop's training loss (``train_loss_name``: 'accumulated_loss', or 'loss' with ``eval_train_set``).
         check_every_batch (bool): also check every training batch's loss (every value of a MultiLoss). The
             check accumulates a flag on the device and reads it (one host sync) only every
             ``check_every_n_steps`` batches and at the end of the epoch; training stops within the epoch.
         check_every_n_steps (int): how often the device flag is read when check_every_batch is on.
     """
 
-    def __init__(self, monitor: str = 'loss', check_every_batch: bool = False, check_every_n_steps: int = 50) -> None:
+    def __init__(self, monitor: Optional[str] = None, check_every_batch: bool = False,
+                 check_every_n_steps: int = 50) -> None:
         super().__init__('TerminateOnNaN', execution_order=98)
         check_int('check_every_n_steps', check_every_n_steps, 1, who='TerminateOnNaN')
         self.monitor = monitor
@@ -315,13 +321,14 @@ class TerminateOnNaN(AbstractCallback):
         if self.check_every_batch:
             self._check_batches()
         loop = self.train_loop_obj
-        value = loop.train_history.value_in_epoch(self.monitor, loop.epoch)
+        monitor = self.monitor or loop.train_loss_name
+        value = loop.train_history.value_in_epoch(monitor, loop.epoch)
         if value is None:
             return
         values = value.values() if isinstance(value, dict) else [value]
         if any(not math.isfinite(float(v)) for v in values):
             loop.early_stop = True
-            logger.warning('Terminating on %s = %s at epoch %d', self.monitor, value, loop.epoch)
+            logger.warning('Terminating on %s = %s at epoch %d', monitor, value, loop.epoch)
 
 
 class AllPredictionsSame(AbstractCallback):

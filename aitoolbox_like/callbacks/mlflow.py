@@ -24,7 +24,7 @@ import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..experiment import CHECKPOINT_DIR, HYPERPARAMS_JSON, MODEL_DIR
-from ._common import BatchLossReader, as_number, check_int, is_number
+from ._common import BatchLossReader, StepLearningRates, as_number, check_int, is_number
 from ._mlflow_sender import Operation, Sender, is_transient_error
 from .abstract import AbstractExperimentCallback
 from .performance_eval import history_series
@@ -97,9 +97,10 @@ class MLflowTracking(AbstractExperimentCallback):
               or only ``metric_names``. At the end of fit the ``train_end_*`` values, at step = the last epoch.
             * with ``batch_log_frequency=k``: ``batch_loss`` (the loss of every k-th batch) and
               ``batch_loss_running_mean`` (the epoch's running mean) at step = global batch index (per loss as
-              ``batch_<name>`` / ``batch_<name>_running_mean`` for a MultiLoss). The losses are read from the
-              device in one transfer every ``batch_sync_frequency`` steps and at the end of each epoch, never
-              once per step.
+              ``batch_<name>`` / ``batch_<name>_running_mean`` for a MultiLoss), with the learning rate that step's
+              update used (``learning_rate/group_<i>``, ``learning_rate/optimizer_<k>_group_<i>`` with several
+              optimizers). The losses are read from the device in one transfer every ``batch_sync_frequency`` steps
+              and at the end of each epoch, never once per step.
             * artifacts (``log_artifacts``): the files of the loop's experiment folder (``loop.experiment``,
               made by the saving callbacks or a tracking TrainLoop): results and plots, hyperparameter files
               (``hyperparams.json`` from the experiment's bookkeeping folder), the script copy and
@@ -181,6 +182,7 @@ class MLflowTracking(AbstractExperimentCallback):
         self._known_params: Dict[str, str] = {}
         self._artifact_signatures: Dict[str, Tuple[int, int]] = {}
         self._batch_losses = BatchLossReader()
+        self._learning_rates = StepLearningRates()
 
     # ---- state (checkpoints) --------------------------------------------------------------------
 
@@ -336,6 +338,17 @@ class MLflowTracking(AbstractExperimentCallback):
 
     # ---- training events ------------------------------------------------------------------------
 
+    def hooks_in_use(self) -> List[str]:
+        """Its hooks, the per-step ones only with ``batch_log_frequency`` (without it, a step costs nothing)."""
+        hooks = super().hooks_in_use()
+        return hooks if self.batch_log_frequency is not None else \
+            [name for name in hooks if name not in ('on_batch_begin', 'on_batch_end')]
+
+    def on_batch_begin(self) -> None:
+        """The learning rates this step's update uses, on a logged step."""
+        if self.train_loop_obj.total_iteration_idx % (self.batch_log_frequency or 1) == 0:
+            self._learning_rates.record(self.train_loop_obj)
+
     def on_batch_end(self) -> None:
         """Queue the pending batch losses every ``batch_sync_frequency`` steps (with batch_log_frequency)."""
         if self.batch_log_frequency is not None and \
@@ -464,6 +477,8 @@ class MLflowTracking(AbstractExperimentCallback):
                 for name, value in values.items():
                     metrics.append((f'batch_{name}', value, timestamp, step))
                     metrics.append((f'batch_{name}_running_mean', means[name], timestamp, step))
+                for name, lr in self._learning_rates.take_named(step).items():
+                    metrics.append((name, lr, timestamp, step))
         self._submit_batch(metrics)
 
     def log_train_history_metrics(self, metric_names: Iterable[str]) -> Dict[str, float]:

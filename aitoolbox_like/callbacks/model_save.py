@@ -274,7 +274,8 @@ class ModelCheckpoint(ExperimentSaverBase):
             file in it is confirmed).
         num_best_checkpoints_kept (int): how many best checkpoints survive rm_subopt_local_models.
         monitor (str or None): history metric that ranks checkpoints; None: 'val_loss' with a validation
-            loader, else 'loss'. 'val_loss' named on a loop without a validation loader is refused at the start of
+            loader, else the loop's training loss (``train_loss_name``: 'accumulated_loss', or 'loss' with
+            ``eval_train_set``). 'val_loss' named on a loop without a validation loader is refused at the start of
             fit.
         mode ('auto', 'min', 'max'): whether lower or higher is better; 'auto': lower for losses and errors.
         endpoint_url (str or None): the cloud's endpoint (an S3-compatible server, a GCS emulator, an Azure account
@@ -331,7 +332,8 @@ class ModelCheckpoint(ExperimentSaverBase):
     def _monitor_name(self):
         if self.monitor is not None:
             return self.monitor
-        return 'val_loss' if self.train_loop_obj.validation_loader is not None else 'loss'
+        loop = self.train_loop_obj
+        return 'val_loss' if loop.validation_loader is not None else loop.train_loss_name
 
     def _lower_is_better(self):
         if self.mode != 'auto':
@@ -346,10 +348,14 @@ class ModelCheckpoint(ExperimentSaverBase):
         if monitor == 'val_loss' and loop.validation_loader is None and self.monitor is not None:
             # Asked for by name, and never in the history (AIToolbox fails at the first epoch's end too).
             raise ValueError(f"{type(self).__name__}: monitor='val_loss' but the TrainLoop has no validation_loader; "
-                             f"pass one, or monitor='loss'")
+                             f"pass one, or monitor={loop.train_loss_name!r}")
         if monitor in ('loss', 'val_loss') and not loop.end_auto_eval:
             self._report_monitor_unavailable(
                 f'{monitor!r} is computed by the end-of-epoch evaluation, which end_auto_eval=False turns off')
+        elif monitor == 'loss' and not loop.eval_train_set:
+            self._report_monitor_unavailable(
+                "'loss', the loss over the whole training set, is computed only with the TrainLoop's "
+                "eval_train_set=True; 'accumulated_loss' is the epoch's training loss")
         super().on_train_begin()        # the bucket, once the configuration is known to be right
 
     def _report_monitor_unavailable(self, why):

@@ -1,4 +1,5 @@
-"""Training-quality monitoring: what the model is (ModelSummary) and how fast it trains (ThroughputMonitor).
+"""Training-quality monitoring: what the model is (ModelSummary), how fast it trains (ThroughputMonitor) and the loss
+and learning rate of every step, kept for after the fit (StepHistory).
 
 See docs/callbacks/monitoring.md.
 """
@@ -12,6 +13,7 @@ import torch
 
 from ..predictions import batch_size_of
 from ..storage.local import write_atomically
+from ._common import BatchLossReader, StepLearningRates, check_int
 from .abstract import AbstractCallback
 
 logger = logging.getLogger(__name__)
@@ -252,3 +254,79 @@ class ThroughputMonitor(AbstractCallback):
             loop.insert_metric_result_into_history(name, value)
         if self.log and loop.is_main_process():
             logger.info('Epoch %d throughput: %s', loop.epoch, ', '.join(f'{k}={v:.4g}' for k, v in values.items()))
+
+
+class StepHistory(AbstractCallback):
+    """The training loss and the learning rate of every ``every_n_steps``-th step, kept in the history after the
+    fit: ``loop.train_history.steps`` is a list of records such as ``{'step': 41, 'epoch': 1, 'loss': 0.613, 'lr':
+    0.0009}``.
+
+    - ``step``: the global batch index (``total_iteration_idx``: 0, 1, ... across epochs and fits);
+    - ``loss``: that batch's training loss (a MultiLoss: one entry per loss name instead);
+    - ``lr``: the learning rate the step's update used (read when the step began, before a per-step scheduler moved
+      it on), of the first param group of the first optimizer; ``lrs`` (with more than one group or optimizer) all
+      of them, per optimizer and group.
+
+    The losses stay on the device and are read in one transfer every ``sync_every_n_steps`` steps and at the end of
+    each epoch: one host-device sync per block, none per step. The records are saved with the history in every
+    checkpoint, so a resumed run keeps them. Without this callback the step pays nothing for any of it. The trackers
+    write per-step losses and learning rates themselves: ``MLflowTracking`` / ``WandBTracking(batch_log_frequency=k)``,
+    TensorBoard's ``TensorboardTrainBatchLoss`` and ``TensorboardLearningRate(batch_log_frequency=k)``.
+
+    Args:
+        every_n_steps (int): record every k-th step (steps 0, k, 2k, ...).
+        sync_every_n_steps (int): read the pending losses from the device every n steps (and at each epoch's end).
+    """
+
+    def __init__(self, every_n_steps: int = 1, sync_every_n_steps: int = 100) -> None:
+        super().__init__('Step history')
+        check_int('every_n_steps', every_n_steps, who='StepHistory')
+        check_int('sync_every_n_steps', sync_every_n_steps, who='StepHistory')
+        self.every_n_steps = every_n_steps
+        self.sync_every_n_steps = sync_every_n_steps
+        self._losses = BatchLossReader()
+        self._learning_rates = StepLearningRates()
+
+    @property
+    def state_key(self) -> str:
+        return f'StepHistory[{self.every_n_steps}]'
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The learning rates of the recorded steps whose losses were not read yet."""
+        return {'pending_learning_rates': [[step, lrs] for step, lrs in self._learning_rates.pending.items()]}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self._learning_rates.pending = {int(step): lrs for step, lrs in state_dict.get('pending_learning_rates', [])}
+
+    def on_batch_begin(self) -> None:
+        """The learning rates this step's update uses, on a recorded step."""
+        if self.train_loop_obj.total_iteration_idx % self.every_n_steps == 0:
+            self._learning_rates.record(self.train_loop_obj)
+
+    def on_batch_end(self) -> None:
+        """Read the pending losses every ``sync_every_n_steps`` steps."""
+        if (self.train_loop_obj.total_iteration_idx + 1) % self.sync_every_n_steps == 0:
+            self.record_pending()
+
+    def on_train_epoch_end(self) -> None:
+        """The epoch's remaining records, before its evaluation."""
+        self.record_pending()
+
+    def on_train_end(self) -> None:
+        """The remaining records (a StopTraining inside an epoch skips its end)."""
+        self.record_pending()
+
+    def record_pending(self) -> None:
+        """Add the records of the steps whose losses were not read yet to ``train_history.steps``."""
+        loop = self.train_loop_obj
+        for step, losses, _ in self._losses.read_new(loop):
+            lrs = self._learning_rates.take(step)
+            if lrs is None:         # not a recorded step (or recorded before a checkpoint this run resumed from)
+                continue
+            record: Dict[str, Any] = {'step': step, 'epoch': loop.epoch, **losses}
+            flat = [lr for groups in lrs for lr in groups]
+            if flat:
+                record['lr'] = flat[0]
+            if len(flat) > 1:
+                record['lrs'] = lrs
+            loop.train_history.steps.append(record)

@@ -11,6 +11,7 @@ import copy
 import csv
 import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Optional
 
@@ -91,19 +92,41 @@ class ModelPerformanceEvaluation(AbstractCallback):
         if self.on_val_data and self.train_loop_obj.validation_loader is None:
             raise ValueError('ModelPerformanceEvaluation(on_val_data=True) needs a validation_loader in the TrainLoop; '
                              'pass one, or use on_val_data=False, on_train_data=True')
+        # What the metrics import (scikit-learn and SciPy take seconds), now rather than in the first epoch's end.
+        for package in self._packages():
+            import_dependencies = getattr(package, 'import_dependencies', None)
+            if callable(import_dependencies):
+                started = time.perf_counter()
+                import_dependencies()
+                seconds = time.perf_counter() - started
+                if seconds > 0.1:
+                    logger.info("%s: imported %s's dependencies before the first epoch (%.1f s)",
+                                type(self).__name__, type(package).__name__, seconds)
 
     def _packages(self):
         return [p for p in (self.result_package if self.on_val_data else None, self.train_result_package)
                 if p is not None]
 
+    def _evaluates_this_epoch(self):
+        return self.on_each_epoch and (self.eval_frequency is None
+                                       or self.train_loop_obj.epoch % self.eval_frequency == 0)
+
+    def on_train_epoch_end(self):
+        # Said before the end-of-epoch evaluation: its loss pass over the same loader then also collects the
+        # predictions, where the model can give both from one forward ('val_loss' and the metrics in one pass).
+        if self._evaluates_this_epoch():
+            evaluation = self.train_loop_obj.evaluation
+            if self.on_val_data:
+                evaluation.expect_predictions('validation')
+            if self.on_train_data:
+                evaluation.expect_predictions('train')
+
     def on_epoch_end(self):
-        if self.on_each_epoch:
-            epoch = self.train_loop_obj.epoch
-            if self.eval_frequency is None or epoch % self.eval_frequency == 0:
-                self.evaluate_model_performance()
-            else:
-                logger.debug('Skipping performance evaluation in epoch %d (evaluating every %d epochs)',
-                             epoch, self.eval_frequency)
+        if self._evaluates_this_epoch():
+            self.evaluate_model_performance()
+        elif self.on_each_epoch:
+            logger.debug('Skipping performance evaluation in epoch %d (evaluating every %d epochs)',
+                         self.train_loop_obj.epoch, self.eval_frequency)
         for package in self._packages():
             if callable(getattr(package, 'metric_reset', None)):
                 package.metric_reset()

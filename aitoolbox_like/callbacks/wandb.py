@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence,
 import torch
 
 from ..experiment import get_experiment
-from ._common import BatchLossReader, as_number, check_int, is_number
+from ._common import BatchLossReader, StepLearningRates, as_number, check_int, is_number
 from .abstract import AbstractExperimentCallback
 from .performance_eval import history_series
 from .tensorboard import unwrap_model
@@ -91,8 +91,10 @@ class WandBTracking(AbstractExperimentCallback):
               (dict-valued metrics per key as ``<name>_<key>``).
             * with ``batch_log_frequency=k``: ``train_loss/last_batch_loss`` and
               ``train_loss/accumulated_batch_loss`` (the epoch's running mean) of every k-th batch (per loss
-              name for a MultiLoss). The losses are read from the device in one transfer every
-              ``batch_sync_frequency`` steps and at the end of the epoch, never once per step.
+              name for a MultiLoss), with the learning rate that step's update used (``learning_rate/group_<i>``,
+              ``learning_rate/optimizer_<k>_group_<i>`` with several optimizers). The losses are read from the
+              device in one transfer every ``batch_sync_frequency`` steps and at the end of the epoch, never once
+              per step.
             * at the end of training the ``train_end_*`` history values into the run summary.
             * alerts (``alerts``), code (``source_dirs``) and, with ``watch_model``, ``wandb.watch`` histograms.
 
@@ -162,6 +164,7 @@ class WandBTracking(AbstractExperimentCallback):
         self._watched: Optional[torch.nn.Module] = None
         self._warned_alert_metrics: Set[str] = set()
         self._batch_losses = BatchLossReader()
+        self._learning_rates = StepLearningRates()
 
     # ---- state (checkpoints) --------------------------------------------------------------------
 
@@ -284,6 +287,17 @@ class WandBTracking(AbstractExperimentCallback):
 
     # ---- training events ------------------------------------------------------------------------
 
+    def hooks_in_use(self) -> List[str]:
+        """Its hooks, the per-step ones only with ``batch_log_frequency`` (without it, a step costs nothing)."""
+        hooks = super().hooks_in_use()
+        return hooks if self.batch_log_frequency is not None else \
+            [name for name in hooks if name not in ('on_batch_begin', 'on_batch_end')]
+
+    def on_batch_begin(self) -> None:
+        """The learning rates this step's update uses, on a logged step."""
+        if self.train_loop_obj.total_iteration_idx % (self.batch_log_frequency or 1) == 0:
+            self._learning_rates.record(self.train_loop_obj)
+
     def on_batch_end(self) -> None:
         """Log the pending batch losses every ``batch_sync_frequency`` steps (with batch_log_frequency)."""
         if self.batch_log_frequency is not None and \
@@ -356,6 +370,7 @@ class WandBTracking(AbstractExperimentCallback):
             if step % frequency == 0:
                 logged = {f'train_loss/last_batch_{name}': value for name, value in values.items()}
                 logged.update({f'train_loss/accumulated_batch_{name}': mean for name, mean in means.items()})
+                logged.update(self._learning_rates.take_named(step))
                 self.run.log(logged, step=step)
 
     @staticmethod

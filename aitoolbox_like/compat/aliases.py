@@ -19,6 +19,8 @@ _REPORTING = 'aitoolbox_like.experiment.reporting'
 _UTILS = 'aitoolbox_like.compat.utils'
 _CLOUD = 'aitoolbox_like.compat.cloud'
 _GCLOUD = 'aitoolbox_like.compat.google_cloud'
+# AIToolbox's loops: ours with its defaults (the end-of-epoch evaluation of the training set).
+_LOOPS = 'aitoolbox_like.compat.loops'
 
 
 class Unsupported:
@@ -41,8 +43,7 @@ def _names(module: str, *names: str) -> Dict[str, Target]:
 _TORCHTRAIN_EXPORTS: Dict[str, Target] = {
     **_names('aitoolbox_like.model', 'TTModel', 'MultiGPUModelWrap', 'ModelWrap', 'AbstractModelFeedDefinition'),
     **_names('aitoolbox_like.distributed.parallel', 'TTDataParallel'),
-    **_names('aitoolbox_like.engine.train_loop', 'TrainLoop'),
-    **_names('aitoolbox_like.tracking', 'TrainLoopCheckpoint', 'TrainLoopEndSave', 'TrainLoopCheckpointEndSave'),
+    **_names(_LOOPS, 'TrainLoop', 'TrainLoopCheckpoint', 'TrainLoopEndSave', 'TrainLoopCheckpointEndSave'),
     **_names('aitoolbox_like.multi_loss_optim', 'MultiLoss', 'MultiOptimizer'),
     **_names('aitoolbox_like.datasets', 'BasicDataset'),
 }
@@ -81,10 +82,11 @@ MODULES: Dict[str, Alias] = {
     'torchtrain.data': {},
     'torchtrain.data.batch_model_feed_defs': _names('aitoolbox_like.model', 'AbstractModelFeedDefinition'),
     'torchtrain.data.dataset': 'aitoolbox_like.datasets',
-    'torchtrain.train_loop': _names('aitoolbox_like.tracking', 'TrainLoop', 'TrainLoopCheckpoint',
-                                    'TrainLoopEndSave', 'TrainLoopCheckpointEndSave'),
-    'torchtrain.train_loop.train_loop': 'aitoolbox_like.engine.train_loop',
-    'torchtrain.train_loop.train_loop_tracking': 'aitoolbox_like.tracking',
+    'torchtrain.train_loop': _names(_LOOPS, 'TrainLoop', 'TrainLoopCheckpoint', 'TrainLoopEndSave',
+                                    'TrainLoopCheckpointEndSave'),
+    'torchtrain.train_loop.train_loop': _names(_LOOPS, 'TrainLoop'),
+    'torchtrain.train_loop.train_loop_tracking': _names(_LOOPS, 'TrainLoopCheckpoint', 'TrainLoopEndSave',
+                                                        'TrainLoopCheckpointEndSave'),
     'torchtrain.train_loop.components': {},
     'torchtrain.train_loop.components.callback_handler': 'aitoolbox_like.engine.handler',
     'torchtrain.train_loop.components.ddp_handler': {

@@ -18,8 +18,10 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..model import current_one_pass, one_pass_evaluation
+
 if TYPE_CHECKING:
-    from ..model import AbstractModelFeedDefinition, BatchFeed
+    from ..model import AbstractModelFeedDefinition, BatchFeed, OnePass
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +79,12 @@ class TTParallelBase:
     def get_predictions(self, batch_data: Any, device: Any) -> Any:
         """The wrapped TTModel's ``get_predictions`` with the forward going through this wrapper."""
         return self._model_method('get_predictions')(batch_data, device)
+
+    def one_pass_evaluation(self) -> OnePass | None:
+        """The wrapped TTModel's ``get_loss_and_predictions`` with the forward going through this wrapper, when it
+        gives what its evaluation methods give (``aitoolbox_like.model.current_one_pass``); else None."""
+        method = current_one_pass(type(_wrapped_module(self)))
+        return None if method is None else types.MethodType(method, self)
 
     def __getattr__(self, name: str) -> Any:
         parent_getattr = getattr(super(), '__getattr__', None)
@@ -169,3 +177,7 @@ class DDPFeed:
     def get_predictions(self, batch_data: Any, device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
         """``(y_pred, y_true, metadata)`` of one batch, computed on the plain model."""
         return self.plain_feed.get_predictions(batch_data, device)
+
+    def one_pass_evaluation(self) -> OnePass | None:
+        """The plain model's one-pass evaluation (``aitoolbox_like.model.one_pass_evaluation``), if it has one."""
+        return one_pass_evaluation(self.plain_feed)

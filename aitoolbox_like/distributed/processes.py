@@ -11,6 +11,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,12 @@ def get_world_size() -> int:
 def is_main_process() -> bool:
     """True on rank 0 (and when not distributed): the process that logs and saves."""
     return get_rank() == 0
+
+
+def collective_device(device: torch.device) -> torch.device:
+    """Where a tensor for a collective of the current process group lives: ``device`` under NCCL (which moves only
+    GPU tensors), the CPU under gloo."""
+    return device if dist.get_backend() == 'nccl' else torch.device('cpu')
 
 
 # Seconds a launcher-started worker waits for every process of its group to join before it gives up (so that a

@@ -16,7 +16,7 @@ The event order of one fit (docs/event-order.md):
                         on_after_gradient_update(idx); step; on_after_optimizer_step; zero_grad
             on_batch_end
         on_train_epoch_end
-        end-of-epoch evaluation -> history 'accumulated_loss', 'loss', 'val_loss'
+        end-of-epoch evaluation -> history 'accumulated_loss', 'val_loss' (and with eval_train_set, 'loss')
         on_epoch_end
         stop if early_stop
     end-of-training evaluation -> history 'train_end_test_loss'
@@ -26,16 +26,16 @@ The event order of one fit (docs/event-order.md):
 The class reads top to bottom as a fit runs: construction and run state, fit's entry, a fit in this process, the
 epochs, the training step, evaluation. What it is built on lives beside it: the callback base (callback.py), the
 handler that fires hooks (handler.py), what fit checks and how a failed step is explained (checks.py), the loop's
-state as a checkpoint and resuming from it (loop_state). Mixed precision and the GradScaler's steps are amp.py's.
+state as a checkpoint and resuming from it (loop_state), the evaluation passes, their cache and the end-of-epoch
+evaluation (evaluation.py). Mixed precision and the GradScaler's steps are amp.py's.
 """
 import contextlib
-import copy
 import datetime
 import logging
 import math
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -47,16 +47,16 @@ from ..console import default_console_output, in_notebook
 from ..devices import cuda_is_available
 from ..experiment.layout import CHECKPOINT_DIR
 from ..history import TrainingHistory
-from ..host_copy import to_host
 from ..message_passing import MessageService
-from ..model import CompiledFeed, ModelWrap, resolve_model
+from ..model import BatchFeed, CompiledFeed, ModelWrap, resolve_model
 from ..multi_loss_optim import MultiLoss, MultiOptimizer
-from ..predictions import append_predictions, batch_size_of, combine_prediction_metadata_batches, torch_cat_transf
+from ..predictions import append_predictions, torch_cat_transf
 from ..prefetch import DevicePrefetcher, prefetch_applies
 from . import loop_state
 from .callback import AbstractCallback, AbstractScheduler, StopTraining, TrainingInterrupted
 from .checks import check_fit_inputs, check_fit_keywords, explain_step_failure, loss_to_record
-from .handler import CallbacksHandler, CollectiveInRankRestrictedCallbackError, import_object
+from .evaluation import EVAL_LOSS_WEIGHTINGS, Evaluation
+from .handler import CallbacksHandler, import_object
 
 if TYPE_CHECKING:
     from ..experiment import Experiment, ExperimentUploader
@@ -68,7 +68,9 @@ _NOTHING = contextlib.nullcontext()
 logger = logging.getLogger('aitoolbox_like.train_loop')
 
 GPU_MODES = ('single', 'dp', 'ddp', 'fsdp')
-EVAL_LOSS_WEIGHTINGS = ('batch', 'sample')
+#: What no update step leaves in ``update_applied``: the loop sets it before every batch, so a batch whose step
+#: updates nothing (a custom train_step that skips its update) leaves every consumer of it where it was.
+_NO_UPDATE: Sequence[bool] = ()
 
 #: The callbacks a fit gets without asking (progress bar, LR monitor, the DDP samplers' epoch, the preemption
 #: checkpoint) are the callback library's choice: fit imports this function by its path when it starts, so that
@@ -95,8 +97,14 @@ class TrainLoop:
             get_loss returning ``model(**batch).loss``). A TTBasicModel, whose get_loss calls it, needs one.
         collate_batch_pred_fn: how one batch's predictions are added to the collected list.
         pred_transform_fn: how the collected list becomes the final predictions (default torch.cat).
-        end_auto_eval (bool or int): compute 'loss'/'val_loss' after every epoch (True), never (False)
-            or every k epochs (int k); also controls the end-of-training test loss.
+        end_auto_eval (bool or int): the end-of-epoch evaluation, 'val_loss' (one pass over the validation set),
+            after every epoch (True), never (False) or every k epochs (int k); also controls the end-of-training test
+            loss. The training loss of each epoch is always in the history, as 'accumulated_loss' (the mean of its
+            batches' losses, at no extra cost).
+        eval_train_set (bool or None): also evaluate the loss over the whole training set in each end-of-epoch
+            evaluation, recorded as 'loss' (AIToolbox's end-of-epoch evaluation: one more pass over the training set
+            per epoch). None: the class's default, ``EVAL_TRAIN_SET_DEFAULT``: False here, True for AIToolbox's
+            TrainLoop and tracking loops (their AIToolbox module paths, served by ``aitoolbox_like.compat``).
         lazy_experiment_save (bool): for tracking loops: create experiment folders only when first used.
         print_callbacks (bool): print the registered callbacks at the start of fit.
         gpu_mode: 'single', 'dp' (torch.nn.DataParallel over the visible GPUs in this process) or 'ddp'
@@ -124,6 +132,10 @@ class TrainLoop:
             never. No effect on the CPU.
     """
 
+    #: ``eval_train_set``'s value when it is not given: no pass over the training set at the end of an epoch (its
+    #: training loss is 'accumulated_loss'). AIToolbox's loops, on its module paths, set True (aitoolbox_like.compat).
+    EVAL_TRAIN_SET_DEFAULT = False
+
     def __init__(self, model: Any, train_loader: Any, validation_loader: Any, test_loader: Any, optimizer: Any,
                  criterion: Any, collate_batch_pred_fn: Callable[[Any, List[Any]], List[Any]] = append_predictions,
                  pred_transform_fn: Callable[[List[Any]], Any] = torch_cat_transf,
@@ -131,7 +143,7 @@ class TrainLoop:
                  print_callbacks: bool = False, gpu_mode: str = 'single', cuda_device_idx: Optional[int] = None,
                  use_amp: Union[bool, str, Dict[str, Any]] = False, progress_bar: Optional[bool] = None,
                  compile: Union[bool, Dict[str, Any]] = False, eval_loss_weighting: str = 'batch',
-                 prefetch_to_device: Optional[bool] = None) -> None:
+                 prefetch_to_device: Optional[bool] = None, eval_train_set: Optional[bool] = None) -> None:
         if isinstance(compile, dict):
             self.compile_options: Optional[Dict[str, Any]] = dict(compile)
         elif isinstance(compile, bool):
@@ -153,6 +165,9 @@ class TrainLoop:
             end_auto_eval = bool(end_auto_eval)
         elif not isinstance(end_auto_eval, int) or end_auto_eval < 1:
             raise ValueError(f'end_auto_eval must be True, False or an epoch interval >= 1, got {end_auto_eval!r}')
+        if eval_train_set not in (None, True, False):
+            raise TypeError(f'eval_train_set must be True, False or None (the default of {type(self).__name__}), got '
+                            f'{eval_train_set!r}')
 
         self.train_loader = train_loader
         self.validation_loader = validation_loader
@@ -162,6 +177,7 @@ class TrainLoop:
         self.collate_batch_pred_fn = collate_batch_pred_fn
         self.pred_transform_fn = pred_transform_fn
         self.end_auto_eval = end_auto_eval
+        self.eval_train_set: bool = self.EVAL_TRAIN_SET_DEFAULT if eval_train_set is None else eval_train_set
         self.lazy_experiment_save = lazy_experiment_save
         self.print_callbacks = print_callbacks
         self.gpu_mode = gpu_mode
@@ -197,7 +213,8 @@ class TrainLoop:
         self.loss: Any = None           # its loss, not detached: on_after_loss may replace it
         self.train_step_owner: Any = None   # the callback or model owning the step (train_step), or None
         self.optimizer_idx = 0
-        self.update_applied: List[bool] = []    # per optimizer: did the last update step change its weights
+        # per optimizer: did this batch's update step change its weights (empty on a batch without one)
+        self.update_applied: Sequence[bool] = _NO_UPDATE
         self.loss_batch_accum: List[Any] = []
         self.early_stop = False
         # Why the latest fit stopped before its end, leaving a checkpoint to continue from (e.g. 'received SIGINT'),
@@ -230,8 +247,9 @@ class TrainLoop:
         # only in an epoch resumed on another number of processes than its checkpoint's, whose batches then cover
         # what was left of the order (loop_state.samples_done_in_epoch).
         self.epoch_samples_offset = 0
-        # evaluation results per training position: every callback asking at one point gets the same values
-        self._eval_cache: Dict[Any, Any] = {}
+        # the evaluation passes, their results per training position (every callback asking at one point gets the
+        # same values) and the end-of-epoch evaluation
+        self.evaluation = Evaluation(self)
         # callbacks
         self.callbacks: List[AbstractCallback] = []
         self.callbacks_handler = CallbacksHandler(self)
@@ -267,9 +285,6 @@ class TrainLoop:
     def ddp_rank(self) -> Optional[int]:
         """The global rank in a DDP fit, None otherwise (AIToolbox's attribute; see ``global_rank``)."""
         return self.global_rank if self.ddp_training_mode else None
-
-    def _collective_device(self) -> torch.device:
-        return self.device if dist.get_backend() == 'nccl' else torch.device('cpu')
 
     def move_to_device(self, device: torch.device) -> None:
         """Train on ``device`` from now on (a DDP process takes its own GPU, or the CPU). The mixed-precision
@@ -337,6 +352,23 @@ class TrainLoop:
         ``'bf16'`` (bfloat16 autocast) or ``'fp32'`` (full precision: no ``use_amp``, or ``use_amp=True`` on a device
         without float16 AMP). ``use_amp`` keeps what was asked for."""
         return self._amp.mode or 'fp32'
+
+    @property
+    def batch_feed(self) -> BatchFeed:
+        """What turns a batch into a loss or predictions: the model itself (a TTModel), a ModelWrap's feed definition
+        bound to its model, or during a DDP fit the DDP wrapper's feed (its training loss goes through the wrapper)."""
+        return self._feed
+
+    def autocast(self) -> ContextManager[Any]:
+        """The context the loop's forward passes run in: ``torch.autocast`` for the precision used (``precision``),
+        nothing in full precision. For code that runs the model as the loop does (a custom evaluation)."""
+        return self._amp.autocast()
+
+    @property
+    def train_loss_name(self) -> str:
+        """The history name of the training loss recorded at each end-of-epoch evaluation: 'loss' (the loss over
+        the training set) with ``eval_train_set``, else 'accumulated_loss' (the mean of the epoch's batch losses)."""
+        return 'loss' if self.eval_train_set and self.end_auto_eval else 'accumulated_loss'
 
     @property
     def amp_scaler(self) -> torch.amp.GradScaler:
@@ -485,7 +517,7 @@ class TrainLoop:
         self.num_epochs = num_epochs or self._epochs_for_iterations(num_iterations)
         self.early_stop = False
         self.interrupted = None
-        self._eval_cache.clear()
+        self.evaluation.purge()
         handler = self.callbacks_handler
 
         self.register_fit_callbacks(callbacks)
@@ -591,6 +623,7 @@ class TrainLoop:
                 step = self._train_step if self.train_step_owner is None else self._custom_step
                 for self.iteration, self.batch, self._is_last_batch in self._batches():
                     self.total_iteration_idx += 1
+                    self.update_applied = _NO_UPDATE
                     # Per step, a hook no callback uses costs a dict lookup, not a call.
                     if hooks['on_batch_begin']:
                         fire('on_batch_begin')
@@ -664,7 +697,7 @@ class TrainLoop:
     def _agree_on_early_stop(self) -> bool:
         if self.world_size == 1:
             return self.early_stop
-        flag = torch.tensor([1.0 if self.early_stop else 0.0], device=self._collective_device())
+        flag = torch.tensor([1.0 if self.early_stop else 0.0], device=distributed.collective_device(self.device))
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         self.early_stop = bool(flag.item())
         return self.early_stop
@@ -820,44 +853,16 @@ class TrainLoop:
         return full_epochs * math.ceil(per_epoch / self.grad_accumulation) + math.ceil(rest / self.grad_accumulation)
 
     # ---------------------------------------------------------------------------------------- evaluation
+    # Evaluation is engine/evaluation.py's (``self.evaluation``); these are AIToolbox's names for it.
 
     def auto_execute_end_of_epoch(self) -> None:
-        """The end-of-epoch evaluation: 'accumulated_loss', and 'loss' / 'val_loss' when end_auto_eval is due."""
-        readable = [loss for loss in self.loss_batch_accum if loss is not None]
-        if readable:
-            self._insert_loss('accumulated_loss', self.parse_loss(readable))
-        elif self.loss_batch_accum:
-            logger.warning("Epoch %d: the model's get_loss returned %s, which has no detach(), item() or float(), "
-                           "so 'accumulated_loss' is not recorded", self.epoch, type(self.loss_batch_accum[0]))
-        else:
-            logger.warning('Epoch %d had no training batches', self.epoch)
-        due = self.end_auto_eval if isinstance(self.end_auto_eval, bool) else self.epoch % self.end_auto_eval == 0
-        if due:
-            self._insert_loss('loss', self.evaluate_loss_on_train_set())
-            if self.validation_loader is not None:
-                self._insert_loss('val_loss', self.evaluate_loss_on_validation_set())
-        if self.is_main_process() and logger.isEnabledFor(logging.INFO):
-            values = {k: v[-1] for k, v in self.train_history.items()
-                      if v and self.train_history.get_epochs(k)[-1] == self.epoch and isinstance(v[-1], float)}
-            logger.info('Epoch %d: %s', self.epoch, ', '.join(f'{k}={v:.5g}' for k, v in values.items()))
+        """The end-of-epoch evaluation: 'accumulated_loss', and 'val_loss' (and with ``eval_train_set``, 'loss')
+        when end_auto_eval is due (:meth:`Evaluation.end_of_epoch <aitoolbox_like.engine.evaluation.Evaluation.end_of_epoch>`)."""
+        self.evaluation.end_of_epoch()
 
     def auto_execute_end_of_training(self) -> None:
         """The end-of-training evaluation: 'train_end_test_loss' when there is a test loader."""
-        if self.test_loader is not None and self.end_auto_eval:
-            self._insert_loss('train_end_test_loss', self.evaluate_loss_on_test_set())
-            logger.info('Test loss at the end of training: %.5g', self.train_history['train_end_test_loss'][-1])
-
-    def _insert_loss(self, name: str, loss: Any) -> None:
-        if isinstance(loss, MultiLoss):
-            # One key per loss as in AIToolbox, plus their sum under the plain name (AIToolbox left it
-            # empty, which broke early stopping and plots on multi-loss models).
-            # Read through to_host: a CUDA value's copy is waited for alone, not the whole stream (host_copy.py).
-            values = {loss_name: to_host(value).item() for loss_name, value in loss.items()}
-            for loss_name, value in values.items():
-                self.insert_metric_result_into_history(f'{name}_{loss_name}', value)
-            self.insert_metric_result_into_history(name, float(sum(values.values())))
-        else:
-            self.insert_metric_result_into_history(name, to_host(loss).item())
+        self.evaluation.end_of_training()
 
     def insert_metric_result_into_history(self, metric_name: str, metric_result: Any) -> None:
         """Record ``metric_result`` under ``metric_name`` for the current epoch."""
@@ -866,36 +871,19 @@ class TrainLoop:
     def parse_loss(self, loss_record: Sequence[Any]) -> Any:
         """Mean of a list of per-batch losses (tensors or MultiLoss), as a float64 tensor (or MultiLoss);
         averaged across processes in a distributed run."""
-        if isinstance(loss_record[0], MultiLoss):
-            names = list(loss_record[0].keys())
-            return MultiLoss({name: self.parse_loss([ml[name] for ml in loss_record]) for name in names})
-        mean = _mean_float64(loss_record)
-        if self.world_size > 1:
-            self._check_collective_allowed('parse_loss')
-            mean = mean.to(self._collective_device())
-            dist.all_reduce(mean)
-            mean = mean / self.world_size
-        return mean
+        return self.evaluation.mean_loss(loss_record)
 
     def evaluate_loss_on_train_set(self, force_prediction: bool = False, float_dict_format: bool = False) -> Any:
         """Mean loss over the train set (cached per training position; see evaluate_model_loss)."""
-        return self._cached_loss('train', self.train_loader, force_prediction, float_dict_format)
+        return self.evaluation.loss('train', force_prediction, float_dict_format)
 
     def evaluate_loss_on_validation_set(self, force_prediction: bool = False, float_dict_format: bool = False) -> Any:
         """Mean loss over the validation set (cached per training position)."""
-        return self._cached_loss('validation', self.validation_loader, force_prediction, float_dict_format)
+        return self.evaluation.loss('validation', force_prediction, float_dict_format)
 
     def evaluate_loss_on_test_set(self, force_prediction: bool = False, float_dict_format: bool = False) -> Any:
         """Mean loss over the test set (cached per training position)."""
-        return self._cached_loss('test', self.test_loader, force_prediction, float_dict_format)
-
-    def _cached_loss(self, dataset_type: str, data_loader: Any, force_prediction: bool,
-                     float_dict_format: bool) -> Any:
-        # The weighting is part of the key: changing loop.eval_loss_weighting between two requests recomputes.
-        key = ('loss', dataset_type, self.eval_loss_weighting)
-        loss = self._cached(key, force_prediction, lambda: self.evaluate_model_loss(
-            self._require_loader(data_loader, dataset_type), move_to_cpu=True, dataset_info={'type': dataset_type}))
-        return self.convert_loss_to_float_dict_format(loss) if float_dict_format else loss
+        return self.evaluation.loss('test', force_prediction, float_dict_format)
 
     @staticmethod
     def convert_loss_to_float_dict_format(loss: Any) -> Any:
@@ -906,189 +894,28 @@ class TrainLoop:
                             dataset_info: Optional[Dict[str, Any]] = None) -> Any:
         """Loss of the model over a loader, in eval mode without gradients: the mean of the per-batch losses
         (as AIToolbox), or with ``eval_loss_weighting='sample'`` their mean weighted by batch size."""
-        self._check_collective_allowed('evaluate_model_loss')
-        weighting = self.eval_loss_weighting
-        if weighting not in EVAL_LOSS_WEIGHTINGS:
-            raise ValueError(f'eval_loss_weighting must be one of {EVAL_LOSS_WEIGHTINGS}, got {weighting!r}')
-        by_sample = weighting == 'sample'
-        weighted_sum: Any = None
-        num_samples = 0
-        batch_losses: List[Any] = []
-        fire = self.callbacks_handler.fire
-        with self._eval_pass('loss', dataset_info) as info:
-            with torch.no_grad(), self._amp.autocast():
-                for batch_data in data_loader:
-                    fire('on_eval_batch_begin', batch_data, info)
-                    loss = self._feed.get_loss_eval(batch_data, self.criterion, self.device)
-                    fire('on_eval_batch_end', batch_data, loss, info)
-                    detached = {k: v.detach() for k, v in loss.items()} if isinstance(loss, MultiLoss) \
-                        else loss.detach()
-                    if not by_sample:
-                        batch_losses.append(detached)
-                        continue
-                    n = batch_size_of(batch_data)
-                    if isinstance(detached, dict):
-                        parts = {k: torch.as_tensor(v).double() * n for k, v in detached.items()}
-                        weighted_sum = parts if weighted_sum is None else \
-                            {k: weighted_sum[k] + parts[k] for k in weighted_sum}
-                    else:
-                        contribution = torch.as_tensor(detached).double() * n
-                        weighted_sum = contribution if weighted_sum is None else weighted_sum + contribution
-                    num_samples += n
-            if by_sample:
-                if weighted_sum is None:
-                    raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
-                means: Any = {k: v / num_samples for k, v in weighted_sum.items()} \
-                    if isinstance(weighted_sum, dict) else weighted_sum / num_samples
-            else:
-                if not batch_losses:
-                    raise ValueError(f'cannot evaluate the loss on an empty data loader ({dataset_info})')
-                # The float64 mean of the batch means, computed as AIToolbox (and a hand-written loop) computes it.
-                num_samples = len(batch_losses)
-                means = {k: _mean_float64([b[k] for b in batch_losses]) for k in batch_losses[0]} \
-                    if isinstance(batch_losses[0], dict) else _mean_float64(batch_losses)
-            if isinstance(means, dict):
-                result: Any = MultiLoss({k: self._mean_over_ranks(v, num_samples) for k, v in means.items()})
-            else:
-                result = self._mean_over_ranks(means, num_samples)
-            # The pass's result, for on_eval_end (SuperGradients hands it to its loader-end phase).
-            info['loss'] = result
-        if move_to_cpu:
-            return result.apply(to_host) if isinstance(result, MultiLoss) else to_host(result)
-        return result
-
-    @contextlib.contextmanager
-    def _eval_pass(self, kind: str, dataset_info: Optional[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
-        """One evaluation pass (``kind`` 'loss' or 'predictions'): the model in eval mode and ``on_eval_begin``
-        before it; its training mode back and ``on_eval_end`` after it, also when the pass stops early
-        (StopTraining from an eval hook), so that callbacks that swapped weights in on_eval_begin (EMA) swap them
-        back. Yields the pass's info dict, which the hooks receive."""
-        # A loop built only to predict or evaluate never ran fit, which is where the model moves to the device.
-        self.model.to(self.device)
-        self.move_criterion_to_device()
-        was_training = self.model.training
-        self.model.eval()
-        info = dict(dataset_info or {}, kind=kind)
-        info.setdefault('type', None)
-        self.callbacks_handler.fire('on_eval_begin', info)
-        try:
-            yield info
-        finally:
-            self.model.train(was_training)
-            self.callbacks_handler.fire('on_eval_end', info)
-
-    def _mean_over_ranks(self, mean: torch.Tensor, count: int) -> torch.Tensor:
-        """The mean over every process of per-process means of ``count`` items each (this process's mean as it
-        is in a single-process run)."""
-        if self.world_size == 1:
-            return mean
-        device = self._collective_device()
-        totals = torch.stack([mean.to(device) * count, torch.tensor(float(count), dtype=torch.float64, device=device)])
-        dist.all_reduce(totals)
-        return totals[0] / totals[1]
+        return self.evaluation.model_loss(data_loader, move_to_cpu, dataset_info)
 
     def predict_on_train_set(self, force_prediction: bool = False,
                              execute_callbacks: bool = False) -> Tuple[Any, Any, Any]:
         """``(y_pred, y_true, metadata)`` over the train set (cached per training position)."""
-        return self._cached_predictions('train', self.train_loader, force_prediction, execute_callbacks)
+        return self.evaluation.predictions('train', force_prediction, execute_callbacks)
 
     def predict_on_validation_set(self, force_prediction: bool = False,
                                   execute_callbacks: bool = False) -> Tuple[Any, Any, Any]:
         """``(y_pred, y_true, metadata)`` over the validation set (cached per training position)."""
-        return self._cached_predictions('validation', self.validation_loader, force_prediction, execute_callbacks)
+        return self.evaluation.predictions('validation', force_prediction, execute_callbacks)
 
     def predict_on_test_set(self, force_prediction: bool = False,
                             execute_callbacks: bool = False) -> Tuple[Any, Any, Any]:
         """``(y_pred, y_true, metadata)`` over the test set (cached per training position)."""
-        return self._cached_predictions('test', self.test_loader, force_prediction, execute_callbacks)
-
-    def _cached_predictions(self, dataset_type: str, data_loader: Any, force_prediction: bool,
-                            execute_callbacks: bool) -> Tuple[Any, Any, Any]:
-        return self._cached(('predictions', dataset_type), force_prediction, lambda: self.predict_with_model(
-            self._require_loader(data_loader, dataset_type), execute_callbacks, move_to_cpu=True,
-            dataset_info={'type': dataset_type}))
+        return self.evaluation.predictions('test', force_prediction, execute_callbacks)
 
     def predict_with_model(self, data_loader: Any, execute_callbacks: bool = False, move_to_cpu: bool = False,
                            dataset_info: Optional[Dict[str, Any]] = None) -> Tuple[Any, Any, Any]:
         """Run the model over a loader in eval mode: returns ``(y_pred, y_true, metadata)``."""
-        self._check_collective_allowed('predict_with_model')
-        y_pred: List[Any] = []
-        y_true: List[Any] = []
-        metadata_list: List[Dict[str, Any]] = []
-        fire = self.callbacks_handler.fire
-        with self._eval_pass('predictions', dataset_info) as info:
-            with torch.no_grad(), self._amp.autocast():
-                for batch_data in data_loader:
-                    fire('on_eval_batch_begin', batch_data, info)
-                    y_pred_batch, y_true_batch, metadata_batch = self._feed.get_predictions(batch_data, self.device)
-                    fire('on_eval_batch_end', batch_data, (y_pred_batch, y_true_batch, metadata_batch), info)
-                    if execute_callbacks:
-                        fire('on_after_batch_prediction', y_pred_batch, y_true_batch, metadata_batch, dataset_info)
-                    y_pred = self.collate_batch_pred_fn(y_pred_batch, y_pred)
-                    y_true = self.collate_batch_pred_fn(y_true_batch, y_true)
-                    if metadata_batch is not None:
-                        metadata_list.append(metadata_batch)
-        y_pred, y_true = self.pred_transform_fn(y_pred), self.pred_transform_fn(y_true)
-        # As in AIToolbox, batches that return {} give {}; None only when every batch returned None.
-        metadata = combine_prediction_metadata_batches(metadata_list) if metadata_list else None
-        if self.world_size > 1:     # every rank predicted its share; all get the whole set in dataset order
-            y_pred, y_true, metadata = distributed.gather_predictions(data_loader, y_pred, y_true, metadata)
-        if move_to_cpu:
-            y_pred, y_true = _cpu(y_pred), _cpu(y_true)
-            metadata = {k: _cpu(v) for k, v in metadata.items()} if metadata else metadata
-        return y_pred, y_true, metadata
-
-    def _cached(self, key: Any, force: bool, compute: Callable[[], Any]) -> Any:
-        """Results are cached per training position: every callback asking at the same point gets the same
-        values without recomputing, and each caller gets its own copy to mutate."""
-        position = (self.epoch, self.total_iteration_idx)
-        hit = self._eval_cache.get(key)
-        if force or hit is None or hit[0] != position:
-            # Iterating a loader draws from the global RNG (sampler and worker seeds); isolating it keeps
-            # the training trajectory independent of how often and on what the model is evaluated.
-            devices = [] if self.device.type != 'cuda' else \
-                [self.device.index if self.device.index is not None else torch.cuda.current_device()]
-            with torch.random.fork_rng(devices=devices):
-                hit = (position, compute())
-            self._eval_cache[key] = hit
-        return copy.deepcopy(hit[1])
+        return self.evaluation.model_predictions(data_loader, execute_callbacks, move_to_cpu, dataset_info)
 
     def purge_prediction_cache(self) -> None:
         """Forget cached losses and predictions (e.g. after loading other weights into the model)."""
-        self._eval_cache.clear()
-
-    @staticmethod
-    def _require_loader(data_loader: Any, dataset_type: str) -> Any:
-        if data_loader is None:
-            raise ValueError(f'no {dataset_type} loader was given to the TrainLoop, so there is nothing to evaluate '
-                             f'on the {dataset_type} set')
-        return data_loader
-
-    def _check_collective_allowed(self, operation: str) -> None:
-        callback = self.running_rank_restricted_callback
-        if callback is not None and self.world_size > 1:
-            raise CollectiveInRankRestrictedCallbackError(
-                f'callback {callback.callback_name!r} ({type(callback).__name__}) runs only on rank '
-                f'{callback.device_idx_execution} but called {operation}, which every rank must join; it would hang. '
-                f'Set device_idx_execution=None so it runs on every rank (and guard its side effects with '
-                f'train_loop_obj.is_main_process()).')
-
-
-def _mean_float64(losses: Sequence[Any]) -> torch.Tensor:
-    """The float64 mean of one-element losses: tensors, or the Python floats recorded for duck-typed losses
-    (see checks.loss_to_record). The common case, same-device tensors, is one stack and one conversion instead of one
-    tensor op per batch (an epoch-end cost that grows with the epoch); converting to float64 is exact, so both
-    ways give the same bits."""
-    if all(type(loss) is torch.Tensor for loss in losses):
-        try:
-            stacked = torch.stack(list(losses))
-        except RuntimeError:        # shapes or devices differ: the general path below
-            pass
-        else:
-            if stacked.numel() == len(losses):
-                return stacked.reshape(-1).to(torch.float64).mean()
-    return torch.stack([torch.as_tensor(loss, dtype=torch.float64).reshape(()) for loss in losses]).mean()
-
-
-def _cpu(value: Any) -> Any:
-    return value.cpu() if isinstance(value, torch.Tensor) else value
+        self.evaluation.purge()

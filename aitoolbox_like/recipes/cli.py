@@ -63,7 +63,8 @@ def _finish(run: Run) -> int:
     history = getattr(loop, 'train_history', None)
     interrupted = getattr(loop, 'interrupted', None)
     if history is not None and loop.is_main_process():
-        last = {name: history[name][-1] for name in ('loss', 'val_loss') if name in history and history[name]}
+        last = {name: history[name][-1] for name in (loop.train_loss_name, 'val_loss')
+                if name in history and history[name]}
         if last:
             values = ', '.join(f'{name} {value:.6g}' for name, value in last.items())
             _say(f'{"last" if interrupted else "final"} {values}')

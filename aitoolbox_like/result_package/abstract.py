@@ -129,6 +129,12 @@ class AbstractResultPackage(ABC):
             dict: metric_name -> value
         """
 
+    def import_dependencies(self) -> None:
+        """Import now what computing the results will need, ahead of the first evaluation. ModelPerformanceEvaluation
+        calls it when a fit starts, so that a slow import (scikit-learn with SciPy take seconds) does not land in
+        the middle of training. Nothing by default; a package whose metrics import a library on first use imports
+        it here."""
+
     def prepare_result_package(self, y_true: Any, y_predicted: Any, hyperparameters: Optional[Dict[str, Any]] = None,
                                **kwargs: Any) -> None:
         """Give the package the targets and predictions to evaluate
@@ -477,6 +483,11 @@ class MultipleResultPackageWrapper(AbstractResultPackage):
         self.additional_results = kwargs
         self._results_dict = None
         self._results_pending = True
+
+    def import_dependencies(self) -> None:
+        """Each combined package's dependencies (once the packages are set)."""
+        for package in self.result_packages or []:
+            package.import_dependencies()
 
     def _prepared_packages(self) -> List[AbstractResultPackage]:
         # Set by prepare_result_package, which every caller follows (None fails as it always did).

@@ -16,6 +16,7 @@ Fixed compared with AIToolbox 1.8.0:
 """
 from __future__ import annotations
 
+import functools
 import numbers
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
@@ -26,7 +27,8 @@ from .abstract import AbstractResultPackage
 from .conversion import is_torch_tensor
 from .metrics import (AbstractBaseMetric, AccuracyMetric, F1ScoreMetric, MeanAbsoluteErrorMetric,
                       MeanSquaredErrorMetric, PrecisionMetric, PrecisionRecallCurveAUCMetric, R2ScoreMetric,
-                      RecallMetric, ROCAUCMetric, is_integer_valued, positive_class_scores, true_labels)
+                      RecallMetric, ROCAUCMetric, import_sklearn_metrics, is_integer_valued, positive_class_scores,
+                      true_labels)
 
 __all__ = ['GeneralResultPackage', 'ClassificationResultPackage', 'BinaryClassificationResultPackage',
            'RegressionResultPackage', 'TorchMetricsPackage']
@@ -36,6 +38,12 @@ def _callable_name(fn: Any) -> str:
     while hasattr(fn, 'func') and not hasattr(fn, '__name__'):  # functools.partial
         fn = fn.func
     return getattr(fn, '__name__', type(fn).__name__)
+
+
+def _metric_class(fn: Any) -> Any:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
 
 
 class GeneralResultPackage(AbstractResultPackage):
@@ -80,6 +88,11 @@ class GeneralResultPackage(AbstractResultPackage):
             if not callable(metric):
                 raise TypeError(f'metrics_list elements must be metric classes or callables '
                                 f'fn(y_true, y_predicted); got {metric!r}.')
+
+    def import_dependencies(self) -> None:
+        """scikit-learn's metrics, when a metric of the list computes with them (``uses_sklearn``)."""
+        if any(getattr(_metric_class(metric), 'uses_sklearn', False) for metric in self.metrics_list):
+            import_sklearn_metrics()
 
     def prepare_results_dict(self) -> Dict[str, Any]:
         """Every metric's dict merged; a metric name produced twice is a ValueError."""
@@ -160,6 +173,10 @@ class BinaryClassificationResultPackage(AbstractResultPackage):
         AbstractResultPackage.__init__(self, pkg_name='BinaryClassificationResult',
                                        strict_content_check=strict_content_check, **kwargs)
         self.positive_class_thresh = positive_class_thresh
+
+    def import_dependencies(self) -> None:
+        """scikit-learn's metrics (F1, precision, recall and the AUCs are computed with them)."""
+        import_sklearn_metrics()
 
     def prepare_results_dict(self) -> Dict[str, Any]:
         """The six binary metrics; multi-class targets or predictions are a ValueError."""

@@ -6,8 +6,10 @@ A metric object computes its value at construction::
     AccuracyMetric(y_true, y_predicted).get_metric_dict()   # {'Accuracy': 0.75}
     AccuracyMetric(...) + F1ScoreMetric(...)                # {'Accuracy': ..., 'F1_score': ...}
 
-The arithmetic is scikit-learn's (imported lazily: ``pip install aitoolbox_like[metrics]``).
-Results are plain Python floats.
+Accuracy and the regression metrics are computed with NumPy, as scikit-learn computes them (the same values, to the
+bit); F1, precision, recall and the AUCs are scikit-learn's (``pip install aitoolbox_like[metrics]``), imported on
+first use, or before the first epoch by ModelPerformanceEvaluation (``uses_sklearn``; scikit-learn and SciPy take
+seconds to import, which must not land in the middle of a run). Results are plain Python floats.
 
 Fixed compared with AIToolbox 1.8.0:
 
@@ -44,11 +46,18 @@ def _sklearn_metrics() -> ModuleType:
     return metrics
 
 
+def import_sklearn_metrics() -> None:
+    """Import scikit-learn's metrics now (the result packages that use them do it when a fit starts)."""
+    _sklearn_metrics()
+
+
 class AbstractBaseMetric(ABC):
     """A metric computed from targets and predictions when it is constructed (see ``__init__``)."""
 
     #: name used when ``metric_name`` is not given
     DEFAULT_METRIC_NAME: ClassVar[Optional[str]] = None
+    #: whether computing it imports scikit-learn (the packages that use it import it before the first epoch)
+    uses_sklearn: ClassVar[bool] = False
 
     def __init__(self, y_true: Any, y_predicted: Any, metric_name: Optional[str] = None,
                  np_array: bool = True) -> None:
@@ -269,14 +278,22 @@ class AccuracyMetric(AbstractBaseMetric):
         AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
 
     def calculate_metric(self) -> Any:
-        """sklearn's ``accuracy_score`` of the labels (see ``__init__`` for how predictions become labels)."""
+        """The fraction of predicted labels equal to the true ones, as sklearn's ``accuracy_score`` computes it (see
+        ``__init__`` for how predictions become labels)."""
         self.y_predicted = _predicted_labels(self.y_predicted, self.positive_class_thresh)
         self.y_true = true_labels(self.y_true)
-        return _sklearn_metrics().accuracy_score(self.y_true, self.y_predicted)
+        for name, labels in (('y_true', self.y_true), ('y_predicted', self.y_predicted)):
+            if np.issubdtype(labels.dtype, np.number) and not is_integer_valued(labels):
+                raise ValueError(f'Accuracy needs class labels, but {name} holds continuous values (e.g. '
+                                 f'{labels.ravel()[~np.isclose(labels.ravel(), np.round(labels.ravel()))][:3].tolist()})'
+                                 f': pass labels, per-class scores of shape (n, C), or positive-class probabilities '
+                                 f'with positive_class_thresh')
+        return float(np.average(self.y_true == self.y_predicted))
 
 
 class _ThresholdedScoreMetric(AbstractBaseMetric):
     _sklearn_fn: ClassVar[Optional[str]] = None
+    uses_sklearn = True
 
     def __init__(self, y_true: Any, y_predicted: Any, positive_class_thresh: Optional[float] = 0.5,
                  average: str = 'binary', metric_name: Optional[str] = None) -> None:
@@ -322,6 +339,7 @@ class RecallMetric(_ThresholdedScoreMetric):
 class ROCAUCMetric(AbstractBaseMetric):
     """Area under the ROC curve of positive-class scores."""
     DEFAULT_METRIC_NAME = 'ROC_AUC'
+    uses_sklearn = True
 
     def __init__(self, y_true: Any, y_predicted: Any, metric_name: Optional[str] = None) -> None:
         """Area under the ROC curve (sklearn ``roc_auc_score``)
@@ -347,6 +365,7 @@ class ROCAUCMetric(AbstractBaseMetric):
 class PrecisionRecallCurveAUCMetric(AbstractBaseMetric):
     """Area under the precision-recall curve of positive-class scores."""
     DEFAULT_METRIC_NAME = 'PrecisionRecall_AUC'
+    uses_sklearn = True
 
     def __init__(self, y_true: Any, y_predicted: Any, metric_name: Optional[str] = None) -> None:
         """Area under the precision-recall curve (sklearn ``precision_recall_curve`` + ``auc``)
@@ -388,6 +407,14 @@ def _regression_arrays(y_true: Any, y_predicted: Any) -> Tuple[np.ndarray, np.nd
     return y_true, y_predicted
 
 
+def _columns(y_true: np.ndarray, y_predicted: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    # One column per output, as scikit-learn reduces them: a sum down a column adds in another order (and so to other
+    # bits) than a sum along a flat array.
+    if y_true.ndim == 1:
+        return y_true.reshape(-1, 1), y_predicted.reshape(-1, 1)
+    return y_true, y_predicted
+
+
 class MeanSquaredErrorMetric(AbstractBaseMetric):
     """Mean squared error of regression predictions."""
     DEFAULT_METRIC_NAME = 'Mean_squared_error'
@@ -397,8 +424,10 @@ class MeanSquaredErrorMetric(AbstractBaseMetric):
         AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
 
     def calculate_metric(self) -> Any:
-        """sklearn's ``mean_squared_error`` ((n, 1) shapes flattened)."""
-        return _sklearn_metrics().mean_squared_error(*_regression_arrays(self.y_true, self.y_predicted))
+        """The mean of the squared errors, per output then over the outputs, as sklearn's ``mean_squared_error``
+        ((n, 1) shapes flattened)."""
+        y_true, y_predicted = _columns(*_regression_arrays(self.y_true, self.y_predicted))
+        return float(np.average(np.average((y_true - y_predicted) ** 2, axis=0)))
 
 
 class MeanAbsoluteErrorMetric(AbstractBaseMetric):
@@ -410,8 +439,10 @@ class MeanAbsoluteErrorMetric(AbstractBaseMetric):
         AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
 
     def calculate_metric(self) -> Any:
-        """sklearn's ``mean_absolute_error`` ((n, 1) shapes flattened)."""
-        return _sklearn_metrics().mean_absolute_error(*_regression_arrays(self.y_true, self.y_predicted))
+        """The mean of the absolute errors, per output then over the outputs, as sklearn's ``mean_absolute_error``
+        ((n, 1) shapes flattened)."""
+        y_true, y_predicted = _columns(*_regression_arrays(self.y_true, self.y_predicted))
+        return float(np.average(np.average(np.abs(y_predicted - y_true), axis=0)))
 
 
 class R2ScoreMetric(AbstractBaseMetric):
@@ -427,8 +458,17 @@ class R2ScoreMetric(AbstractBaseMetric):
         AbstractBaseMetric.__init__(self, y_true, y_predicted, metric_name=metric_name)
 
     def calculate_metric(self) -> Any:
-        """sklearn's ``r2_score`` ((n, 1) shapes flattened; at least two examples)."""
+        """R^2 per output, averaged over the outputs, as sklearn's ``r2_score`` computes it: ``1 - SS_res / SS_tot``,
+        1.0 for a perfect fit of a constant target and 0.0 for an imperfect one ((n, 1) shapes flattened; at least two
+        examples)."""
         y_true, y_predicted = _regression_arrays(self.y_true, self.y_predicted)
         if y_true.shape[0] < 2:
             raise ValueError('R2 score is undefined for fewer than two examples: evaluate on at least two.')
-        return _sklearn_metrics().r2_score(y_true, y_predicted)
+        y_true, y_predicted = _columns(y_true, y_predicted)
+        residual = ((y_true - y_predicted) ** 2).sum(axis=0, dtype=np.float64)
+        total = ((y_true - np.average(y_true, axis=0)) ** 2).sum(axis=0, dtype=np.float64)
+        scores = np.ones(y_true.shape[1])
+        defined = (total != 0) & (residual != 0)
+        scores[defined] = 1 - residual[defined] / total[defined]
+        scores[(residual != 0) & (total == 0)] = 0.0
+        return float(np.average(scores))

@@ -45,7 +45,8 @@ MODES = ('min', 'max')
 _SPEC = re.compile(r'^\s*([A-Za-z_]\w*)\s*\((.*)\)\s*$', re.S)
 
 # History names that every epoch of a loop records itself (``val_loss`` needs a validation loader, which only the
-# built data can tell; a recipe without one fails at the end of the first epoch).
+# built data can tell; a recipe without one fails at the end of the first epoch); 'loss' only where the loop evaluates
+# the training set (eval_train_set).
 _LOOP_NAMES = ('accumulated_loss', 'loss', 'val_loss')
 # A model whose get_loss returns a MultiLoss adds one name per loss next to the plain ones.
 _MULTI_LOSS_PATTERNS = ('accumulated_loss_*', 'loss_*', 'val_loss_*')
@@ -378,8 +379,13 @@ def epoch_names(plan: Any) -> Tuple[List[str], List[str], List[str]]:
     ``(names, patterns, unknown)``: the loop's own names, the fnmatch patterns of the names its callbacks add, and
     the key paths of the callbacks that may add names nobody can tell before training (a user's callback)."""
     end_auto_eval = plan.loop.kwargs.get('end_auto_eval', True)
-    names = list(_LOOP_NAMES) if end_auto_eval is not False else ['accumulated_loss']
-    patterns = list(_MULTI_LOSS_PATTERNS) if end_auto_eval is not False else ['accumulated_loss_*']
+    train_set = plan.loop.kwargs.get('eval_train_set')
+    if train_set is None:       # the loop class's default (AIToolbox's loops evaluate the training set)
+        train_set = getattr(plan.loop.target, 'EVAL_TRAIN_SET_DEFAULT', False)
+    recorded = ('accumulated_loss',) if end_auto_eval is False else \
+        ('accumulated_loss', 'loss', 'val_loss') if train_set else ('accumulated_loss', 'val_loss')
+    names = [name for name in _LOOP_NAMES if name in recorded]
+    patterns = [pattern for pattern in _MULTI_LOSS_PATTERNS if pattern[:-2] in recorded]
     unknown: List[str] = []
     for call in [*plan.callbacks, *plan.schedulers]:
         found = _producer_patterns(call)

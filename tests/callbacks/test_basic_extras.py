@@ -89,8 +89,9 @@ def test_email_messages_carry_the_history_hyperparameters_and_result_files(aws_e
 
     epoch_1 = html_of(messages[1])
     assert '<h2>End of epoch 1</h2>' in epoch_1
-    for name in ('accumulated_loss', 'loss', 'val_loss'):
+    for name in ('accumulated_loss', 'val_loss'):
         assert f'<li><p>{name}: {loop.train_history[name][-1]}</p></li>' in epoch_1
+    assert '<li><p>loss:' not in epoch_1        # no value, no line (the training set is not evaluated)
     final = html_of(messages[2])
     assert f"<li><p>train_end_test_loss: {loop.train_history['train_end_test_loss'][-1]}</p></li>" in final
     assert '<li><p>lr: 0.1</p></li>' in final

@@ -1,4 +1,4 @@
-"""ModelSummary and ThroughputMonitor inside real fits."""
+"""ModelSummary, ThroughputMonitor and StepHistory inside real fits."""
 import logging
 import os
 
@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from aitoolbox_like import TrainLoop
-from aitoolbox_like.callbacks.model_save import ModelCheckpoint
-from aitoolbox_like.callbacks.monitoring import ModelSummary, ThroughputMonitor, _percentile
+from aitoolbox_like import AbstractCallback, StopTraining, TrainLoop
+from aitoolbox_like.callbacks.model_save import ModelCheckpoint, ModelIterationCheckpoint
+from aitoolbox_like.callbacks.monitoring import ModelSummary, StepHistory, ThroughputMonitor, _percentile
+from aitoolbox_like.callbacks.train_schedule import LinearWarmupScheduler
 from helpers import MLP, loaders
 
 
@@ -98,3 +99,71 @@ def test_throughput_monitor_custom_percentiles_and_nearest_rank():
 def test_throughput_monitor_uses_no_device_hooks_per_step():
     hooks = ThroughputMonitor().hooks_in_use()
     assert set(hooks) == {'on_train_begin', 'on_epoch_begin', 'on_batch_begin', 'on_batch_end', 'on_train_epoch_end'}
+
+
+class StepWitness(AbstractCallback):
+    """What each step trains with, read the slow way (a host read per step): the learning rate its update uses and
+    its loss."""
+
+    def __init__(self):
+        super().__init__('witness')
+        self.steps = {}
+
+    def on_batch_begin(self):
+        loop = self.train_loop_obj
+        self.steps[loop.total_iteration_idx] = {'lr': loop.optimizer.param_groups[0]['lr']}
+
+    def on_after_loss(self):
+        loop = self.train_loop_obj
+        self.steps[loop.total_iteration_idx]['loss'] = loop.loss.item()
+
+
+def test_step_history_keeps_every_step_s_loss_and_learning_rate_after_the_fit():
+    loop = make_loop(n=40)          # 5 batches per epoch
+    witness = StepWitness()
+    loop.fit(num_epochs=2, callbacks=[witness, LinearWarmupScheduler(num_warmup_steps=6),
+                                      StepHistory(sync_every_n_steps=3)])
+    steps = loop.train_history.steps
+    assert [record['step'] for record in steps] == list(range(10))
+    assert [record['epoch'] for record in steps] == [0] * 5 + [1] * 5
+    for record in steps:
+        expected = witness.steps[record['step']]
+        assert record['loss'] == expected['loss'] and record['lr'] == expected['lr']
+        assert set(record) == {'step', 'epoch', 'loss', 'lr'}
+    assert steps[0]['lr'] == 0.0 and steps[6]['lr'] == 0.1      # the warm-up, as each update used it
+    assert 'steps' not in loop.train_history        # the per-epoch names are as they were
+
+
+def test_step_history_every_k_steps_and_without_it_nothing_is_kept():
+    loop = make_loop(n=40)
+    loop.fit(num_epochs=2, callbacks=[StepHistory(every_n_steps=3)])
+    assert [record['step'] for record in loop.train_history.steps] == [0, 3, 6, 9]
+    plain = make_loop(n=40)
+    plain.fit(num_epochs=1)
+    assert plain.train_history.steps == []
+
+
+class Interrupt(AbstractCallback):
+    def __init__(self, batch):
+        super().__init__('interrupt')
+        self.batch = batch
+
+    def on_batch_begin(self):
+        if self.train_loop_obj.total_iteration_idx == self.batch:
+            raise StopTraining('interrupted')
+
+
+def test_step_history_continues_after_a_resume_inside_an_epoch(tmp_path):
+    def callbacks(root, *extra):
+        return [LinearWarmupScheduler(num_warmup_steps=6), StepHistory(sync_every_n_steps=4),
+                ModelIterationCheckpoint(3, 'proj', 'exp', str(root), {}, cloud_save_mode='local'), *extra]
+
+    reference = make_loop(n=40)
+    reference.fit(num_epochs=2, callbacks=callbacks(tmp_path / 'reference'))
+    first = make_loop(n=40)
+    first.fit(num_epochs=2, callbacks=callbacks(tmp_path / 'run', Interrupt(batch=8)))   # checkpoint after batch 6
+    assert [record['step'] for record in first.train_history.steps] == list(range(8))
+    resumed = make_loop(n=40)
+    resumed.fit(num_epochs=2, callbacks=callbacks(tmp_path / 'run'), resume_from='latest')
+    assert resumed.train_history.steps == reference.train_history.steps
+    assert [record['step'] for record in resumed.train_history.steps] == list(range(10))

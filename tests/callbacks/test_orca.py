@@ -207,7 +207,7 @@ def test_orca_points_sit_on_our_hooks_mixed_with_our_callbacks():
 
     make_loop(train=1, val=1).fit(num_epochs=1, callbacks=[Ours(), Orca()])
     assert log == ['ours.on_epoch_begin', 'before_train_epoch', 'ours.on_batch_end', 'after_train_iter',
-                   'ours.on_train_epoch_end', 'on_lr_adjust', 'ours.on_eval_end:train', 'ours.on_eval_end:validation',
+                   'ours.on_train_epoch_end', 'on_lr_adjust', 'ours.on_eval_end:validation',
                    'after_val_epoch', 'ours.on_epoch_end', 'after_train_epoch']
     assert {ORCA_HOOKS[name] for name in ('before_train_epoch', 'after_train_iter', 'on_lr_adjust',
                                           'after_train_epoch')} == \

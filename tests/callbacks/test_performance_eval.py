@@ -231,9 +231,9 @@ def test_history_plot_png_per_metric_in_default_experiment_folder():
     assert os.path.abspath(folder) == os.path.dirname(plot.last_written_files[0])
     names = sorted(os.listdir(folder))
     # dict-valued metrics are plotted per key; metrics with a single value are not plotted
-    assert names == sorted(f'{m}.png' for m in ['loss', 'accumulated_loss', 'val_loss', 'val_echo_loss',
+    assert names == sorted(f'{m}.png' for m in ['accumulated_loss', 'val_loss', 'val_echo_loss',
                                                  'val_counts_c0', 'val_counts_c1', 'val_counts_c2'])
-    image = matplotlib.image.imread(os.path.join(folder, 'loss.png'))
+    image = matplotlib.image.imread(os.path.join(folder, 'accumulated_loss.png'))
     assert image.shape[0] > 200 and image.shape[1] > 300 and image.std() > 0
     assert os.path.isdir(os.path.join(_results_dir(), 'plots_epoch_0'))   # epoch 0: only one value, no plots
 
@@ -295,7 +295,7 @@ def test_history_reporters_post_the_written_paths_until_the_end_of_the_epoch():
         MessageReader()
     loop.fit(num_epochs=2, callbacks=[reader, plot, writer])
     results = os.path.abspath(_results_dir())
-    names = ['loss.png', 'accumulated_loss.png', 'val_loss.png']      # history order; one-value metrics unplotted
+    names = ['accumulated_loss.png', 'val_loss.png']      # history order; one-value metrics unplotted
     # One message per key and epoch (the previous epoch's is gone), each the list of paths written then.
     assert reader.seen == [
         ('epoch 0', [[]], [[os.path.join(results, 'results.txt')]]),
@@ -328,7 +328,7 @@ def test_history_file_writer_table_rows_equal_history(file_format, delimiter, sk
         rows = list(csv.reader(f, delimiter=delimiter))
     history = loop.train_history
     header = rows[0]
-    assert header[0] == 'Epoch' and set(header[1:]) == {'loss', 'accumulated_loss', 'val_loss', 'val_Accuracy'}
+    assert header[0] == 'Epoch' and set(header[1:]) == {'accumulated_loss', 'val_loss', 'val_Accuracy'}
     assert [r[0] for r in rows[1:]] == ['0', '1', '2']
     for name in header[1:]:
         column = [r[header.index(name)] for r in rows[1:]]
@@ -396,3 +396,59 @@ def test_ddp_metrics_cover_the_validation_set_once_and_rank0_reporters_do_not_ha
     acc = EventAccumulator(log_dirs[0], size_guidance={'scalars': 0})
     acc.Reload()
     assert [e.value for e in acc.Scalars('metrics/val_Accuracy')] == pytest.approx(history['val_Accuracy'])
+
+
+FIRST_METRIC_SCRIPT = '''
+import sys
+import torch
+from aitoolbox_like import AbstractCallback, TrainLoop
+from aitoolbox_like.callbacks.performance_eval import ModelPerformanceEvaluation
+from aitoolbox_like.result_package import {package}
+from helpers import MLP, loaders
+
+class Probe(AbstractCallback):
+    def __init__(self):
+        super().__init__('probe')
+        self.at_epoch_begin = []
+    def on_epoch_begin(self):
+        self.at_epoch_begin.append('sklearn' in sys.modules)
+
+torch.manual_seed(0)
+train, val, _ = loaders()
+model = MLP()
+probe = Probe()
+loop = TrainLoop(model, train, val, None, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.CrossEntropyLoss())
+loop.fit(num_epochs=2, callbacks=[probe, ModelPerformanceEvaluation({package}(), {{}})])
+print(probe.at_epoch_begin, 'sklearn' in sys.modules,
+      sorted(k for k in loop.train_history.keys() if k.startswith('val_')))
+'''
+
+
+@pytest.mark.parametrize('package, expected', [
+    # Accuracy (and the regression metrics) are computed with NumPy: scikit-learn is never imported.
+    ('ClassificationResultPackage', "[False, False] False ['val_Accuracy', 'val_loss']"),
+    # F1, precision, recall and the AUCs are scikit-learn's: imported before the first epoch, not inside it.
+    ('BinaryClassificationResultPackage', None)])
+def test_the_first_metric_imports_nothing_in_the_middle_of_the_run(package, expected):
+    import subprocess
+    import sys
+    helpers_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'support')
+    script = FIRST_METRIC_SCRIPT.format(package=package)
+    if package == 'BinaryClassificationResultPackage':      # binary targets and positive-class probabilities
+        script = script.replace('MLP()', 'MLP(out_features=1)').replace(
+            'torch.nn.CrossEntropyLoss()', 'BinaryLoss()').replace(
+            'from helpers import MLP, loaders', 'from helpers import MLP, loaders\n'
+            'class BinaryLoss(torch.nn.Module):\n'
+            '    def forward(self, out, y):\n'
+            '        return torch.nn.functional.binary_cross_entropy_with_logits(out.squeeze(1), (y > 0).float())\n'
+            'class Binary(MLP):\n'
+            '    def get_predictions(self, batch, device):\n'
+            '        y_pred, y, meta = MLP.get_predictions(self, batch, device)\n'
+            '        return torch.sigmoid(y_pred).squeeze(1), (y > 0).long(), meta\n').replace(
+            'model = MLP(out_features=1)', 'model = Binary(out_features=1)')
+        expected = ("[True, True] True ['val_Accuracy', 'val_F1_score', 'val_Precision', 'val_PrecisionRecall_AUC', "
+                    "'val_ROC_AUC', 'val_Recall', 'val_loss']")
+    result = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, PYTHONPATH=helpers_dir))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == expected

@@ -265,7 +265,7 @@ def expected_calls(loop, phase):
         Phase.TEST_END: [(last, None, None, both('test_loss', loop.train_history['train_end_test_loss'][-1]))],
         # SG's context still holds its last loader end's metrics: the test pass's, beside the history's
         Phase.POST_TRAINING: [(last, None, None, {**{name: recorded(loop, name, last) for name in (
-            'loss', 'accumulated_loss', 'val_loss', 'train_end_test_loss')},
+            'accumulated_loss', 'val_loss', 'train_end_test_loss')},
             'CrossEntropyLoss': loop.train_history['train_end_test_loss'][-1]})],
         Phase.AVERAGE_BEST_MODELS_VALIDATION_START: [],
         Phase.AVERAGE_BEST_MODELS_VALIDATION_END: [],

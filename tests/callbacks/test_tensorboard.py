@@ -78,7 +78,7 @@ def test_full_tracking_writes_batch_losses_history_and_learning_rate():
 def test_batch_loss_every_k_steps_and_metrics_only_when_computed(tmp_path):
     loop = make_loop(end_auto_eval=2)
     batch_loss = TensorboardTrainBatchLoss(batch_log_frequency=3, log_dir=str(tmp_path / 'tb'), is_project=False)
-    history_cb = TensorboardTrainHistoryMetric(metric_names=['loss', 'val_Accuracy'],
+    history_cb = TensorboardTrainHistoryMetric(metric_names=['val_loss', 'val_Accuracy'],
                                                log_dir=str(tmp_path / 'tb'), is_project=False)
     recorder = RecordBatchLosses()
     loop.fit(num_epochs=3, callbacks=[ModelPerformanceEvaluation(ClassificationResultPackage(), {}, eval_frequency=2),
@@ -90,8 +90,8 @@ def test_batch_loss_every_k_steps_and_metrics_only_when_computed(tmp_path):
     assert values == pytest.approx(all_losses[::3], rel=1e-6)
     # computed in epochs 0 and 2 only: no stale repeat at epoch 1 (AIToolbox wrote the old value again)
     assert scalars(acc, 'metrics/val_Accuracy') == ([0, 2], pytest.approx(loop.train_history['val_Accuracy']))
-    assert scalars(acc, 'loss/loss') == ([0, 2], pytest.approx(loop.train_history['loss']))
-    assert 'loss/val_loss' not in acc.Tags()['scalars']
+    assert scalars(acc, 'loss/val_loss') == ([0, 2], pytest.approx(loop.train_history['val_loss']))
+    assert 'loss/accumulated_loss' not in acc.Tags()['scalars']
 
 
 def test_histograms_every_k_epochs_match_parameters_and_gradients():
@@ -138,7 +138,7 @@ def test_graph_failure_is_a_warning_not_a_crash(caplog):
     graph = TensorboardModelGraph(input_to_model=torch.zeros(2, 99))     # wrong feature count
     loop.fit(num_epochs=1, callbacks=[graph])
     assert 'could not write the model graph' in caplog.text
-    assert len(loop.train_history['loss']) == 1
+    assert len(loop.train_history['val_loss']) == 1
 
 
 def test_tracking_loop_details_and_bad_arguments(tmp_path):

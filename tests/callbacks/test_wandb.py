@@ -154,7 +154,7 @@ def _expected_epoch_rows(loop, epochs):
     rows = {}
     for epoch in epochs:
         row = {'epoch': epoch}
-        for name in ('accumulated_loss', 'loss', 'val_loss'):
+        for name in ('accumulated_loss', 'val_loss'):
             row[f'loss_at_epoch_end/{name}'] = history[name][history.get_epochs(name).index(epoch)]
         rows[epoch] = row
     return rows

@@ -52,7 +52,12 @@ def test_every_aitoolbox_module_and_name_imports_unchanged_under_the_runner(tmp_
             original = importlib.import_module(module)
             own = importlib.import_module('aitoolbox_like' + module[len('aitoolbox'):])
             for name in names:
-                assert getattr(original, name) is getattr(own, name), (module, name)
+                if module == 'aitoolbox' and name == 'TrainLoop':
+                    # aitoolbox_like's own top-level TrainLoop (no training-set pass by default); AIToolbox's is
+                    # its subclass with AIToolbox's default, served on AIToolbox's paths.
+                    assert issubclass(getattr(original, name), getattr(own, name)), (module, name)
+                else:
+                    assert getattr(original, name) is getattr(own, name), (module, name)
                 checked += 1
         print(checked)
     '''))
@@ -71,14 +76,30 @@ def test_aliases_are_our_modules_not_copies():
     assert ClassificationResultPackage is ours
 
 
-def test_star_import_of_train_loop_package_gives_the_tracking_loops():
+def test_star_import_of_train_loop_package_gives_aitoolbox_s_loops_built_on_ours():
     namespace = {}
     exec('from aitoolbox_like.torchtrain.train_loop import *', namespace)
+    from aitoolbox_like.compat import loops
     from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave, TrainLoopEndSave
-    assert namespace['TrainLoop'] is aitoolbox_like.TrainLoop
-    assert namespace['TrainLoopCheckpoint'] is TrainLoopCheckpoint
-    assert namespace['TrainLoopEndSave'] is TrainLoopEndSave
-    assert namespace['TrainLoopCheckpointEndSave'] is TrainLoopCheckpointEndSave
+    assert namespace['TrainLoop'] is loops.TrainLoop and issubclass(loops.TrainLoop, aitoolbox_like.TrainLoop)
+    for name, ours in (('TrainLoopCheckpoint', TrainLoopCheckpoint), ('TrainLoopEndSave', TrainLoopEndSave),
+                       ('TrainLoopCheckpointEndSave', TrainLoopCheckpointEndSave)):
+        assert namespace[name] is getattr(loops, name)
+        assert issubclass(namespace[name], ours) and issubclass(namespace[name], loops.TrainLoop)
+        assert namespace[name].EVAL_TRAIN_SET_DEFAULT and not ours.EVAL_TRAIN_SET_DEFAULT
+
+
+def test_the_renamed_top_level_train_loop_is_ours_and_aitoolbox_s_is_aitoolbox_s(tmp_path):
+    # aitoolbox_like.TrainLoop is the package's own (README's), with its default: no pass over the training set after
+    # an epoch. AIToolbox's, with the pass, is what its paths serve: aitoolbox.TrainLoop under the runner,
+    # aitoolbox_like.torchtrain.* after a rename (docs/migrating-from-aitoolbox.md).
+    script = tmp_path / 'which_loop.py'
+    script.write_text('import aitoolbox, aitoolbox_like, aitoolbox_like.torchtrain.train_loop\n'
+                      'print(aitoolbox_like.TrainLoop.EVAL_TRAIN_SET_DEFAULT, aitoolbox.TrainLoop.EVAL_TRAIN_SET_DEFAULT, '
+                      'aitoolbox.TrainLoop is aitoolbox_like.torchtrain.train_loop.TrainLoop)\n')
+    result = run(None, tmp_path, args=('-m', 'aitoolbox_like.compat', str(script)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ['False', 'True', 'True']
 
 
 def test_top_level_offers_aitoolbox_names_lazily(tmp_path):
@@ -112,7 +133,7 @@ def test_runner_passes_arguments_and_exit_code(tmp_path):
     '''))
     result = run(None, tmp_path, args=('-m', 'aitoolbox_like.compat', str(script), 'a', '--b'))
     assert result.returncode == 3, result.stderr
-    assert result.stdout.split() == ['__main__', "['a',", "'--b']", 'aitoolbox_like.engine.train_loop']
+    assert result.stdout.split() == ['__main__', "['a',", "'--b']", 'aitoolbox_like.compat.loops']
 
 
 def test_runner_does_not_hide_a_real_aitoolbox_unless_forced(tmp_path):

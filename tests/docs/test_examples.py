@@ -19,7 +19,7 @@ def test_digits_example_learns_writes_artifacts_and_resumes(tmp_path):
     [experiment] = glob.glob(os.path.join(out, 'digits', 'cnn_*'))
     assert glob.glob(os.path.join(experiment, 'checkpoint_model', '*.pth'))
     assert glob.glob(os.path.join(experiment, 'tensorboard', '*', 'events.out.tfevents.*'))
-    for name in ('loss', 'val_Accuracy'):
+    for name in ('val_loss', 'val_Accuracy'):
         [png] = glob.glob(os.path.join(experiment, 'results', 'train_end_plots_epoch_3', f'{name}.png'))
         assert matplotlib.image.imread(png).shape[0] > 100
 
@@ -77,7 +77,7 @@ def test_ray_train_example_learns_and_a_second_run_of_the_same_name_continues_it
     printed = ''.join(capfd.readouterr())
     # What the workers say reaches this console (Ray forwards it), without Ray Train's per-run chatter: the
     # placement-group cleaner's once-a-second "Failed to query ..." and every rank's every report.
-    assert 'Epoch 1: loss=' in printed
+    assert 'Epoch 1: accumulated_loss=' in printed
     assert 'Failed to query Ray Train Controller actor state' not in printed
     assert 'Reporting training result' not in printed
     assert first.metrics['epoch'] == 1 and first.metrics['val_Accuracy'] > 0.8

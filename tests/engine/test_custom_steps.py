@@ -68,8 +68,7 @@ def test_gan_trains_both_networks_and_records_each_loss(tmp_path):
     after = weights(loop.model)
     assert changed(before, after, 'generator.') and changed(before, after, 'discriminator.')
     history = loop.train_history
-    for name in ('accumulated_loss_generator', 'accumulated_loss_discriminator', 'accumulated_loss',
-                 'loss_generator', 'loss_discriminator', 'loss'):
+    for name in ('accumulated_loss_generator', 'accumulated_loss_discriminator', 'accumulated_loss'):
         assert len(history[name]) == 2, name
         assert all(math.isfinite(v) for v in history[name]), name
     assert history['accumulated_loss'][0] == pytest.approx(
@@ -289,3 +288,57 @@ def test_a_custom_step_equals_the_standard_step_to_the_bit():
         results.append((weights(model), loop.train_history.train_history))
     assert state_equal(results[0][0], results[1][0])
     assert results[0][1] == results[1][1]
+
+
+class SkipEveryOtherUpdate(AbstractCallback):
+    """A custom step that leaves out every other update (as a spike-skipping step does): it zeroes the gradients and
+    does not call step_optimizers."""
+
+    def __init__(self):
+        super().__init__('skip every other update')
+        self.applied = []
+
+    def train_step(self, batch):
+        loop = self.train_loop_obj
+        loss = loop.forward_loss(batch)
+        loop.backward(loss)
+        apply = loop.total_iteration_idx % 2 == 0
+        if apply:
+            loop.step_optimizers()
+        else:
+            loop.optimizer.zero_grad()
+        self.applied.append(apply)
+        return loss
+
+    def on_batch_end(self):
+        # Read by every consumer after the step: False on a batch whose update was left out.
+        assert self.train_loop_obj.optimizer_update_applied() is self.applied[-1]
+
+
+def test_an_update_a_custom_step_leaves_out_moves_no_schedule_and_no_average():
+    from aitoolbox_like.callbacks.train_schedule import LinearWarmupScheduler, LinearWithWarmupScheduler
+    from aitoolbox_like.callbacks.weight_averaging import ExponentialMovingAverage
+    torch.manual_seed(0)
+    model = MLP()
+    train, val, _ = loaders()           # 7 batches per epoch: 14 batches, 7 updates applied
+    base_lr = 0.1
+    optimizer = torch.optim.SGD(model.parameters(), lr=base_lr)
+    step = SkipEveryOtherUpdate()
+    warmup = LinearWarmupScheduler(num_warmup_steps=20)
+    ema = ExponentialMovingAverage(decay=0.9)
+    loop = TrainLoop(model, train, val, None, optimizer, nn.CrossEntropyLoss(), progress_bar=False)
+    loop.fit(num_epochs=2, callbacks=[step, warmup, ema])
+    applied = sum(step.applied)
+    assert len(step.applied) == 14 and applied == 7
+    # The warm-up counts the applied updates only: 7 of 20 warm-up steps.
+    assert optimizer.param_groups[0]['lr'] == pytest.approx(base_lr * 7 / 20)
+    assert ema.num_optimizer_updates == 7
+
+    # AIToolbox's warm-up scheduler (a LambdaLR stepped per applied update) too.
+    torch.manual_seed(0)
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=base_lr)
+    aitoolbox_warmup = LinearWithWarmupScheduler(num_warmup_steps=10, num_training_steps=100)
+    loop = TrainLoop(model, train, val, None, optimizer, nn.CrossEntropyLoss(), progress_bar=False)
+    loop.fit(num_epochs=2, callbacks=[SkipEveryOtherUpdate(), aitoolbox_warmup])
+    assert optimizer.param_groups[0]['lr'] == pytest.approx(base_lr * 7 / 10)

@@ -79,7 +79,8 @@ def test_history_losses_match_hand_computed_values(weighting):
     model, opt = make(0, 0.0, torch.optim.SGD)
     train, val, test = loaders(shuffle=False)
 
-    tl = TrainLoop(model, train, val, test, opt, nn.CrossEntropyLoss(), eval_loss_weighting=weighting)
+    tl = TrainLoop(model, train, val, test, opt, nn.CrossEntropyLoss(), eval_loss_weighting=weighting,
+                   eval_train_set=True)
     tl.fit(num_epochs=1)
     batch_losses = [loss.item() for loss in tl.loss_batch_accum]
     assert tl.train_history['accumulated_loss'] == [pytest.approx(sum(batch_losses) / len(batch_losses))]
@@ -104,11 +105,11 @@ def test_history_losses_match_hand_computed_values(weighting):
 def test_end_auto_eval_every_k_epochs():
     model, opt = make(0, 0.0, torch.optim.SGD)
     train, val, test = loaders()
-    tl = TrainLoop(model, train, val, test, opt, nn.CrossEntropyLoss(), end_auto_eval=2)
+    tl = TrainLoop(model, train, val, test, opt, nn.CrossEntropyLoss(), end_auto_eval=2, eval_train_set=True)
     tl.fit(num_epochs=5)
     assert len(tl.train_history['accumulated_loss']) == 5
     assert tl.train_history.get_epochs('val_loss') == [0, 2, 4]
-    assert len(tl.train_history['loss']) == 3
+    assert tl.train_history.get_epochs('loss') == [0, 2, 4]
 
 
 def test_end_auto_eval_false_records_only_accumulated_loss():

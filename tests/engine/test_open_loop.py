@@ -44,7 +44,6 @@ def test_evaluation_passes_are_announced_with_their_dataset_and_outputs():
     loop.fit(num_epochs=1, callbacks=[recorder])
     assert recorder.events == [
         ('epoch_begin', 0), ('train_epoch_end', 0),
-        ('eval_begin', 'train', 'loss'), ('eval_end', 'train', 'loss'),
         ('eval_begin', 'validation', 'loss'), ('eval_end', 'validation', 'loss'),
         ('epoch_end', 0),
         ('eval_begin', 'test', 'loss'), ('eval_end', 'test', 'loss'),

@@ -55,8 +55,7 @@ def test_a_fit_with_validation_and_a_metric_writes_a_paired_chart_per_metric_bes
     assert sorted(os.listdir(os.path.join(results, f'{last}_train_val'))) == paired
     # AIToolbox's folders keep exactly their files: one chart per metric, and the tracking loop's end-of-training
     # results/plots (AIToolbox's tests list it and the bucket's keys exactly).
-    per_metric = sorted(f'{m}.png' for m in ['loss', 'accumulated_loss', 'val_loss', 'train_Accuracy',
-                                             'val_Accuracy'])
+    per_metric = sorted(f'{m}.png' for m in ['accumulated_loss', 'val_loss', 'train_Accuracy', 'val_Accuracy'])
     assert sorted(os.listdir(os.path.join(results, last))) == per_metric
     assert sorted(os.listdir(os.path.join(results, 'plots'))) == per_metric
     assert sorted(name for name in os.listdir(results) if not name.endswith('.p')) == [
@@ -74,7 +73,7 @@ def test_each_paired_chart_draws_the_training_and_validation_values_of_its_metri
     assert sorted(charts) == ['Accuracy', 'loss']
 
     loss = charts['loss']
-    assert _lines(loss) == {name: (epochs, list(history[name])) for name in ['loss', 'accumulated_loss', 'val_loss']}
+    assert _lines(loss) == {name: (epochs, list(history[name])) for name in ['accumulated_loss', 'val_loss']}
     best_epoch = int(np.argmin(history['val_loss']))
     [marker] = [line for line in loss.axes[0].lines if line.get_label() == 'best val_loss']
     assert list(marker.get_xdata()) == [best_epoch, best_epoch]

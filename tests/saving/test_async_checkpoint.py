@@ -290,7 +290,7 @@ def test_save_checkpoint_wait_returns_a_complete_checkpoint(tmp_path):
 
 
 def test_rm_subopt_deletes_only_complete_checkpoints(tmp_path):
-    saver = _saver(tmp_path, rm_subopt_local_models='loss', num_best_checkpoints_kept=1)
+    saver = _saver(tmp_path, rm_subopt_local_models='accumulated_loss', num_best_checkpoints_kept=1)
     seen = []
 
     def hook(path):

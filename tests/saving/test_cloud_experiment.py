@@ -90,7 +90,7 @@ def test_full_key_layout_after_three_epochs(cloud, tmp_path):
     assert cloud.keys(bucket) == sorted([
         f'{root}/hyperparams_list.txt', f'{root}/test_cloud_experiment.py', *_checkpoint_keys(ts, range(3)),
         f'{root}/model/model_exp_{ts}.pth', f'{root}/results/results_hyperParams_hist_exp_{ts}.p',
-        *[f'{root}/results/plots/{m}.png' for m in (('accumulated_loss', 'loss', 'val_loss')
+        *[f'{root}/results/plots/{m}.png' for m in (('accumulated_loss', 'val_loss')
                                                      if matplotlib_available() else ())]])
     storage = cloud.storage(bucket, 'runs')
     assert find_cloud_checkpoint(storage, f'proj/exp_{ts}') == f'proj/exp_{ts}/checkpoint_model/model_exp_{ts}_E2.pth'
@@ -123,7 +123,7 @@ def test_uploads_survive_an_outage_and_deleted_checkpoints_still_arrive(cloud, t
     outage = Outage(cloud, down_after=0, up_after=2)
     loop.fit(num_epochs=4, callbacks=[outage])
     assert outage.retries_while_down > 0
-    assert loop.train_history.get_epochs('loss') == [0, 1, 2, 3]
+    assert loop.train_history.get_epochs('accumulated_loss') == [0, 1, 2, 3]
     assert loop.upload_failures == []
     ts = loop.experiment_timestamp
     assert set(_checkpoint_keys(ts, range(4))) <= set(cloud.keys(bucket))
@@ -257,7 +257,7 @@ def test_a_missing_bucket_fails_before_training_naming_it(cloud, tmp_path):
     message = str(info.value)
     assert "'no-such-bucket-here' does not exist" in message and cloud.endpoint_url in message
     assert 'bucket_name' in message and "cloud_save_mode='local'" in message
-    assert loop.train_history.get_epochs('loss') == []
+    assert loop.train_history.get_epochs('accumulated_loss') == []
 
 
 def test_an_unreachable_endpoint_fails_before_training_naming_it(cloud, tmp_path, monkeypatch):
@@ -274,4 +274,4 @@ def test_an_unreachable_endpoint_fails_before_training_naming_it(cloud, tmp_path
     named = {'s3': 'AWS_ENDPOINT_URL_S3', 'gs': 'STORAGE_EMULATOR_HOST', 'az': 'AZURE_STORAGE_ACCOUNT_URL'}
     assert dead in message and named[cloud.scheme] in message and 'endpoint_url' in message
     assert "cloud_save_mode='local'" in message and info.value.__cause__ is None
-    assert loop.train_history.get_epochs('loss') == []
+    assert loop.train_history.get_epochs('accumulated_loss') == []

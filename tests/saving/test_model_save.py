@@ -26,7 +26,7 @@ def _parts(seed=0):
 def _history_plots():
     """The end-of-training plots of these loops' histories (metrics with two or more values), as AIToolbox's
     results saver draws them; none without matplotlib."""
-    return ('accumulated_loss', 'loss', 'val_loss') if matplotlib_available() else ()
+    return ('accumulated_loss', 'val_loss') if matplotlib_available() else ()
 
 
 def _files(folder):
@@ -142,7 +142,7 @@ def test_resume_latest_finds_the_newest_experiment_of_the_project(tmp_path):
                                   progress_bar=False)
     resumed.fit(num_epochs=2, resume_from='latest')
     assert resumed.experiment_timestamp == first.experiment_timestamp
-    assert resumed.train_history.get_epochs('loss') == [0, 1]
+    assert resumed.train_history.get_epochs('val_loss') == [0, 1]
     assert os.listdir(tmp_path / 'proj') == [f'exp_{first.experiment_timestamp}']
 
 
@@ -162,7 +162,7 @@ def test_tracking_loops_pass_every_trainloop_argument_on(cls, tmp_path, monkeypa
     # tracking loop by keyword, and the tracking loop's signature lists it (help(), the docs, recipe checks).
     import inspect
     loop_parameters = list(inspect.signature(TrainLoop).parameters.values())[6:]
-    assert [p.name for p in loop_parameters][-3:] == ['compile', 'eval_loss_weighting', 'prefetch_to_device']
+    assert [p.name for p in loop_parameters][-3:] == ['eval_loss_weighting', 'prefetch_to_device', 'eval_train_set']
     received = {}
     real_init = TrainLoop.__init__
 

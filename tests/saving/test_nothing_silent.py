@@ -66,7 +66,7 @@ def test_checkpoint_of_another_architecture_changes_nothing(tmp_path):
 
 def test_optimizer_class_mismatch_is_refused_before_a_step(tmp_path):
     loop = trained_checkpoint(tmp_path, torch.optim.Adam)
-    assert loop.train_history['loss']
+    assert loop.train_history['accumulated_loss']
     torch.manual_seed(0)
     model = MLP()
     sgd_loop = checkpointing_loop(tmp_path, model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))

@@ -250,7 +250,7 @@ def test_checkpoint_with_pickled_code_needs_an_explicit_opt_in(tmp_path):
     os.replace(unsafe, tmp_path / 'p' / 'e_x' / 'checkpoint_model' / 'model_e_x_E0.pth')
     loader.epoch_num = 0
     loop.fit(num_epochs=2, callbacks=[loader])
-    assert loop.train_history.get_epochs('loss') == [1]      # the continued epoch (AIToolbox's history)
+    assert loop.train_history.get_epochs('accumulated_loss') == [1]      # the continued epoch (AIToolbox's history)
 
 
 def test_checkpoints_load_with_weights_only_and_carry_the_full_state(tmp_path):

@@ -104,7 +104,7 @@ def test_a_monitor_no_epoch_records_is_an_error_when_the_recipe_tells(digits_rec
         check_inputs(digits_recipe, ['callbacks=[{name: EarlyStopping, monitor: val_loss}]',
                                      'schedulers=[{name: StepLR, step_size: 2}]'], params, 'val_los', 'max')
     assert error.value.errors[-1].startswith('--monitor val_los: no epoch of this recipe records it; did you mean '
-                                             'val_loss? (an epoch records accumulated_loss, loss, val_loss')
+                                             'val_loss? (an epoch records accumulated_loss, val_loss')
     # A performance-evaluation callback adds val_<metric> names: only the end of the first epoch can tell which.
     evaluation = ('callbacks=[{name: ModelPerformanceEvaluation, result_package: {name: ClassificationResultPackage}, '
                   'args: {}}]')

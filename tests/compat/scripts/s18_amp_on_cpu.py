@@ -18,7 +18,10 @@ import torch.optim as optim
 from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
 
-from aitoolbox import TrainLoop, TTModel
+# TrainLoop from its torchtrain path: after the rename, the package's top-level TrainLoop is the new library's own,
+# without AIToolbox's training-set 'loss' by default (tests/compat/test_aliases.py, docs/migrating-from-aitoolbox.md).
+from aitoolbox import TTModel
+from aitoolbox.torchtrain.train_loop import TrainLoop
 from aitoolbox.torchtrain.train_loop import TrainLoopCheckpoint
 from aitoolbox.torchtrain.callbacks.abstract import AbstractCallback
 from aitoolbox.torchtrain.callbacks.performance_eval import ModelPerformanceEvaluation, ModelPerformancePrintReport
