@@ -322,3 +322,17 @@ def test_hf_feed_bad_batches_and_outputs_are_named():
         HFFeedDefinition(logits_key='scores').get_predictions(model, batch, cpu)
     with pytest.raises(TypeError, match=r'returned Tensor, not a ModelOutput with a loss'):
         feed.get_loss(nn.Identity(), {'input': torch.zeros(2)}, None, cpu)
+
+
+def test_a_default_fit_evaluates_the_validation_set_once_for_the_loss_and_the_metric():
+    model = tiny_bert()
+    eval_forwards = []
+    model.register_forward_hook(lambda module, args, kwargs, output: eval_forwards.append(len(kwargs['input_ids']))
+                                if not module.training else None, with_kwargs=True)
+    loop = TrainLoop(HFModelWrap(model), loader(TokenData(TRAIN, 1)), loader(TokenData(VAL, 2)), None,
+                     torch.optim.AdamW(model.parameters(), lr=LR), criterion=None)
+    loop.fit(num_epochs=2, callbacks=[ModelPerformanceEvaluation(ClassificationResultPackage(), None)])
+    # per epoch one pass over the 16 validation examples gives both val_loss and val_Accuracy; at the end the
+    # metric's train_end_ value reuses the last epoch's predictions; no pass over the training set
+    assert sum(eval_forwards) == 2 * VAL
+    assert len(loop.train_history['val_loss']) == len(loop.train_history['val_Accuracy']) == 2
