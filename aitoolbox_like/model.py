@@ -62,7 +62,8 @@ def _describe_batch(batch_data: Any) -> str:
 def _dict_batch_error(who: str, batch_data: Mapping[Any, Any]) -> TypeError:
     """The error for a dict batch (a Hugging Face model's) given to a model that splits a batch into
     ``(*inputs, target)``: iterating a dict gives its keys, which would reach ``forward`` as strings."""
-    return TypeError(f'{who} splits a batch into (*inputs, target), but this batch is a {type(batch_data).__qualname__} '
+    kind = type(batch_data).__qualname__
+    return TypeError(f'{who} splits a batch into (*inputs, target), but this batch is a {kind} '
                      f'with the keys {sorted(map(str, batch_data))}: for a model called as model(**batch) that '
                      f'computes its own loss (a Hugging Face transformers model), use '
                      f'aitoolbox_like.huggingface.HFModelWrap(model) with criterion=None; for another model, a '

@@ -5,7 +5,9 @@ round, interleaved in one process (the order rotating from round to round):
 
 - **TrainLoop**: the page's set-up with the loop's default arguments, as a user writes it: ``HFModelWrap(model)``,
   ``criterion=None``, a validation loader, ``ModelPerformanceEvaluation(ClassificationResultPackage(), None)`` for
-  the accuracy, in a ``TrainLoopCheckpoint`` saving a full checkpoint every epoch (``cloud_save_mode='local'``);
+  the accuracy, in a ``TrainLoopCheckpoint`` saving a full checkpoint every epoch (``cloud_save_mode='local'``, the
+  default asynchronous write);
+- **TrainLoop, evaluation**: the same in a plain ``TrainLoop``, without the checkpoint;
 - **Trainer, evaluation**: transformers' ``Trainer`` with ``eval_strategy='epoch'`` and ``compute_metrics`` giving the
   same accuracy, ``save_strategy='no'``;
 - **Trainer, evaluation + saving**: the same with ``save_strategy='epoch'``.
@@ -19,7 +21,7 @@ run's mean per epoch, with the ratio TrainLoop / Trainer per round (median, min-
 ``--write-docs`` rewrites the block between ``<!-- hf-eval:begin -->`` and ``<!-- hf-eval:end -->`` of
 docs/huggingface.md with the table.
 
-Usage: python benchmarks/hf_eval.py [--rounds N] [--epochs E] [--train N] [--val N] [--write-docs]
+Usage: python benchmarks/hf_eval.py [--rounds N] [--epochs E] [--train N] [--val N] [--threads T] [--write-docs]
 """
 import argparse
 import logging
@@ -40,6 +42,7 @@ from transformers import (BertConfig, BertForSequenceClassification, Trainer, Tr
                           TrainingArguments)
 from transformers.utils import logging as hf_logging  # noqa: E402
 
+from aitoolbox_like import TrainLoop  # noqa: E402
 from aitoolbox_like.callbacks.abstract import AbstractCallback  # noqa: E402
 from aitoolbox_like.callbacks.performance_eval import ModelPerformanceEvaluation  # noqa: E402
 from aitoolbox_like.huggingface import HFModelWrap  # noqa: E402
@@ -50,6 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, 'docs', 'huggingface.md')
 BEGIN, END = '<!-- hf-eval:begin -->', '<!-- hf-eval:end -->'
 SEQ, BATCH = 16, 16
+HEADLINE = 'TrainLoop: evaluation + accuracy + checkpoint'
 
 
 def page_model():
@@ -100,14 +104,17 @@ def accuracy(eval_prediction):
     return {'accuracy': float((logits.argmax(-1) == labels).mean())}
 
 
-def run_trainloop(train, val, epochs, folder):
+def run_trainloop(train, val, epochs, folder, save):
     model = page_model()
     timer = BetweenEpochs()
-    loop = TrainLoopCheckpoint(HFModelWrap(model), DataLoader(train, batch_size=BATCH, shuffle=True),
-                               DataLoader(val, batch_size=BATCH), None,
-                               torch.optim.AdamW(model.parameters(), lr=5e-4), None,
-                               project_name='bench', experiment_name='hf_eval', local_model_result_folder_path=folder,
-                               hyperparams={'lr': 5e-4}, cloud_save_mode='local', progress_bar=False)
+    pieces = (HFModelWrap(model), DataLoader(train, batch_size=BATCH, shuffle=True), DataLoader(val, batch_size=BATCH),
+              None, torch.optim.AdamW(model.parameters(), lr=5e-4), None)
+    if save:
+        loop = TrainLoopCheckpoint(*pieces, project_name='bench', experiment_name='hf_eval',
+                                   local_model_result_folder_path=folder, hyperparams={'lr': 5e-4},
+                                   cloud_save_mode='local', progress_bar=False)
+    else:
+        loop = TrainLoop(*pieces, progress_bar=False)
     loop.fit(num_epochs=epochs, callbacks=[ModelPerformanceEvaluation(ClassificationResultPackage(), None), timer])
     return statistics.mean(timer.gaps), loop.train_history['val_Accuracy']
 
@@ -126,25 +133,23 @@ def run_trainer(train, val, epochs, folder, save):
 
 
 def table(results, rounds, epochs, train_n, val_n):
-    ours = results['TrainLoop']
-    lines = [f'Seconds between two epochs (evaluation, metric, saving, logging) on the classifier above, {train_n} '
-             f'training and {val_n} validation examples in batches of {BATCH}; median of {rounds} interleaved rounds '
-             f'of {epochs} epochs each (`python benchmarks/hf_eval.py`):', '',
-             '| run | s between epochs | TrainLoop / this, median (min-max over the rounds) |', '|---|---|---|']
+    ours = results[HEADLINE]
+    lines = [f'Milliseconds between two epochs (evaluation, metric, saving, logging) on the classifier of the first '
+             f'block, {train_n} training and {val_n} validation examples in batches of {BATCH}, one torch thread; '
+             f'median of {rounds} interleaved rounds of {epochs} epochs each (`python benchmarks/hf_eval.py`):', '',
+             f'| run | ms between epochs | {HEADLINE} / this: median (min-max over the rounds) |', '|---|---|---|']
     for name, values in results.items():
-        if name == 'TrainLoop':
-            lines.append(f'| {name}: evaluation + accuracy + checkpoint (defaults) | {statistics.median(values):.3f} '
-                         f'| |')
-            continue
         ratios = [a / b for a, b in zip(ours, values)]
-        lines.append(f'| {name} | {statistics.median(values):.3f} | {statistics.median(ratios):.2f} '
-                     f'({min(ratios):.2f}-{max(ratios):.2f}) |')
+        ratio = '' if name == HEADLINE else f'{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})'
+        lines.append(f'| {name} | {statistics.median(values) * 1e3:.1f} | {ratio} |')
     return '\n'.join(lines)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--rounds', type=int, default=7)
+    parser.add_argument('--rounds', type=int, default=11)
+    parser.add_argument('--threads', type=int, default=1,
+                        help='torch threads (1: what other work on a shared machine takes is felt by every run alike)')
     parser.add_argument('--epochs', type=int, default=4)
     parser.add_argument('--train', type=int, default=64)
     parser.add_argument('--val', type=int, default=32)
@@ -152,9 +157,13 @@ def main():
     args = parser.parse_args()
     logging.disable(logging.INFO)
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     warnings.filterwarnings('ignore')
+    torch.set_num_threads(args.threads)
     train, val = examples(args.train, 1), examples(args.val, 2)
-    runs = {'TrainLoop': lambda folder: run_trainloop(train, val, args.epochs, folder),
+    runs = {HEADLINE: lambda folder: run_trainloop(train, val, args.epochs, folder, save=True),
+            'TrainLoop: evaluation + accuracy': lambda folder: run_trainloop(train, val, args.epochs, folder,
+                                                                             save=False),
             'Trainer: evaluation + accuracy': lambda folder: run_trainer(train, val, args.epochs, folder, save=False),
             'Trainer: evaluation + accuracy + checkpoint': lambda folder: run_trainer(train, val, args.epochs, folder,
                                                                                      save=True)}
