@@ -1,6 +1,7 @@
 """Hugging Face transformers models on the loop (docs/huggingface.md), against transformers' own Trainer.
 
-Every test that imports transformers is in this module (its import costs seconds). The models are built from configs
+Every test that imports transformers is in this module, and one worker runs them (its import costs seconds): the
+module imports it on first use, not at collection, which every pytest worker does. The models are built from configs
 with random weights: nothing is downloaded.
 """
 import math
@@ -9,10 +10,6 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-from transformers import (BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel, Trainer,
-                          TrainerCallback, TrainingArguments, get_constant_schedule, get_cosine_schedule_with_warmup,
-                          get_inverse_sqrt_schedule, get_linear_schedule_with_warmup, get_scheduler)
-
 from aitoolbox_like import TrainLoop, TTBasicModel
 from aitoolbox_like.callbacks.abstract import AbstractCallback
 from aitoolbox_like.callbacks.gradient import GradNormClip
@@ -23,6 +20,8 @@ from aitoolbox_like.huggingface import HFFeedDefinition, HFModelWrap, is_transfo
 from aitoolbox_like.model import MultiGPUModelWrap
 from aitoolbox_like.param_groups import decay_parameter_names, weight_decay_param_groups
 from aitoolbox_like.result_package import ClassificationResultPackage
+
+pytestmark = pytest.mark.xdist_group('transformers')
 
 VOCAB, SEQ, CLASSES = 100, 8, 3
 EPOCHS, BATCH, LR, WEIGHT_DECAY, WARMUP_RATIO = 3, 8, 1e-3, 0.01, 0.1
@@ -45,9 +44,15 @@ class TokenData(Dataset):
                 'labels': self.labels[i]}
 
 
+def hf():
+    """transformers, imported on first use."""
+    import transformers
+    return transformers
+
+
 def tiny_bert(dropout=0.1):
     torch.manual_seed(0)
-    return BertForSequenceClassification(BertConfig(
+    return hf().BertForSequenceClassification(hf().BertConfig(
         vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
         max_position_embeddings=16, num_labels=CLASSES, hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout))
@@ -55,7 +60,7 @@ def tiny_bert(dropout=0.1):
 
 def tiny_gpt2():
     torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    return hf().GPT2LMHeadModel(hf().GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=1, n_head=2))
 
 
 def loader(data):
@@ -76,13 +81,13 @@ def hf_trainer_run(tmp_path_factory):
     The causal LM below keeps its dropout against a hand-written loop."""
     losses, lrs = [], []
 
-    class UpdateLRs(TrainerCallback):
+    class UpdateLRs(hf().TrainerCallback):
         def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
             torch_optimizer = getattr(optimizer, 'optimizer', optimizer)    # accelerate's wrapper holds it
             torch_optimizer.register_step_pre_hook(
                 lambda opt, *_: lrs.append([group['lr'] for group in opt.param_groups]))
 
-    class StepLosses(Trainer):
+    class StepLosses(hf().Trainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             if model.training:
@@ -93,7 +98,7 @@ def hf_trainer_run(tmp_path_factory):
         logits, labels = eval_prediction
         return {'accuracy': float((logits.argmax(-1) == labels).mean())}
 
-    args = TrainingArguments(
+    args = hf().TrainingArguments(
         output_dir=str(tmp_path_factory.mktemp('hf_trainer')), num_train_epochs=EPOCHS,
         per_device_train_batch_size=BATCH, per_device_eval_batch_size=BATCH, learning_rate=LR,
         weight_decay=WEIGHT_DECAY, warmup_steps=WARMUP_RATIO, train_sampling_strategy='sequential',
@@ -129,8 +134,8 @@ class StepRecorder(AbstractCallback):
 
 def linear_schedule_of_transformers(optimizer):
     updates = EPOCHS * math.ceil(TRAIN / BATCH)
-    return LRSchedulerCallback(get_linear_schedule_with_warmup(optimizer, math.ceil(WARMUP_RATIO * updates), updates),
-                               interval='step')
+    schedule = hf().get_linear_schedule_with_warmup(optimizer, math.ceil(WARMUP_RATIO * updates), updates)
+    return LRSchedulerCallback(schedule, interval='step')
 
 
 @pytest.mark.parametrize('schedule', [lambda optimizer: LinearWithWarmupScheduler(warmup_ratio=WARMUP_RATIO),
@@ -175,7 +180,7 @@ def test_decay_parameter_names_follow_the_trainers_rule_on_other_models():
 
     for model in (tiny_gpt2(), RMSNormModel()):
         # the Trainer's list also names a tied weight twice (GPT-2's lm_head.weight is its input embedding)
-        theirs = set(Trainer.get_decay_parameter_names(None, model))
+        theirs = set(hf().Trainer.get_decay_parameter_names(None, model))
         assert decay_parameter_names(model) == [name for name, _ in model.named_parameters() if name in theirs]
     assert decay_parameter_names(RMSNormModel()) == ['scale', 'proj.weight', 'block.out.weight']
 
@@ -247,9 +252,9 @@ def bert_loop(criterion=None, model=None, **kwargs):
 def test_is_transformers_schedule_knows_transformers_schedules_only():
     optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
     assert all(is_transformers_schedule(schedule) for schedule in (
-        get_linear_schedule_with_warmup(optimizer, 1, 10), get_cosine_schedule_with_warmup(optimizer, 1, 10),
-        get_constant_schedule(optimizer), get_inverse_sqrt_schedule(optimizer, 2),
-        get_scheduler('cosine_with_restarts', optimizer, num_warmup_steps=1, num_training_steps=10)))
+        hf().get_linear_schedule_with_warmup(optimizer, 1, 10), hf().get_cosine_schedule_with_warmup(optimizer, 1, 10),
+        hf().get_constant_schedule(optimizer), hf().get_inverse_sqrt_schedule(optimizer, 2),
+        hf().get_scheduler('cosine_with_restarts', optimizer, num_warmup_steps=1, num_training_steps=10)))
     assert not any(is_transformers_schedule(schedule) for schedule in (
         torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.9 ** step),
         torch.optim.lr_scheduler.StepLR(optimizer, 2), object()))
@@ -259,18 +264,19 @@ def test_a_transformers_schedule_passed_bare_is_refused_naming_its_wrapper():
     loop = bert_loop()
     with pytest.raises(TypeError, match=r"schedule of transformers .* LRSchedulerCallback\(scheduler, "
                                         r"interval='step'\)"):
-        loop.fit(num_epochs=1, callbacks=[get_linear_schedule_with_warmup(loop.optimizer, 1, 5)])
+        loop.fit(num_epochs=1, callbacks=[hf().get_linear_schedule_with_warmup(loop.optimizer, 1, 5)])
     with pytest.raises(TypeError, match=r"torch scheduler .* LRSchedulerCallback\(scheduler, interval='step'\) .* "
                                         r"or interval='epoch'"):
         loop.fit(num_epochs=1, callbacks=[torch.optim.lr_scheduler.StepLR(loop.optimizer, 1)])
 
 
 @pytest.mark.parametrize('make', [
-    lambda optimizer: LRSchedulerCallback(get_linear_schedule_with_warmup(optimizer, 1, 5)),
-    lambda optimizer: LRSchedulerCallback(get_cosine_schedule_with_warmup, num_warmup_steps=1, num_training_steps=5),
-    lambda optimizer: GeneralLRSchedulerCallback(get_linear_schedule_with_warmup, num_warmup_steps=1,
+    lambda optimizer: LRSchedulerCallback(hf().get_linear_schedule_with_warmup(optimizer, 1, 5)),
+    lambda optimizer: LRSchedulerCallback(hf().get_cosine_schedule_with_warmup, num_warmup_steps=1,
+                                          num_training_steps=5),
+    lambda optimizer: GeneralLRSchedulerCallback(hf().get_linear_schedule_with_warmup, num_warmup_steps=1,
                                                  num_training_steps=5),
-    lambda optimizer: LambdaLRScheduler(get_linear_schedule_with_warmup(optimizer, 1, 5).lr_lambdas[0]),
+    lambda optimizer: LambdaLRScheduler(hf().get_linear_schedule_with_warmup(optimizer, 1, 5).lr_lambdas[0]),
 ], ids=['built', 'function', 'GeneralLRSchedulerCallback', 'LambdaLRScheduler'])
 def test_a_transformers_schedule_is_never_stepped_per_epoch(make):
     loop = bert_loop()
@@ -283,7 +289,7 @@ def test_a_transformers_schedule_is_never_stepped_per_epoch(make):
 
 def test_a_transformers_schedule_with_interval_step_steps_after_every_update():
     loop, recorder = bert_loop(), StepRecorder()
-    schedule = get_linear_schedule_with_warmup(loop.optimizer, 2, 4)
+    schedule = hf().get_linear_schedule_with_warmup(loop.optimizer, 2, 4)
     loop.fit(num_epochs=4, callbacks=[LRSchedulerCallback(schedule, interval='step'), recorder])
     assert recorder.lrs == [[LR * factor] for factor in (0., 0.5, 1., 0.5)]
 
