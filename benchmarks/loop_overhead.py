@@ -1,8 +1,13 @@
 """Loop overhead: TrainLoop vs a hand-written PyTorch loop on the same model, data and steps.
 
-Runs the variants interleaved in one process (raw loop, the raw loop again as the noise floor, TrainLoop without
-callbacks, TrainLoop with 50 no-op callbacks on every per-step hook), repeats, and prints median ratios of steps/s,
-two of them:
+First, the default path: ``TrainLoop(model, train, val, None, optimizer, criterion).fit(num_epochs=N)``, nothing
+but the loaders and the model (the evaluation a user gets without asking: the validation loss after every epoch,
+the epoch's training loss from its batches), against the hand-written loop that validates once per epoch (the mean
+validation loss, in eval mode without gradients), with the raw loop against itself as the noise floor.
+
+Then the loop's own cost, without evaluation: the variants interleaved in one process (raw loop, the raw loop again
+as the noise floor, TrainLoop without callbacks, TrainLoop with 50 no-op callbacks on every per-step hook), repeated,
+as median ratios of steps/s, two of them:
 
 - whole fit: from building the loop to ``fit`` returning (registration, defaults, device moves, the
   per-epoch RNG capture and loss history, the end of fit), against the raw loop from its first line
@@ -27,6 +32,7 @@ Usage: python benchmarks/loop_overhead.py [--repeats N] [--tiny] [--compile [--b
                                           [--batch-size B]] [--host-data]
 """
 import argparse
+import logging
 import os
 import statistics
 import sys
@@ -179,6 +185,61 @@ def run_raw(batches, epochs):
     return elapsed, elapsed
 
 
+def run_raw_validating(batches, val_batches, epochs):
+    """The hand-written loop a user compares with: the training steps, then the validation loss once per epoch."""
+    model, optimizer = new_model_and_optimizer()
+    sync()
+    start = time.perf_counter()
+    criterion = nn.CrossEntropyLoss()
+    val_losses = []
+    for _ in range(epochs):
+        model.train()
+        for x, y in batches:
+            if HOST_DATA:
+                x, y = x.to(DEVICE), y.to(DEVICE)
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        model.eval()
+        with torch.no_grad():
+            losses = [criterion(model(x.to(DEVICE)), y.to(DEVICE)) for x, y in val_batches]
+        val_losses.append(torch.stack(losses).mean().item())
+    sync()
+    return time.perf_counter() - start
+
+
+def run_default_trainloop(batches, val_batches, epochs, **loop_kwargs):
+    """The TrainLoop with nothing but its positional arguments (and ``loop_kwargs``, for the second figures)."""
+    model, optimizer = new_model_and_optimizer()
+    sync()
+    start = time.perf_counter()
+    loop = TrainLoop(model, batches, val_batches, None, optimizer, nn.CrossEntropyLoss(), **loop_kwargs)
+    loop.move_to_device(DEVICE)
+    loop.fit(num_epochs=epochs)
+    sync()
+    return time.perf_counter() - start, loop
+
+
+def default_path(batches, val_batches, epochs, repeats):
+    """Median ratios of the whole fit's speed: the default TrainLoop, and AIToolbox's end-of-epoch evaluation
+    (eval_train_set=True), against the hand-written loop that validates once per epoch; and the noise floor."""
+    for _ in range(2):
+        run_raw_validating(batches, val_batches, 1), run_default_trainloop(batches, val_batches, 1)
+    default, aitoolbox, floor = [], [], []
+    bar = None
+    for _ in range(repeats):
+        raw = run_raw_validating(batches, val_batches, epochs)
+        again = run_raw_validating(batches, val_batches, epochs)
+        plain, loop = run_default_trainloop(batches, val_batches, epochs)
+        bar = loop.progress_bar
+        with_train_pass, _ = run_default_trainloop(batches, val_batches, epochs, eval_train_set=True)
+        floor.append(raw / again)
+        default.append(raw / plain)
+        aitoolbox.append(raw / with_train_pass)
+    return default, aitoolbox, floor, bar
+
+
 def run_trainloop(batches, epochs, num_callbacks):
     """(whole, steady): building the loop + fit, and the epochs only."""
     model, optimizer = new_model_and_optimizer()
@@ -230,6 +291,8 @@ def main():
     parser.add_argument('--image-size', type=int, default=224, help='--model resnet18: images are 3 x S x S')
     parser.add_argument('--batch-size', type=int, default=None,
                         help='default: 64 for the MLP (32 with --tiny), 32 for ResNet-18')
+    parser.add_argument('--val-batches', type=int, default=None,
+                        help='validation batches of the default-path comparison (default: a quarter of --batches)')
     args = parser.parse_args()
     global IN_FEATURES, HIDDEN, BATCH_SIZE, COMPILE, MODEL, IMAGE_SIZE, DEVICE, HOST_DATA
     if args.tiny:
@@ -244,8 +307,21 @@ def main():
     if DEVICE.type == 'cuda' and not torch.cuda.is_available():
         parser.error(f'--device {args.device}: CUDA is not available (torch {torch.__version__})')
     torch.set_num_threads(1)
+    # The loop's per-epoch INFO lines (printed when nothing configures logging) would drown the figures.
+    logging.getLogger('aitoolbox_like').setLevel(logging.WARNING)
     batches = make_batches(args.batches)
     steps = args.batches * args.epochs
+    val_batches = make_batches(args.val_batches or max(args.batches // 4, 1))
+    default, aitoolbox, floor, bar = default_path(batches, val_batches, args.epochs, args.repeats)
+    print(f'the default path: TrainLoop(model, train, val, None, optimizer, criterion).fit(num_epochs={args.epochs}), '
+          f'{len(batches)} training and {len(val_batches)} validation batches per epoch (progress bar '
+          f'{"on" if bar else "off: stderr is not a terminal"}), against the hand-written loop validating once per '
+          f'epoch; x its speed, whole fit (median of {args.repeats}, middle half):')
+    for name, ratios in (('default TrainLoop', default), ('raw loop again (noise floor)', floor),
+                         ("eval_train_set=True (AIToolbox's evaluation)", aitoolbox)):
+        low, _, high = statistics.quantiles(ratios, n=4)
+        print(f'  {name + ":":<48} {statistics.median(ratios):.3f}  ({low:.3f}-{high:.3f})')
+    print()
     for _ in range(2):      # warm-up (and compilation with --compile)
         run_raw(batches, 1), run_trainloop(batches, 1, 0), run_trainloop(batches, 1, 50)
     whole_plain, steady_plain, whole_cbs, steady_cbs, per_callback_us, overhead_us, fixed_ms, fixed_cbs_ms = \

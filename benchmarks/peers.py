@@ -14,6 +14,13 @@ repeats of steps/s against the hand-written loop:
 - steady state: the epochs only, timed by each library's own epoch-begin / epoch-end callback (around the epochs'
   loop for the hand-written loops).
 
+First of all, the default path: the TrainLoop as a user gets it, ``TrainLoop(model, train, val, None, optimizer,
+criterion).fit(...)`` with nothing else (its end-of-epoch evaluation: the validation loss, the epoch's training loss
+from its batches), against the hand-written loop that validates once per epoch (the mean validation loss in eval
+mode, without gradients); beside it AIToolbox 1.8.0's TrainLoop with its defaults (its end-of-epoch evaluation also
+runs the training set) and our TrainLoop with ``eval_train_set=True`` (the same evaluation as AIToolbox's). Whole
+fits, interleaved, the hand-written loop against itself as the noise floor.
+
 The noise floor is the hand-written loop against itself (a second copy in the same rotation, raw vs raw): a ratio
 inside its spread is indistinguishable from the hand-written loop. Peers that need a ``torch.utils.data.DataLoader``
 get one over the same pre-made batches (batch_size=1, an identity collate, no workers, no shuffling); the row
@@ -211,7 +218,13 @@ def trainloop():
     return aitoolbox_style(TrainLoop, TTBasicModel, AbstractCallback, progress_bar=False)
 
 
-def aitoolbox():
+_AITOOLBOX_CLASSES = []
+
+
+def aitoolbox_classes():
+    """AIToolbox 1.8.0's (TrainLoop, TTBasicModel, AbstractCallback), imported from its wheel once, its batch bar off."""
+    if _AITOOLBOX_CLASSES:
+        return _AITOOLBOX_CLASSES[0]
     try:
         wheel = AITOOLBOX_WHEEL.fetch(AITOOLBOX_WHEEL.default_cache())
     except (Exception, SystemExit) as error:
@@ -232,7 +245,12 @@ def aitoolbox():
     tqdm = module.tqdm
     module.tqdm = lambda iterable, **kwargs: tqdm(iterable, **{**kwargs, 'disable': True})
     del aitb_train_loop
-    return aitoolbox_style(AitbTrainLoop, AitbBasicModel, AitbCallback)
+    _AITOOLBOX_CLASSES.append((AitbTrainLoop, AitbBasicModel, AitbCallback))
+    return _AITOOLBOX_CLASSES[0]
+
+
+def aitoolbox():
+    return aitoolbox_style(*aitoolbox_classes())
 
 
 def hf_accelerate():
@@ -416,6 +434,62 @@ VARIANTS = [
 REFERENCE = ('raw', 'raw-again')
 
 
+# ------------------------------------------------------------------------------------------------- the default path
+# Each run(model_config, batches, val_batches, epochs) -> (seconds of the whole fit, the trained torch module).
+
+
+def hand_written_validating():
+    """The hand-written loop that validates once per epoch: the mean validation loss, eval mode, no gradients."""
+    def run(cfg, batches, val_batches, epochs):
+        model = mlp(*cfg)
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+        start = time.perf_counter()
+        criterion = nn.CrossEntropyLoss()
+        val_losses = []
+        for _ in range(epochs):
+            model.train()
+            for x, y in batches:
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            model.eval()
+            with torch.no_grad():
+                val_losses.append(torch.stack([criterion(model(x), y) for x, y in val_batches]).mean().item())
+        return time.perf_counter() - start, model
+    return run
+
+
+def loop_with_defaults(train_loop_class, model_class, **loop_kwargs):
+    """A TrainLoop built with nothing but its positional arguments (and ``loop_kwargs``) and a validation loader."""
+    class Model(model_class):
+        def __init__(self, cfg):
+            super().__init__()
+            self.net = mlp(*cfg)
+
+        def forward(self, x):
+            return self.net(x)
+
+    def run(cfg, batches, val_batches, epochs):
+        model = Model(cfg)
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+        start = time.perf_counter()
+        loop = train_loop_class(model, batches, val_batches, None, optimizer, nn.CrossEntropyLoss(), **loop_kwargs)
+        loop.fit(num_epochs=epochs)
+        return time.perf_counter() - start, model.net
+    return run
+
+
+DEFAULT_PATH = [
+    ('raw', 'hand-written loop validating once per epoch (reference)', hand_written_validating),
+    ('raw-again', 'hand-written loop validating once per epoch, again (noise floor)', hand_written_validating),
+    ('trainloop', "aitoolbox_like TrainLoop, its defaults", lambda: loop_with_defaults(TrainLoop, TTBasicModel)),
+    ('trainloop-train-pass', "aitoolbox_like TrainLoop, eval_train_set=True (AIToolbox's evaluation)",
+     lambda: loop_with_defaults(TrainLoop, TTBasicModel, eval_train_set=True)),
+    ('aitoolbox', 'AIToolbox 1.8.0 TrainLoop, its defaults', lambda: loop_with_defaults(*aitoolbox_classes()[:2])),
+]
+
+
 def version_of(distribution):
     if distribution == 'aitoolbox_like':
         from aitoolbox_like import __version__
@@ -504,6 +578,63 @@ def measure(model_key, runners, args, log):
         summary[key]['weight_difference'] = differences[key]
     step_us = statistics.median(raw_seconds) / steps * 1e6
     return summary, step_us
+
+
+def measure_default_path(model_key, args, log):
+    """({key: {'whole': median ratio, 'whole_q': quartiles}}, skipped) of the default path against the hand-written
+    loop that validates once per epoch; the trained weights are checked equal after one epoch."""
+    in_features, hidden, batch_size, label = MODELS[model_key]
+    cfg = (in_features, hidden)
+    batches = make_batches(in_features, batch_size, args.batches)
+    val_batches = make_batches(in_features, batch_size, max(args.batches // 4, 1))[::-1]
+    runners, skipped = {}, {}
+    for key, name, factory in DEFAULT_PATH:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                runners[key] = factory()
+        except Skipped as why:
+            skipped[key] = (name, str(why))
+
+    def timed(key, epochs):
+        gc.collect()
+        with contextlib.redirect_stdout(io.StringIO()):
+            return runners[key](cfg, batches, val_batches, epochs)
+    reference = [t.detach().clone() for t in timed('raw', 1)[1].state_dict().values()]
+    differences = {key: max(float((a - b).abs().max()) for a, b in zip(
+        [t.detach() for t in timed(key, 1)[1].state_dict().values()], reference)) for key in runners}
+    ratios = {key: [] for key in runners}
+    shuffle = random.Random(1).shuffle
+    for repeat in range(args.repeats):
+        order = list(runners)
+        shuffle(order)
+        seconds = {key: timed(key, args.epochs)[0] for key in order}
+        for key in runners:
+            ratios[key].append(seconds['raw'] / seconds[key])
+        log(f'  {model_key}, default path: repeat {repeat + 1}/{args.repeats}')
+    summary = {key: {'whole': statistics.median(values), 'whole_q': quartiles(values),
+                     'weight_difference': differences[key]} for key, values in ratios.items()}
+    return summary, skipped, len(val_batches)
+
+
+def default_path_table(model_key, summary, skipped, num_val_batches, args):
+    noise = summary['raw-again']
+    lines = [f'**{MODELS[model_key][3]}, the default path**: {args.epochs} epochs of {args.batches} training and '
+             f'{num_val_batches} validation batches, whole fits, median of {args.repeats} interleaved repeats. '
+             f'Noise floor (the hand-written loop against itself): {noise["whole"]:.3f}, middle half '
+             f'{noise["whole_q"][0]:.3f}-{noise["whole_q"][1]:.3f}.', '',
+             '| x the hand-written loop validating once per epoch, whole fit | median | middle half '
+             '| weights after 1 epoch, max difference |',
+             '|---|---:|---:|---:|']
+    for key, name, _ in DEFAULT_PATH:
+        if key == 'raw':
+            continue
+        if key in skipped:
+            lines.append(f'| {name} | skipped | | |')
+        else:
+            s = summary[key]
+            lines.append(f'| {name} | {s["whole"]:.3f} | {s["whole_q"][0]:.3f}-{s["whole_q"][1]:.3f} '
+                         f'| {s["weight_difference"]:.1g} |')
+    return '\n'.join(lines)
 
 
 # ------------------------------------------------------------------------------------------------- reporting
@@ -660,6 +791,8 @@ def main():
     parser.add_argument('--docs', type=Path, default=DOCS)
     parser.add_argument('--image', type=Path, default=IMAGE)
     parser.add_argument('--quiet', action='store_true', help='no progress lines on stderr')
+    parser.add_argument('--default-path-only', action='store_true',
+                        help='only the default path (needs none of the peers: the bench extra is not required)')
     args = parser.parse_args()
     models = [m.strip() for m in args.models.split(',') if m.strip()]
     unknown = [m for m in models if m not in MODELS]
@@ -688,6 +821,8 @@ def main():
     torchvision_ops = declare_torchvision_ops()     # lightning imports torchmetrics, which imports torchvision
     runners, skipped, versions = {}, {}, {'torch': torch.__version__}
     for key, name, _, factory, distribution in VARIANTS:
+        if args.default_path_only and key not in ('trainloop', 'aitoolbox'):
+            continue
         if key not in REFERENCE and key not in args.peers:
             continue
         try:
@@ -706,6 +841,9 @@ def main():
 
     all_results, tables = {}, []
     for model_key in models:
+        summary, default_skipped, num_val = measure_default_path(model_key, args, log)
+        tables.append(default_path_table(model_key, summary, default_skipped, num_val, args))
+    for model_key in ([] if args.default_path_only else models):
         log(f'{MODELS[model_key][3]}: {len(runners)} variants, {args.repeats} repeats')
         summary, step_us = measure(model_key, runners, args, log)
         all_results[model_key] = (summary, step_us, skipped)
@@ -720,6 +858,10 @@ def main():
         print()
         print(table)
     image = args.image if args.write_docs else args.plot
+    if args.default_path_only:
+        if args.write_docs:
+            parser.error('--write-docs needs the whole run (without --default-path-only)')
+        return
     if image is not None:
         plot(all_results, image, args)
         print(f'\nplot: {image}')

@@ -60,8 +60,10 @@ def assert_close_states(a, b):
 def test_spawn_trains_like_one_process_and_returns_the_model(tmp_path):
     out = str(tmp_path)
     model, train, val, optimizer = equivalence_setup()
-    # Sample-weighted losses: over the whole data set they equal the single-process values, whatever the split.
-    loop = TrainLoop(model, train, val, None, optimizer, nn.MSELoss(), gpu_mode='ddp', eval_loss_weighting='sample')
+    # Sample-weighted losses: over the whole data set they equal the single-process values, whatever the split (the
+    # training set's too, evaluated as AIToolbox did).
+    loop = TrainLoop(model, train, val, None, optimizer, nn.MSELoss(), gpu_mode='ddp', eval_loss_weighting='sample',
+                     eval_train_set=True)
     returned = loop.fit(num_epochs=2, grad_accumulation=2, callbacks=[
         SaveFinalWeights(out), SaveMicroBatchGradients(out),
         MarkRun('everywhere', out), MarkRun('rank0only', out, device_idx_execution=0)], **DDP)
@@ -140,7 +142,7 @@ def test_early_stop_on_one_rank_stops_every_rank(tmp_path):
     loop.fit(num_epochs=3, callbacks=[StopOnRank(1), MarkRun('epochs', str(tmp_path))], **DDP)
     assert (tmp_path / 'epochs_rank0').read_text() == '1'
     assert (tmp_path / 'epochs_rank1').read_text() == '1'
-    assert len(loop.train_history['loss']) == 1
+    assert len(loop.train_history['val_loss']) == 1
 
 
 @pytest.mark.timeout(120)

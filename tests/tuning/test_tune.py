@@ -77,8 +77,10 @@ def test_a_study_names_its_best_trial_and_the_same_command_continues_it(tmp_path
     tune(digits_recipe, digits_overrides, params=PARAMS, trials=3, monitor='val_loss', mode='min', output=out)
     assert len(read_csv(out / 'trials.csv')) == 3
     # A continued study searches what it searched: another monitor is refused before any trial.
-    with pytest.raises(TuneInputError, match="--monitor: the study 'digits' searched 'val_loss', not 'loss'"):
-        tune(digits_recipe, digits_overrides, params=PARAMS, trials=4, monitor='loss', mode='min', output=out)
+    with pytest.raises(TuneInputError,
+                       match="--monitor: the study 'digits' searched 'val_loss', not 'accumulated_loss'"):
+        tune(digits_recipe, digits_overrides, params=PARAMS, trials=4, monitor='accumulated_loss', mode='min',
+             output=out)
     assert len(optuna.load_study(study_name='digits', storage=f'sqlite:///{out}/study.db').trials) == 3
 
 
