@@ -83,6 +83,7 @@ setup(
             # the loop checked step by step against HF's own Trainer. It imports torchvision when installed (the
             # start-up hook above makes it importable) and adds no torch of its own under the constraint.
             'transformers>=5.0',
+            'accelerate>=1.1',      # what transformers' Trainer needs (the oracle of test_huggingface.py)
         ],
     },
 )
