@@ -79,6 +79,11 @@ setup(
             'nbformat>=5.9',
             'ipykernel>=6.29',
             'pytorch-accelerated==0.1.61',    # the version make pta-check checks against its published wheel
+            # docs/huggingface.md and tests/engine/test_huggingface.py: models built from configs (nothing downloaded),
+            # the loop checked step by step against HF's own Trainer. It imports torchvision when installed (the
+            # start-up hook above makes it importable) and adds no torch of its own under the constraint.
+            'transformers>=5.0',
+            'accelerate>=1.1',      # what transformers' Trainer needs (the oracle of test_huggingface.py)
         ],
     },
 )

@@ -6,7 +6,7 @@ import logging
 import sys
 import types
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional, Protocol, cast
 
 import torch
@@ -59,12 +59,27 @@ def _describe_batch(batch_data: Any) -> str:
                      for x in batch_data)
 
 
+def _dict_batch_error(who: str, batch_data: Mapping[Any, Any]) -> TypeError:
+    """The error for a dict batch (a Hugging Face model's) given to a model that splits a batch into
+    ``(*inputs, target)``: iterating a dict gives its keys, which would reach ``forward`` as strings."""
+    kind = type(batch_data).__qualname__
+    return TypeError(f'{who} splits a batch into (*inputs, target), but this batch is a {kind} '
+                     f'with the keys {sorted(map(str, batch_data))}: for a model called as model(**batch) that '
+                     f'computes its own loss (a Hugging Face transformers model), use '
+                     f'aitoolbox_like.huggingface.HFModelWrap(model) with criterion=None; for another model, a '
+                     f'ModelWrap with a feed definition that unpacks the dict')
+
+
 def _forward_inputs(model: Any, inputs: Sequence[Any], batch_data: Any) -> Any:
     """``model(*inputs)``, with a wrong number of batch elements for ``forward`` named as such (instead of a
-    TypeError from deep inside torch's module call)."""
+    TypeError from deep inside torch's module call), and a dict batch named as one."""
     try:
         return model(*inputs)
-    except TypeError as error:
+    except Exception as error:
+        if isinstance(batch_data, Mapping):
+            raise _dict_batch_error(type(model).__qualname__, batch_data) from error
+        if not isinstance(error, TypeError):
+            raise
         explained = _batch_shape_error(error, inputs, batch_data)
         if explained is error:
             raise
@@ -98,7 +113,13 @@ class TTBasicModel(TTModel):
                  else _to_device(x, device) for x in inputs]
         try:
             predicted = self(*moved)
-        except TypeError as error:
+        except Exception as error:
+            # Only when forward failed: a dict batch (a Hugging Face model's) or a batch that does not match
+            # forward's arguments, named as such.
+            if isinstance(batch_data, Mapping):
+                raise _dict_batch_error(type(self).__qualname__, batch_data) from error
+            if not isinstance(error, TypeError):
+                raise
             explained = _batch_shape_error(error, moved, batch_data)
             if explained is error:
                 raise
@@ -144,7 +165,13 @@ class TTBasicMultiGPUModel(TTBasicModel):
     """
 
     def get_loss(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
-        """The loss computed by ``forward``: ``self(*inputs, targets=target, criterion=criterion)``."""
+        """The loss computed by ``forward``: ``self(*inputs, targets=target, criterion=criterion)``.
+
+        Raises:
+            TypeError: the batch is a dict (a Hugging Face model's batch): the error names HFModelWrap.
+        """
+        if isinstance(batch_data, Mapping):
+            raise _dict_batch_error(type(self).__qualname__, batch_data)
         *inputs, target = batch_data
         return self(*_inputs_to_device(inputs, device), targets=_to_device(target, device), criterion=criterion)
 

@@ -71,6 +71,9 @@ class EarlyStopping(AbstractCallback):
     evaluations. The loop OR-reduces ``early_stop`` across ranks, so one rank's decision stops all of them.
     """
 
+    #: Whether the callback stops training when patience is used up (RestoreBestWeights only restores).
+    stops_training = True
+
     def __init__(self, monitor: str = 'val_loss', min_delta: float = 0., patience: int = 0, mode: str = 'auto',
                  restore_best_weights: bool = False) -> None:
         super().__init__('EarlyStopping', execution_order=99)
@@ -128,6 +131,10 @@ class EarlyStopping(AbstractCallback):
             self._weights_are_best = True
             return
         self._weights_are_best = False
+        if not self.stops_training:
+            if self.restore_best_weights and loop.num_epochs is not None and loop.epoch + 1 >= loop.num_epochs:
+                self._restore()
+            return
         self.patience_count -= 1
         if self.patience_count < 0:
             loop.early_stop = True
@@ -149,8 +156,8 @@ class EarlyStopping(AbstractCallback):
         loop.model.load_state_dict(self.best_weights)
         loop.purge_prediction_cache()
         self._weights_are_best = True
-        logger.info('EarlyStopping restored the weights of epoch %d (%s=%.6g)', self.best_epoch, self.monitor,
-                    self.best_performance)
+        logger.info('%s restored the weights of epoch %d (%s=%.6g)', type(self).__name__, self.best_epoch,
+                    self.monitor, self.best_performance)
 
     def state_dict(self) -> Dict[str, Any]:
         """Best value and epoch, patience left (and the best weights, when kept)."""
@@ -167,6 +174,40 @@ class EarlyStopping(AbstractCallback):
         self.patience_count = state_dict['patience_count']
         self._weights_are_best = state_dict.get('weights_are_best', True)
         self.best_weights = state_dict.get('best_weights')
+
+
+class RestoreBestWeights(EarlyStopping):
+    """Keep the weights of the best evaluation of ``monitor`` and load them back when training ends, without ever
+    stopping it: transformers' ``load_best_model_at_end=True`` with ``metric_for_best_model=monitor``.
+
+    It is EarlyStopping with ``restore_best_weights=True`` and no patience: a CPU copy of the model's ``state_dict``
+    is kept at every improvement (strictly better than the best by more than ``min_delta``) and loaded back after the
+    last planned epoch, before the end-of-training evaluation and the saves of the end of training (and at
+    ``on_train_end`` when the fit ends otherwise), so ``train_end_*`` results and ``ModelTrainEndSave``'s model
+    are the best one's. A checkpoint keeps the best weights, so a resumed run restores the same ones.
+
+    Args:
+        monitor (str): history key to follow (``'val_loss'``, or a metric of ModelPerformanceEvaluation such as
+            ``'val_Accuracy'``).
+        mode (str): 'min', 'max' or 'auto' ('auto' minimises names containing 'loss' or 'error'):
+            transformers' ``greater_is_better``.
+        min_delta (float): an improvement must beat the best value by more than this.
+    """
+
+    stops_training = False
+
+    def __init__(self, monitor: str = 'val_loss', mode: str = 'auto', min_delta: float = 0.) -> None:
+        super().__init__(monitor, min_delta=min_delta, patience=0, mode=mode, restore_best_weights=True)
+        self.callback_name = 'RestoreBestWeights'
+
+    @property
+    def state_key(self) -> str:
+        """``RestoreBestWeights_<monitor>``."""
+        return f'RestoreBestWeights_{self.monitor}'
+
+    def on_train_begin(self) -> None:
+        """Check that the TrainLoop computes the monitored metric."""
+        _check_monitor_is_computed(self.train_loop_obj, self.monitor, 'RestoreBestWeights')
 
 
 class ThresholdEarlyStopping(AbstractCallback):

@@ -9,7 +9,11 @@ micro-batches and not when the fp16 GradScaler skipped the update because of inf
   (:class:`GeneralLRSchedulerCallback`, :class:`LRSchedulerCallback`), and AIToolbox's named ones (ReduceLROnPlateau,
   LambdaLR, StepLR, MultiStepLR, OneCycle).
 - Schedules written as a factor of the step count, on LambdaLR: AIToolbox's warm-up schedules (per optimizer
-  update, HuggingFace's formulas) and warm-up + decay schedules per epoch or per update.
+  update, HuggingFace's formulas) and warm-up + decay schedules per epoch or per update. Their warm-up is
+  ``num_warmup_steps`` or ``warmup_ratio`` (transformers' definition: ``ceil(ratio x total steps)``, the total
+  being the fit's optimizer updates unless ``num_training_steps`` is given), resolved when the fit starts.
+- transformers' own schedules (``get_linear_schedule_with_warmup`` and the other ``LambdaLR`` it builds) count
+  optimizer updates: a callback that would step one per epoch refuses it, naming ``interval='step'``.
 - A fit with any scheduler also gets one :class:`LRMonitor` (one of the default callbacks), which writes the
   learning rate of every parameter group into the train history once per epoch.
 """
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch.optim import lr_scheduler as torch_lr_scheduler
 
+from ..huggingface import is_transformers_schedule
 from ..multi_loss_optim import MultiLoss
 from ._common import check_int
 from .abstract import AbstractCallback, AbstractScheduler
@@ -39,6 +44,37 @@ INTERVALS = ('epoch', 'step')
 OptimizerIdx = Union[int, torch.optim.Optimizer, None]
 #: ``LambdaLR``'s factor function(s) of the step count.
 LRLambda = Union[Callable[[int], float], Sequence[Callable[[int], float]]]
+
+
+def fit_has_started(loop: 'TrainLoop') -> bool:
+    """Whether the loop knows the length of its fit (``num_epochs`` / ``num_iterations``), which a schedule over
+    the whole fit needs: a scheduler callback registered before ``fit`` builds its scheduler when the fit starts."""
+    return loop.num_epochs is not None or bool(loop.num_iterations)
+
+
+def check_warmup_arguments(who: str, num_warmup_steps: Optional[float], warmup_ratio: Optional[float],
+                           required: bool) -> None:
+    """ValueError for a warm-up given twice (``num_warmup_steps`` and ``warmup_ratio``), a ratio outside [0, 1],
+    or, when ``required``, neither."""
+    if num_warmup_steps is not None and warmup_ratio is not None:
+        raise ValueError(f'{who}: got num_warmup_steps={num_warmup_steps!r} and warmup_ratio={warmup_ratio!r}; give '
+                         f'one of them: num_warmup_steps counts the warm-up\'s steps, warmup_ratio is its share of '
+                         f'the total (ceil(ratio x total steps) warm-up steps, as transformers\' TrainingArguments)')
+    if warmup_ratio is not None and (isinstance(warmup_ratio, bool) or not isinstance(warmup_ratio, (int, float))
+                                     or not 0. <= warmup_ratio <= 1.):
+        raise ValueError(f'{who}: warmup_ratio must be a number in [0, 1] (the share of the total steps spent '
+                         f'warming up), got {warmup_ratio!r}')
+    if required and num_warmup_steps is None and warmup_ratio is None:
+        raise ValueError(f'{who}: pass num_warmup_steps=<steps> or warmup_ratio=<share of the total steps>')
+
+
+def warmup_steps_for(num_warmup_steps: Optional[float], warmup_ratio: Optional[float],
+                     total_steps: Callable[[], int]) -> float:
+    """The warm-up's length: ``num_warmup_steps``, or ``ceil(warmup_ratio x total_steps())`` (transformers'
+    ``TrainingArguments.get_warmup_steps``), or 0 when neither is given."""
+    if warmup_ratio is not None:
+        return math.ceil(total_steps() * warmup_ratio)
+    return 0 if num_warmup_steps is None else num_warmup_steps
 
 
 def check_interval(interval: str, who: str) -> str:
@@ -95,13 +131,38 @@ class GeneralLRSchedulerCallback(AbstractScheduler, AbstractCallback):
     def _build_for_loop_optimizer(self) -> None:
         if self.train_loop_obj.optimizer is None:
             return      # a loop built with optimizer=None (AIToolbox code does): fit checks it before the first step
+        if not self.ready_to_build():
+            return      # registered before fit, the schedule needs the fit's length: built in on_train_begin
         optimizer, loop_idx = self._resolve_optimizer()
         if self.scheduler is None or self._built_for is not optimizer:
-            self.optimizer, self._loop_optimizer_idx, self._built_for = optimizer, loop_idx, optimizer
-            self.scheduler = self.build_scheduler(optimizer)
+            self.optimizer, self._loop_optimizer_idx = optimizer, loop_idx
+            scheduler = self.build_scheduler(optimizer)
+            self._refuse_update_schedule_per_epoch(scheduler)
+            self.scheduler, self._built_for = scheduler, optimizer
             if self._pending_state is not None:
                 self._load_scheduler_state(self._pending_state)
                 self._pending_state = None
+
+    def ready_to_build(self) -> bool:
+        """Whether the scheduler can be built now; False for a schedule that needs the fit's length
+        (:func:`fit_has_started`) while it is unknown, i.e. when registered before ``fit`` (it is then built in
+        ``on_train_begin``)."""
+        return True
+
+    def steps_at_epoch_end(self) -> bool:
+        """Whether this callback steps its scheduler after every epoch."""
+        return True
+
+    def _refuse_update_schedule_per_epoch(self, scheduler: Any) -> None:
+        if self.steps_at_epoch_end() and is_transformers_schedule(scheduler):
+            factors = [getattr(f, 'func', f) for f in getattr(scheduler, 'lr_lambdas', ())]
+            # transformers names its factor functions _get_<schedule>_lr_lambda: name the function a user called.
+            names = sorted({getattr(f, '__name__', type(f).__name__).strip('_').removesuffix('_lr_lambda')
+                            for f in factors})
+            raise ValueError(f'{type(self).__name__}: the scheduler is one of transformers\' schedules '
+                             f'({type(scheduler).__name__} of {", ".join(names) or "transformers"}), which count '
+                             f'optimizer updates, but this callback steps it once per epoch; step it after every '
+                             f'optimizer update with LRSchedulerCallback(scheduler, interval=\'step\')')
 
     def build_scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
         """Create the torch scheduler for ``optimizer``; subclasses with computed arguments override it."""
@@ -165,9 +226,14 @@ class GeneralLRSchedulerCallback(AbstractScheduler, AbstractCallback):
 class LRSchedulerCallback(GeneralLRSchedulerCallback):
     """Drive any torch scheduler per epoch or per optimizer update, optionally from a monitored metric.
 
+    A schedule of transformers (``get_linear_schedule_with_warmup(...)`` and the other ``get_*_schedule*``)
+    counts optimizer updates: give it ``interval='step'``; with ``interval='epoch'`` it is refused when the
+    callback is registered (it would move once per epoch).
+
     Args:
-        scheduler: a torch scheduler class (built with ``**kwargs`` at registration), a function
-            ``optimizer -> scheduler``, or a scheduler already built on the loop's optimizer.
+        scheduler: a torch scheduler class or a function ``optimizer -> scheduler`` (either built as
+            ``scheduler(optimizer, **kwargs)`` at registration, e.g. ``get_linear_schedule_with_warmup`` with
+            ``num_warmup_steps`` and ``num_training_steps``), or a scheduler already built on the loop's optimizer.
         interval (str): 'epoch' steps after every epoch; 'step' after every real optimizer update.
         monitor (str or None): history metric passed to ``scheduler.step(value)`` (ReduceLROnPlateau); the
             schedule steps only in epochs where the metric got a new value. Needs interval='epoch'.
@@ -203,9 +269,11 @@ class LRSchedulerCallback(GeneralLRSchedulerCallback):
                 raise ValueError('LRSchedulerCallback: the given scheduler was built on an optimizer that is not '
                                  'the TrainLoop\'s (or not the one optimizer_idx selects)')
             return scheduler
-        if isinstance(scheduler, type):
-            return scheduler(optimizer, **self.scheduler_args)
-        return scheduler(optimizer)
+        return scheduler(optimizer, **self.scheduler_args)
+
+    def steps_at_epoch_end(self) -> bool:
+        """Whether the scheduler steps after every epoch (``interval='epoch'``)."""
+        return self.interval == 'epoch'
 
     def on_epoch_end(self) -> None:
         """Step an epoch schedule (with the monitored value, when set and recorded this epoch)."""
@@ -312,6 +380,10 @@ class LambdaLRScheduler(GeneralLRSchedulerCallback):
         self.execute_epoch_end = execute_epoch_end
         self.execute_batch_end = execute_batch_end
 
+    def steps_at_epoch_end(self) -> bool:
+        """``execute_epoch_end``."""
+        return self.execute_epoch_end
+
     def on_epoch_end(self) -> None:
         """Step the schedule (execute_epoch_end=True)."""
         if self.execute_epoch_end:
@@ -380,6 +452,10 @@ class OneCycleScheduler(GeneralLRSchedulerCallback):
             else self.train_loop_obj.get_num_optimizer_updates()
         return torch_lr_scheduler.OneCycleLR(optimizer, total_steps=total_steps, **self.scheduler_args)
 
+    def steps_at_epoch_end(self) -> bool:
+        """False: the schedule steps per update."""
+        return False
+
     def on_batch_end(self) -> None:
         """Step after an applied optimizer update, until the cycle is complete."""
         if self.optimizer_stepped() and self.scheduler.last_epoch < self.scheduler.total_steps:
@@ -391,73 +467,152 @@ class OneCycleScheduler(GeneralLRSchedulerCallback):
 
 # ---- warm-up schedules of AIToolbox (per optimizer update, HuggingFace formulas) ---------------------------
 
-def _warmup_factor(step: float, num_warmup_steps: int, start_factor: float = 0.) -> float:
+def _warmup_factor(step: float, num_warmup_steps: float, start_factor: float = 0.) -> float:
     return start_factor + (1. - start_factor) * step / max(1, num_warmup_steps)
 
 
-class ConstantWithWarmupScheduler(LambdaLRScheduler):
-    """Linear warm-up from 0 to the optimizer's learning rate over ``num_warmup_steps`` updates, then constant."""
+class _HFWarmupScheduler(LambdaLRScheduler):
+    """The warm-up schedules of AIToolbox: a LambdaLR stepped after every applied optimizer update, following
+    ``lr_factor(step)``. The warm-up is ``num_warmup_steps`` or ``warmup_ratio`` of the training steps, and the
+    training steps are ``num_training_steps`` or, when None, the whole fit's optimizer updates
+    (``loop.get_num_optimizer_updates()``); both are resolved into ``warmup_steps`` and ``training_steps`` when the
+    scheduler is built, at registration, or at the start of the fit for a callback registered before it."""
 
-    def __init__(self, num_warmup_steps: int, last_epoch: int = -1, **kwargs: Any) -> None:
-        def lr_lambda(step: int) -> float:
-            return _warmup_factor(step, num_warmup_steps) if step < num_warmup_steps else 1.
-        super().__init__(lr_lambda, execute_epoch_end=False, execute_batch_end=True, last_epoch=last_epoch, **kwargs)
-        self.callback_name = 'Warmed up constant learning rate scheduler'
+    interval = 'step'
+
+    def __init__(self, callback_name: str, num_warmup_steps: Optional[float], num_training_steps: Optional[int],
+                 warmup_ratio: Optional[float], last_epoch: int, kwargs: Dict[str, Any],
+                 uses_training_steps: bool = True) -> None:
+        check_warmup_arguments(type(self).__name__, num_warmup_steps, warmup_ratio, required=True)
+        super().__init__(None, execute_epoch_end=False, execute_batch_end=True, last_epoch=last_epoch, **kwargs)
+        self.callback_name = callback_name
+        self.num_warmup_steps = num_warmup_steps
+        self.num_training_steps = num_training_steps
+        self.warmup_ratio = warmup_ratio
+        self._uses_training_steps = uses_training_steps
+        #: The resolved warm-up and training steps (None until the scheduler is built).
+        self.warmup_steps: Optional[float] = None
+        self.training_steps: Optional[int] = None
+
+    def _needs_fit_length(self) -> bool:
+        return self.num_training_steps is None and (self.warmup_ratio is not None or self._uses_training_steps)
+
+    def ready_to_build(self) -> bool:
+        """False while the fit's length is unknown and the schedule needs it."""
+        return not self._needs_fit_length() or fit_has_started(self.train_loop_obj)
+
+    def _fit_training_steps(self) -> int:
+        if self.num_training_steps is not None:
+            return self.num_training_steps
+        return self.train_loop_obj.get_num_optimizer_updates()
+
+    def lr_factor(self, step: int) -> float:
+        """The learning-rate factor after ``step`` applied updates."""
+        raise NotImplementedError
+
+    def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch_lr_scheduler.LambdaLR:
+        """A LambdaLR following ``lr_factor``, once the warm-up and training steps are resolved."""
+        if self._needs_fit_length() or self._uses_training_steps:
+            self.training_steps = self._fit_training_steps()
+        self.warmup_steps = warmup_steps_for(self.num_warmup_steps, self.warmup_ratio, self._fit_training_steps)
+        # A plain function, not a bound method: LambdaLR.state_dict() would try to save a method's attributes.
+        return torch_lr_scheduler.LambdaLR(optimizer, **dict(self._supported_args(),
+                                                             lr_lambda=lambda t: self.lr_factor(t)))
+
+    def _resolved(self) -> Tuple[float, int]:
+        assert self.warmup_steps is not None, 'build_scheduler() resolves the warm-up before the schedule is used'
+        return self.warmup_steps, self.training_steps or 0
 
 
-class CosineWithWarmupScheduler(LambdaLRScheduler):
-    """Linear warm-up over ``num_warmup_steps`` updates, then cosine decay to 0 at ``num_training_steps``
-    (``num_cycles=0.5``: half a cosine wave)."""
+class ConstantWithWarmupScheduler(_HFWarmupScheduler):
+    """Linear warm-up from 0 to the optimizer's learning rate over ``num_warmup_steps`` updates (or
+    ``warmup_ratio`` of the fit's optimizer updates), then constant."""
 
-    def __init__(self, num_warmup_steps: int, num_training_steps: int, num_cycles: float = 0.5, last_epoch: int = -1,
+    def __init__(self, num_warmup_steps: Optional[float] = None, last_epoch: int = -1,
+                 warmup_ratio: Optional[float] = None, **kwargs: Any) -> None:
+        super().__init__('Warmed up constant learning rate scheduler', num_warmup_steps, None, warmup_ratio,
+                         last_epoch, kwargs, uses_training_steps=False)
+
+    def lr_factor(self, step: int) -> float:
+        """``step / warmup`` during the warm-up, then 1."""
+        warmup, _ = self._resolved()
+        return _warmup_factor(step, warmup) if step < warmup else 1.
+
+
+class CosineWithWarmupScheduler(_HFWarmupScheduler):
+    """Linear warm-up over ``num_warmup_steps`` updates (or ``warmup_ratio`` of the training steps), then cosine
+    decay to 0 at ``num_training_steps`` (None: the fit's optimizer updates); ``num_cycles=0.5`` is half a cosine
+    wave."""
+
+    def __init__(self, num_warmup_steps: Optional[float] = None, num_training_steps: Optional[int] = None,
+                 num_cycles: float = 0.5, last_epoch: int = -1, warmup_ratio: Optional[float] = None,
                  **kwargs: Any) -> None:
-        def lr_lambda(step: int) -> float:
-            if step < num_warmup_steps:
-                return _warmup_factor(step, num_warmup_steps)
-            progress = (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
-            return max(0., 0.5 * (1. + math.cos(math.pi * float(num_cycles) * 2. * progress)))
-        super().__init__(lr_lambda, execute_epoch_end=False, execute_batch_end=True, last_epoch=last_epoch, **kwargs)
-        self.callback_name = 'Warmed up cosine decreasing learning rate scheduler'
+        super().__init__('Warmed up cosine decreasing learning rate scheduler', num_warmup_steps, num_training_steps,
+                         warmup_ratio, last_epoch, kwargs)
+        self.num_cycles = num_cycles
+
+    def lr_factor(self, step: int) -> float:
+        """The warm-up, then ``0.5 (1 + cos(2 pi num_cycles progress))``."""
+        warmup, total = self._resolved()
+        if step < warmup:
+            return _warmup_factor(step, warmup)
+        progress = (step - warmup) / max(1, total - warmup)
+        return max(0., 0.5 * (1. + math.cos(math.pi * float(self.num_cycles) * 2. * progress)))
 
 
-class HardRestartsCosineWithWarmupScheduler(LambdaLRScheduler):
-    """Linear warm-up, then ``num_cycles`` cosine decays to 0, each restarting at the full learning rate."""
+class HardRestartsCosineWithWarmupScheduler(_HFWarmupScheduler):
+    """Linear warm-up, then ``num_cycles`` cosine decays to 0, each restarting at the full learning rate, ending at
+    ``num_training_steps`` (None: the fit's optimizer updates)."""
 
-    def __init__(self, num_warmup_steps: int, num_training_steps: int, num_cycles: float = 0.5, last_epoch: int = -1,
+    def __init__(self, num_warmup_steps: Optional[float] = None, num_training_steps: Optional[int] = None,
+                 num_cycles: float = 0.5, last_epoch: int = -1, warmup_ratio: Optional[float] = None,
                  **kwargs: Any) -> None:
-        def lr_lambda(step: int) -> float:
-            if step < num_warmup_steps:
-                return _warmup_factor(step, num_warmup_steps)
-            progress = (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
-            if progress >= 1.:
-                return 0.
-            return max(0., 0.5 * (1. + math.cos(math.pi * ((float(num_cycles) * progress) % 1.))))
-        super().__init__(lr_lambda, execute_epoch_end=False, execute_batch_end=True, last_epoch=last_epoch, **kwargs)
-        self.callback_name = 'Warmed up hard restarts cosine learning rate scheduler'
+        super().__init__('Warmed up hard restarts cosine learning rate scheduler', num_warmup_steps,
+                         num_training_steps, warmup_ratio, last_epoch, kwargs)
+        self.num_cycles = num_cycles
+
+    def lr_factor(self, step: int) -> float:
+        """The warm-up, then cosine decays with hard restarts, 0 after the training steps."""
+        warmup, total = self._resolved()
+        if step < warmup:
+            return _warmup_factor(step, warmup)
+        progress = (step - warmup) / max(1, total - warmup)
+        if progress >= 1.:
+            return 0.
+        return max(0., 0.5 * (1. + math.cos(math.pi * ((float(self.num_cycles) * progress) % 1.))))
 
 
-class LinearWithWarmupScheduler(LambdaLRScheduler):
-    """Linear warm-up over ``num_warmup_steps`` updates, then linear decay to 0 at ``num_training_steps``."""
+class LinearWithWarmupScheduler(_HFWarmupScheduler):
+    """Linear warm-up over ``num_warmup_steps`` updates (or ``warmup_ratio`` of the training steps), then linear
+    decay to 0 at ``num_training_steps`` (None: the fit's optimizer updates). transformers' default schedule:
+    ``LinearWithWarmupScheduler(warmup_ratio=r)`` is ``TrainingArguments(warmup_steps=r)`` (``warmup_ratio=r`` before
+    transformers 5)."""
 
-    def __init__(self, num_warmup_steps: int, num_training_steps: int, last_epoch: int = -1,
-                 **kwargs: Any) -> None:
-        def lr_lambda(step: int) -> float:
-            if step < num_warmup_steps:
-                return _warmup_factor(step, num_warmup_steps)
-            return max(0., (num_training_steps - step) / max(1, num_training_steps - num_warmup_steps))
-        super().__init__(lr_lambda, execute_epoch_end=False, execute_batch_end=True, last_epoch=last_epoch, **kwargs)
-        self.callback_name = 'Warmed up linearly decreasing learning rate scheduler'
+    def __init__(self, num_warmup_steps: Optional[float] = None, num_training_steps: Optional[int] = None,
+                 last_epoch: int = -1, warmup_ratio: Optional[float] = None, **kwargs: Any) -> None:
+        super().__init__('Warmed up linearly decreasing learning rate scheduler', num_warmup_steps,
+                         num_training_steps, warmup_ratio, last_epoch, kwargs)
+
+    def lr_factor(self, step: int) -> float:
+        """The warm-up, then ``(training_steps - step) / (training_steps - warmup)``, not below 0."""
+        warmup, total = self._resolved()
+        if step < warmup:
+            return _warmup_factor(step, warmup)
+        return max(0., (total - step) / max(1, total - warmup))
 
 
 # ---- warm-up + decay schedules, per epoch or per update ---------------------------------------------------
 
 class _WarmupDecayScheduler(LambdaLRScheduler):
-    """factor(t) = linear warm-up from ``warmup_start_factor`` to 1 for t < W, then ``decay(t - W)``."""
+    """factor(t) = linear warm-up from ``warmup_start_factor`` to 1 for t < W, then ``decay(t - W)``. W is
+    ``num_warmup_steps`` or ``ceil(warmup_ratio x total steps)``, resolved into ``warmup_steps`` when the scheduler
+    is built."""
 
-    def __init__(self, callback_name: str, interval: str, num_warmup_steps: int, warmup_start_factor: float,
-                 optimizer_idx: OptimizerIdx) -> None:
+    def __init__(self, callback_name: str, interval: str, num_warmup_steps: Optional[int], warmup_start_factor: float,
+                 optimizer_idx: OptimizerIdx, warmup_ratio: Optional[float] = None) -> None:
         interval = check_interval(interval, type(self).__name__)
-        check_int('num_warmup_steps', num_warmup_steps, 0, who=type(self).__name__)
+        check_int('num_warmup_steps', num_warmup_steps, 0, allow_none=True, who=type(self).__name__)
+        check_warmup_arguments(type(self).__name__, num_warmup_steps, warmup_ratio, required=False)
         if not 0. <= warmup_start_factor <= 1.:
             raise ValueError(f'{type(self).__name__}: warmup_start_factor must be in [0, 1], got {warmup_start_factor}')
         super().__init__(None, execute_epoch_end=interval == 'epoch', execute_batch_end=interval == 'step',
@@ -465,18 +620,43 @@ class _WarmupDecayScheduler(LambdaLRScheduler):
         self.callback_name = callback_name
         self.interval = interval
         self.num_warmup_steps = num_warmup_steps
+        self.warmup_ratio = warmup_ratio
         self.warmup_start_factor = warmup_start_factor
+        self.num_training_steps: Optional[int] = None
+        #: The resolved warm-up (None until the scheduler is built).
+        self.warmup_steps: Optional[int] = None
 
     def decay(self, t: int) -> float:
         """The factor ``t`` steps after the warm-up (1 here: constant)."""
         return 1.
 
+    def _needs_fit_length(self) -> bool:
+        return self.num_training_steps is None and self.warmup_ratio is not None
+
+    def ready_to_build(self) -> bool:
+        """False while the fit's length is unknown and the schedule needs it."""
+        return not self._needs_fit_length() or fit_has_started(self.train_loop_obj)
+
     def prepare(self) -> None:
-        """Resolve arguments that need the running fit (e.g. the number of training steps)."""
+        """Resolve arguments that need the running fit (the warm-up of a ``warmup_ratio``, the number of training
+        steps)."""
+        self.warmup_steps = int(warmup_steps_for(self.num_warmup_steps, self.warmup_ratio, self._total_steps))
+
+    def _total_steps(self) -> int:
+        if self.num_training_steps is not None:
+            return self.num_training_steps
+        loop = self.train_loop_obj
+        if self.interval == 'step':
+            return loop.get_num_optimizer_updates()
+        if loop.num_epochs is None:
+            raise ValueError(f'{type(self).__name__}: the number of epochs is unknown (a train loader without len()); '
+                             f'pass num_training_steps')
+        return loop.num_epochs
 
     def lr_factor(self, t: int) -> float:
         """The learning-rate factor at step ``t``: the warm-up, then ``decay``."""
-        w = self.num_warmup_steps
+        w = self.warmup_steps
+        assert w is not None, 'prepare() runs before the scheduler uses lr_factor()'
         if t < w:
             return _warmup_factor(t, w, self.warmup_start_factor)
         return self.decay(t - w)
@@ -490,21 +670,24 @@ class _WarmupDecayScheduler(LambdaLRScheduler):
 
 class LinearWarmupScheduler(_WarmupDecayScheduler):
     """Linear warm-up from ``start_factor`` x lr to lr over ``num_warmup_steps`` epochs (interval='epoch') or
-    optimizer updates (interval='step'), then constant."""
+    optimizer updates (interval='step'), or over ``warmup_ratio`` of the fit's epochs / updates, then constant."""
 
-    def __init__(self, num_warmup_steps: int, interval: str = 'step', start_factor: float = 0.,
-                 optimizer_idx: OptimizerIdx = None) -> None:
+    def __init__(self, num_warmup_steps: Optional[int] = None, interval: str = 'step', start_factor: float = 0.,
+                 optimizer_idx: OptimizerIdx = None, warmup_ratio: Optional[float] = None) -> None:
+        check_warmup_arguments('LinearWarmupScheduler', num_warmup_steps, warmup_ratio, required=True)
         super().__init__('Linear warm-up learning rate scheduler', interval, num_warmup_steps, start_factor,
-                         optimizer_idx)
+                         optimizer_idx, warmup_ratio)
 
 
 class ExponentialScheduler(_WarmupDecayScheduler):
-    """lr x ``gamma ** t`` after an optional linear warm-up."""
+    """lr x ``gamma ** t`` after an optional linear warm-up (``num_warmup_steps``, or ``warmup_ratio`` of the fit's
+    epochs / updates)."""
 
-    def __init__(self, gamma: float, interval: str = 'epoch', num_warmup_steps: int = 0,
-                 warmup_start_factor: float = 0., optimizer_idx: OptimizerIdx = None) -> None:
+    def __init__(self, gamma: float, interval: str = 'epoch', num_warmup_steps: Optional[int] = None,
+                 warmup_start_factor: float = 0., optimizer_idx: OptimizerIdx = None,
+                 warmup_ratio: Optional[float] = None) -> None:
         super().__init__('Exponential learning rate scheduler', interval, num_warmup_steps, warmup_start_factor,
-                         optimizer_idx)
+                         optimizer_idx, warmup_ratio)
         self.gamma = gamma
 
     def decay(self, t: int) -> float:
@@ -513,46 +696,42 @@ class ExponentialScheduler(_WarmupDecayScheduler):
 
 
 class _DecayToMinScheduler(_WarmupDecayScheduler):
-    """Decay from lr to ``min_lr_factor`` x lr over the ``num_training_steps - num_warmup_steps`` steps after the
+    """Decay from lr to ``min_lr_factor`` x lr over the ``num_training_steps - warmup`` steps after the
     warm-up (``num_training_steps`` None: the whole fit, in updates or epochs per interval), then constant."""
 
     def __init__(self, callback_name: str, num_training_steps: Optional[int], min_lr_factor: float, interval: str,
-                 num_warmup_steps: int, warmup_start_factor: float, optimizer_idx: OptimizerIdx) -> None:
-        super().__init__(callback_name, interval, num_warmup_steps, warmup_start_factor, optimizer_idx)
+                 num_warmup_steps: Optional[int], warmup_start_factor: float, optimizer_idx: OptimizerIdx,
+                 warmup_ratio: Optional[float]) -> None:
+        super().__init__(callback_name, interval, num_warmup_steps, warmup_start_factor, optimizer_idx, warmup_ratio)
         self.num_training_steps = num_training_steps
         self.min_lr_factor = min_lr_factor
         self._decay_steps: Optional[int] = None     # set by prepare(), when the scheduler is built
 
+    def _needs_fit_length(self) -> bool:
+        return self.num_training_steps is None
+
     def prepare(self) -> None:
-        """Resolve the number of decay steps from the fit."""
-        self._decay_steps = max(1, self._total_steps() - self.num_warmup_steps)
+        """Resolve the warm-up and the number of decay steps from the fit."""
+        super().prepare()
+        assert self.warmup_steps is not None
+        self._decay_steps = max(1, self._total_steps() - self.warmup_steps)
 
     def _decay_steps_set(self) -> int:
         decay_steps = self._decay_steps
         assert decay_steps is not None, 'prepare() runs before the scheduler uses decay()'
         return decay_steps
 
-    def _total_steps(self) -> int:
-        if self.num_training_steps is not None:
-            return self.num_training_steps
-        loop = self.train_loop_obj
-        if self.interval == 'step':
-            return loop.get_num_optimizer_updates()
-        if loop.num_epochs is None:
-            raise ValueError(f'{type(self).__name__}: the number of epochs is unknown (a train loader without len()); '
-                             f'pass num_training_steps')
-        return loop.num_epochs
-
 
 class PolynomialScheduler(_DecayToMinScheduler):
     """Polynomial decay ``(1 - t / T) ** power`` from lr to ``min_lr_factor`` x lr over the steps after an optional
-    warm-up; ``num_training_steps`` None means the whole fit (updates or epochs, per interval)."""
+    warm-up (``num_warmup_steps``, or ``warmup_ratio`` of the training steps); ``num_training_steps`` None means the
+    whole fit (updates or epochs, per interval)."""
 
     def __init__(self, num_training_steps: Optional[int] = None, power: float = 1., min_lr_factor: float = 0.,
-                 interval: str = 'step', num_warmup_steps: int = 0, warmup_start_factor: float = 0.,
-                 optimizer_idx: OptimizerIdx = None) -> None:
+                 interval: str = 'step', num_warmup_steps: Optional[int] = None, warmup_start_factor: float = 0.,
+                 optimizer_idx: OptimizerIdx = None, warmup_ratio: Optional[float] = None) -> None:
         super().__init__('Polynomial learning rate scheduler', num_training_steps, min_lr_factor, interval,
-                         num_warmup_steps, warmup_start_factor, optimizer_idx)
+                         num_warmup_steps, warmup_start_factor, optimizer_idx, warmup_ratio)
         self.power = power
 
     def decay(self, t: int) -> float:
@@ -563,14 +742,15 @@ class PolynomialScheduler(_DecayToMinScheduler):
 
 
 class CosineScheduler(_DecayToMinScheduler):
-    """Cosine decay from lr to ``min_lr_factor`` x lr over the steps after an optional warm-up (then constant);
-    ``num_training_steps`` None means the whole fit (updates or epochs, per interval)."""
+    """Cosine decay from lr to ``min_lr_factor`` x lr over the steps after an optional warm-up (``num_warmup_steps``,
+    or ``warmup_ratio`` of the training steps), then constant; ``num_training_steps`` None means the whole fit
+    (updates or epochs, per interval)."""
 
     def __init__(self, num_training_steps: Optional[int] = None, min_lr_factor: float = 0., interval: str = 'step',
-                 num_warmup_steps: int = 0, warmup_start_factor: float = 0.,
-                 optimizer_idx: OptimizerIdx = None) -> None:
+                 num_warmup_steps: Optional[int] = None, warmup_start_factor: float = 0.,
+                 optimizer_idx: OptimizerIdx = None, warmup_ratio: Optional[float] = None) -> None:
         super().__init__('Cosine learning rate scheduler', num_training_steps, min_lr_factor, interval,
-                         num_warmup_steps, warmup_start_factor, optimizer_idx)
+                         num_warmup_steps, warmup_start_factor, optimizer_idx, warmup_ratio)
 
     def decay(self, t: int) -> float:
         """Cosine decay to ``min_lr_factor``."""
@@ -587,7 +767,7 @@ class FunctionScheduler(_WarmupDecayScheduler):
         if not callable(lr_fn):
             raise TypeError(f'FunctionScheduler: lr_fn must be a function (step, initial_lr) -> lr, got '
                             f'{type(lr_fn).__qualname__}')
-        super().__init__('Function learning rate scheduler', interval, 0, 0., optimizer_idx)
+        super().__init__('Function learning rate scheduler', interval, None, 0., optimizer_idx)
         self.lr_fn = lr_fn
 
     def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch_lr_scheduler.LambdaLR:

@@ -9,6 +9,9 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from torch.optim import lr_scheduler as torch_lr_scheduler
+
+from ..huggingface import is_transformers_schedule
 from .callback import HOOK_NAMES, HOOKS_WITH_ARGUMENTS, AbstractCallback, overrides_hook
 
 if TYPE_CHECKING:
@@ -48,6 +51,25 @@ class CollectiveInRankRestrictedCallbackError(RuntimeError):
 
 def _describe(obj):
     return f'{type(obj).__module__}.{type(obj).__qualname__}'
+
+
+def _not_a_callback(i: int, obj: Any) -> TypeError:
+    """The error for ``callbacks[i]`` that is no callback; for a torch scheduler, how to wrap it."""
+    wrap = 'from aitoolbox_like.callbacks.train_schedule import LRSchedulerCallback'
+    if is_transformers_schedule(obj):
+        return TypeError(f'callbacks[{i}] is a learning-rate schedule of transformers ({_describe(obj)}), not a '
+                         f'callback; it counts optimizer updates, so wrap it to step after every update: '
+                         f'LRSchedulerCallback(scheduler, interval=\'step\') ({wrap})')
+    if isinstance(obj, torch_lr_scheduler.ReduceLROnPlateau):
+        return TypeError(f'callbacks[{i}] is a torch scheduler ({_describe(obj)}), not a callback; wrap it: '
+                         f'LRSchedulerCallback(scheduler, monitor=\'val_loss\') ({wrap})')
+    if isinstance(obj, torch_lr_scheduler.LRScheduler):
+        return TypeError(f'callbacks[{i}] is a torch scheduler ({_describe(obj)}), not a callback; wrap it: '
+                         f'LRSchedulerCallback(scheduler, interval=\'step\') to step it after every optimizer '
+                         f'update (a schedule counted in updates, as transformers\' are), or interval=\'epoch\' '
+                         f'after every epoch ({wrap})')
+    return TypeError(f'callbacks[{i}] is a {_describe(obj)}; a callback must be an instance of a '
+                     f'subclass of aitoolbox_like.callbacks.abstract.AbstractCallback')
 
 
 class CallbacksHandler:
@@ -122,8 +144,7 @@ class CallbacksHandler:
                 raise TypeError(f'callbacks[{i}] is the class {cb.__qualname__}, not an instance; '
                                 f'pass {cb.__qualname__}(...) instead')
             if not isinstance(cb, AbstractCallback):
-                raise TypeError(f'callbacks[{i}] is a {_describe(cb)}; a callback must be an instance of a '
-                                f'subclass of aitoolbox_like.callbacks.abstract.AbstractCallback')
+                raise _not_a_callback(i, cb)
             missing = [a for a in ('callback_name', 'execution_order', 'device_idx_execution')
                        if not hasattr(cb, a)]
             if missing:

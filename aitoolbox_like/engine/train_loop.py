@@ -92,7 +92,9 @@ class TrainLoop:
         validation_loader: a DataLoader or any iterable of batches, or None.
         test_loader: a DataLoader or any iterable of batches, or None.
         optimizer: a torch optimizer, a MultiOptimizer, any object with step() and zero_grad(), or None.
-        criterion: passed to the model's get_loss: any callable, or None if the model does not need one.
+        criterion: passed to the model's get_loss and get_loss_eval (the loop itself never calls it): any
+            callable, or None for a model that computes its own loss (a Hugging Face model in ``HFModelWrap``, a
+            get_loss returning ``model(**batch).loss``). A TTBasicModel, whose get_loss calls it, needs one.
         collate_batch_pred_fn: how one batch's predictions are added to the collected list.
         pred_transform_fn: how the collected list becomes the final predictions (default torch.cat).
         end_auto_eval (bool or int): the end-of-epoch evaluation, 'val_loss' (one pass over the validation set),

@@ -10,7 +10,7 @@ from aitoolbox_like import MultiLoss, TrainLoop, TTModel
 from aitoolbox_like.callbacks.abstract import AbstractCallback
 from aitoolbox_like.callbacks.basic import (
     AllPredictionsSame, DataSubsetTestRun, EarlyStopping, FunctionOnTrainLoop, ListRegisteredCallbacks, ProgressBar,
-    TerminateOnNaN, ThresholdEarlyStopping, Timer)
+    RestoreBestWeights, TerminateOnNaN, ThresholdEarlyStopping, Timer)
 from aitoolbox_like.checkpoint import check_weights_only_safe
 from helpers import MLP, loaders, state_equal
 
@@ -105,6 +105,22 @@ def test_restore_best_weights_when_training_runs_to_the_end():
     loop.fit(num_epochs=4, callbacks=[EarlyStopping('val_acc', patience=5, restore_best_weights=True), writer])
     assert epochs_trained(loop) == 4 and not loop.early_stop
     assert state_equal(loop.model.state_dict(), writer.weights[1])
+
+
+def test_restore_best_weights_trains_every_epoch_and_ends_with_the_best_one():
+    # transformers' load_best_model_at_end: no stopping however long the metric stalls; the best epoch's weights are
+    # back before the end-of-training test loss; only a strict improvement counts (a tie keeps the earlier epoch)
+    writer = MetricWriter('val_acc', dict(enumerate([0.5, 0.9, 0.6, 0.9, 0.7, 0.8])))
+    best = RestoreBestWeights('val_acc')
+    loop = make_loop()
+    loop.fit(num_epochs=6, callbacks=[best, writer])
+    assert epochs_trained(loop) == 6 and not loop.early_stop and best.best_epoch == 1
+    assert state_equal(loop.model.state_dict(), writer.weights[1])
+    assert loop.train_history['train_end_test_loss'][-1] == \
+        pytest.approx(loop.evaluate_loss_on_test_set(force_prediction=True).item())
+    assert best.state_key == 'RestoreBestWeights_val_acc'
+    # beside an EarlyStopping on the same metric, each keeps its own state in a checkpoint
+    assert best.state_key != EarlyStopping('val_acc').state_key
 
 
 def test_early_stopping_bad_setup_fails_clearly():

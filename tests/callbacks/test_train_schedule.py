@@ -455,3 +455,75 @@ def test_verbose_of_aitoolbox_era_code_is_dropped_with_a_warning():
     with pytest.warns(UserWarning, match='verbose=True ignored'):
         loop.fit(num_epochs=2, callbacks=[ReduceLROnPlateauScheduler(patience=0, verbose=True)])
     assert len(loop.train_history['val_loss']) == 2
+
+
+# ---- warmup_ratio: transformers' ceil(ratio x total optimizer updates), resolved when the fit starts ----------------
+
+@pytest.mark.parametrize('cls, args, shape', [
+    # 5 batches a epoch with grad_accumulation=2: 3 updates an epoch, 12 in 4 epochs; ceil(0.3 x 12) = 4 warm-up steps
+    (LinearWithWarmupScheduler, dict(warmup_ratio=0.3), lambda t: hf_linear(t, 4, 12)),
+    (CosineWithWarmupScheduler, dict(warmup_ratio=0.3), lambda t: hf_cosine(t, 4, 12)),
+    (HardRestartsCosineWithWarmupScheduler, dict(warmup_ratio=0.3, num_cycles=2),
+     lambda t: hf_hard_restarts(t, 4, 12, 2)),
+    (ConstantWithWarmupScheduler, dict(warmup_ratio=0.3), lambda t: hf_constant(t, 4)),
+    # a ratio of the given training steps: ceil(0.25 x 10) = 3
+    (LinearWithWarmupScheduler, dict(warmup_ratio=0.25, num_training_steps=10), lambda t: hf_linear(t, 3, 10)),
+])
+@pytest.mark.parametrize('registered_before_fit', [False, True])
+def test_warmup_ratio_is_transformers_share_of_the_fits_optimizer_updates(cls, args, shape, registered_before_fit):
+    loop, rec, callback = make_loop(n=40), LRRecorder(), cls(**args)
+    if registered_before_fit:       # the fit's length is unknown then: a schedule that needs it is built at its start
+        loop.callbacks_handler.register_callbacks([callback])
+        assert (callback.scheduler is None) == ('num_training_steps' not in args)
+    loop.fit(num_epochs=4, callbacks=[callback, rec], grad_accumulation=2)
+    assert rec.lrs[0] == pytest.approx([BASE_LR * shape(step) for step in range(12)], rel=1e-12, abs=1e-15)
+    assert callback.warmup_steps == math.ceil(args['warmup_ratio'] * args.get('num_training_steps', 12))
+
+
+def test_warmup_ratio_of_our_schedules_per_update_and_per_epoch():
+    # 3 updates an epoch, 12 in all: ceil(0.2 x 12) = 3 warm-up updates, then the cosine over the other 9
+    loop, rec = make_loop(), LRRecorder()
+    loop.fit(num_epochs=4, callbacks=[CosineScheduler(warmup_ratio=0.2), rec])
+    expected = [BASE_LR * (t / 3 if t < 3 else 0.5 * (1 + math.cos(math.pi * (t - 3) / 9))) for t in range(12)]
+    assert rec.lrs[0] == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    # per epoch: ceil(0.5 x 4 epochs) = 2 warm-up epochs from 0.5 x lr
+    loop, rec = make_loop(), LRRecorder()
+    loop.fit(num_epochs=4, callbacks=[LinearWarmupScheduler(interval='epoch', start_factor=0.5, warmup_ratio=0.5), rec])
+    assert rec.lrs[0] == pytest.approx(per_update(torch_lrs(lambda o: tls.LinearLR(o, 0.5, 1.0, 2), 4), 3))
+
+
+@pytest.mark.parametrize('make', [
+    lambda: LinearWithWarmupScheduler(num_warmup_steps=2, warmup_ratio=0.1),
+    lambda: ConstantWithWarmupScheduler(2, warmup_ratio=0.1),
+    lambda: CosineScheduler(num_warmup_steps=2, warmup_ratio=0.1),
+    lambda: LinearWarmupScheduler(2, warmup_ratio=0.1),
+])
+def test_warmup_ratio_and_num_warmup_steps_together_are_refused(make):
+    with pytest.raises(ValueError, match=r'num_warmup_steps=2 and warmup_ratio=0\.1; give one of them'):
+        make()
+
+
+@pytest.mark.parametrize('make, message', [
+    (lambda: LinearWithWarmupScheduler(warmup_ratio=1.5), r'warmup_ratio must be a number in \[0, 1\]'),
+    (lambda: LinearWithWarmupScheduler(num_training_steps=10), r'pass num_warmup_steps=<steps> or warmup_ratio='),
+    (lambda: LinearWarmupScheduler(), r'pass num_warmup_steps=<steps> or warmup_ratio='),
+])
+def test_warmup_arguments_that_say_no_warm_up_are_refused(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_aitoolbox_warmup_signatures_still_take_positional_counts():
+    # AIToolbox 1.8.0's calls: (num_warmup_steps, num_training_steps) positional, last_epoch and optimizer_idx by name
+    loop, rec = make_loop(n=40), LRRecorder()
+    loop.fit(num_epochs=4, callbacks=[LinearWithWarmupScheduler(3, 12, last_epoch=-1), rec], grad_accumulation=2)
+    assert rec.lrs[0] == pytest.approx([BASE_LR * hf_linear(t, 3, 12) for t in range(12)], rel=1e-12, abs=1e-15)
+
+
+def test_a_function_building_the_scheduler_gets_the_keyword_arguments():
+    # LRSchedulerCallback(function, **kwargs) builds function(optimizer, **kwargs), as it does a class
+    def schedule(optimizer, gamma):
+        return tls.ExponentialLR(optimizer, gamma)
+    loop, rec = make_loop(), LRRecorder()
+    loop.fit(num_epochs=3, callbacks=[LRSchedulerCallback(schedule, interval='step', gamma=0.5), rec])
+    assert rec.lrs[0] == pytest.approx(torch_lrs(lambda o: tls.ExponentialLR(o, 0.5), 9))
