@@ -833,6 +833,11 @@ class TrainLoop:
                 self._rewind_step(*rewind)
             raise
         except Exception as failure:    # costs nothing unless a step fails: then the common mistakes are named
+            wrapped = _interruption_inside(failure) if interruptible else None
+            if wrapped is not None and wrapped.phase == COMPILE:
+                # torch.compile wraps what its backend raised (BackendCompilerFailed): the stop is the cause.
+                self._rewind_step(*rewind)
+                raise wrapped from None
             explained = explain_step_failure(failure, self)
             if explained is None:
                 raise
@@ -1075,3 +1080,16 @@ class TrainLoop:
     def purge_prediction_cache(self) -> None:
         """Forget cached losses and predictions (e.g. after loading other weights into the model)."""
         self.evaluation.purge()
+
+
+def _interruption_inside(failure: BaseException) -> Optional[TrainingInterrupted]:
+    """The TrainingInterrupted among the causes of ``failure`` (a library that wraps the exceptions raised inside it,
+    as torch.compile does, keeps them as the cause or context), or None."""
+    seen = set()
+    cause: Optional[BaseException] = failure
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, TrainingInterrupted):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
