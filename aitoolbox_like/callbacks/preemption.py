@@ -357,7 +357,7 @@ class PreemptionCheckpoint(AbstractCallback):
         self._eval_index, self._eval_next, self._eval_limit = 0, 0, 0
         self._eval_stride, self._eval_agreed_at = 1, None
         loop = self.train_loop_obj
-        if self._group is None or loop.interruptible_phase != EVALUATION:
+        if self._group is None or not dataset_info.get('interruptible'):
             return
         loader = {'train': loop.train_loader, 'validation': loop.validation_loader,
                   'test': loop.test_loader}.get(str(dataset_info.get('type')))

@@ -266,6 +266,8 @@ class Evaluation:
         # A stop may abandon the batches of a pass in the loop's interruptible evaluation (the pass is redone on
         # resume), never its begin and end hooks: weights swapped in for the pass (EMA) are swapped back.
         phase, loop.interruptible_phase = loop.interruptible_phase, None
+        if phase is not None:
+            info['interruptible'] = True
         loop.callbacks_handler.fire('on_eval_begin', info)
         try:
             loop.interruptible_phase = phase
