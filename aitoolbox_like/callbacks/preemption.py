@@ -343,9 +343,13 @@ class PreemptionCheckpoint(AbstractCallback):
         if self._group is None:
             if self._requested is None:
                 return
-        elif not self._stop_due and (self.train_loop_obj.total_iteration_idx < self._next_agreement
-                                     or not self._agreed_stop()):
-            return
+        elif not self._stop_due:
+            idx = self.train_loop_obj.total_iteration_idx
+            # A rollback (TrainLoop.restart_from) moves every rank back alike: the next agreement comes at once.
+            if idx < self._next_agreement and (self._agreed_at is None or idx > self._agreed_at[0]):
+                return
+            if not self._agreed_stop():
+                return
         self._stop_due = True
         if self._inside_sharded_window():
             return

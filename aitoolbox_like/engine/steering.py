@@ -48,6 +48,8 @@ class RunSteering:
         self.in_update = False
         #: Updates left out in this fit.
         self.skipped_updates = 0
+        #: restart_from(): the epoch the loop reopens after this batch, or None.
+        self.restart_epoch: Optional[int] = None
         self._group: Any = None
 
     # ---- the start and the end of a fit ---------------------------------------------------------------------
@@ -57,6 +59,7 @@ class RunSteering:
         fit, agree whether any rank may ask (every rank calls it at the same point: one small collective)."""
         self.skip_requested = self.end_epoch_requested = self.in_update = False
         self.decided_in = self.skipped_in = -2
+        self.restart_epoch = None
         self.skipped_updates = 0
         loop = self.loop
         owners = list(loop.callbacks) + ([loop.train_step_owner] if loop.train_step_owner is not None else [])

@@ -57,7 +57,7 @@ from .callback import AbstractCallback, AbstractScheduler, StopTraining, Trainin
 from .checks import check_fit_inputs, check_fit_keywords, explain_step_failure, loss_to_record
 from .evaluation import EVAL_LOSS_WEIGHTINGS, Evaluation
 from .handler import CallbacksHandler, import_object
-from .steering import RunSteering, close_window_across_ranks
+from .steering import RunSteering, StepRequestError, close_window_across_ranks
 
 if TYPE_CHECKING:
     from ..experiment import Experiment, ExperimentUploader
@@ -667,6 +667,9 @@ class TrainLoop:
                                                and self._end_epoch_after_batch(before_batch_end=False)):
                         break
                 steering.end_epoch_requested = False        # the epoch ended: a request in its last batch is met
+                if steering.restart_epoch is not None:      # restart_from(): reopen that epoch at its position
+                    epoch, steering.restart_epoch = steering.restart_epoch, None
+                    continue
                 self._history_marks = self.train_history.lengths()
                 fire('on_train_epoch_end')
                 if self.total_iteration_idx == iteration_before and self.num_iterations:
@@ -698,6 +701,12 @@ class TrainLoop:
         steering = self.steering
         if not steering.decide_end_epoch():
             return False
+        if steering.restart_epoch is not None:
+            # restart_from() (from on_batch_end): the epoch reopens at its position after this batch, without an end.
+            if before_batch_end:
+                return False
+            steering.end_epoch_requested = False
+            return True
         steering.end_epoch_requested = False
         window_open = self.update_applied is _NO_UPDATE and not self._is_update_step()
         self._is_last_batch = True
@@ -913,6 +922,37 @@ class TrainLoop:
 
         In a distributed fit the callback that calls it declares ``may_end_epochs = True`` (see AbstractCallback)."""
         self.steering.request_end_epoch()
+
+    def restart_from(self, checkpoint: Dict[str, Any], skip_batches: int = 0, source: str = 'a snapshot') -> None:
+        """Go back (or forward) to ``checkpoint``, a mid-epoch training checkpoint of this run taken between two
+        optimizer updates (``loop_state.build_snapshot``, as LossSpikeGuard keeps them in memory, or one that
+        ``build_checkpoint`` made): its weights, optimizer, GradScaler, schedulers and callbacks' state, history,
+        counters and random-number states are put back now, and after this batch the epoch loop continues from its
+        position, ``skip_batches`` batches of data further: those batches are never trained (never past the end of
+        the checkpoint's epoch; the next epoch then starts). The checkpoint dict is not changed (what the loop takes
+        is a copy). Call it from ``on_batch_end``; every rank of a distributed fit calls it at the same batch."""
+        if not self.epochs_running:
+            raise StepRequestError('restart_from() changes the course of a fit: call it from on_batch_end')
+        if isinstance(skip_batches, bool) or not isinstance(skip_batches, int) or skip_batches < 0:
+            raise ValueError(f'skip_batches must be an int >= 0, got {skip_batches!r}')
+        if checkpoint.get('data_position', {}).get('batches_done') is None:
+            raise ValueError(f'{source} was taken at the end of an epoch; restart_from() takes a mid-epoch checkpoint')
+        taken = loop_state.copy_tree(checkpoint, torch.Tensor.clone)
+        for param in self.model.parameters():
+            param.grad = None
+        position = loop_state.apply_checkpoint(self, taken, source)
+        assert position is not None
+        try:
+            epoch_length: Optional[int] = len(self.train_loader)
+        except TypeError:
+            epoch_length = None
+        done = position['batches_done'] + skip_batches
+        position['batches_done'] = done if epoch_length is None else min(done, epoch_length)
+        plan = loop_state.ResumePlan(source, taken)
+        plan.applied, plan.position = True, position
+        self.resume_plan = plan
+        self.steering.restart_epoch = position['epoch']
+        self.steering.end_epoch_requested = True     # leave this epoch's batches after this one (no epoch end)
 
     def step_optimizers(self, optimizer_indices: Optional[Sequence[int]] = None) -> None:
         """Apply an update with the given optimizers (all by default) as the standard step does: unscale once under

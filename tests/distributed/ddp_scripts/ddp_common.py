@@ -138,3 +138,13 @@ class SkipAndEndOnRanks(AbstractCallback):
             loop.skip_update()
         if self.end_at.get(loop.epoch) == loop.iteration:
             loop.end_epoch()
+
+
+def spiking_setup():
+    """equivalence_setup's run with one sample whose target is 1000 times too large: read by rank 0 alone, in the
+    third batch of every epoch (two ranks, batches of 4, no shuffling)."""
+    model, train, val, optimizer = equivalence_setup()
+    x, y = train.dataset.tensors
+    y = y.clone()
+    y[18] *= 1000
+    return model, DataLoader(TensorDataset(x, y), batch_size=4, shuffle=False), val, optimizer
