@@ -105,6 +105,8 @@ class LossSpikeGuard(AbstractCallback):
         self.snapshot_to = snapshot_to
         # The run's state (in checkpoints).
         self.values: Deque[float] = collections.deque(maxlen=window)    # the recent values that were not spikes
+        self._sum = self._sum_sq = 0.0      # of the values, kept as they come and go
+        self._appended = 0
         self.updates = 0                    # optimizer updates applied in the run's trajectory
         self.skipped: List[Dict[str, Any]] = []      # {'epoch', 'batch', 'value', 'z'} of each skip
         self.rollbacks: List[Dict[str, Any]] = []    # ... and 'to_batch', 'continue_at' of each rollback
@@ -127,6 +129,7 @@ class LossSpikeGuard(AbstractCallback):
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self.values = collections.deque(state_dict.get('values', []), maxlen=self.window)
+        self._recount()
         self.updates = int(state_dict.get('updates', 0))
         if not self._rolling_back:      # a rollback restores the snapshot's statistics; the record of the run goes on
             self.skipped = list(state_dict.get('skipped', []))
@@ -158,13 +161,16 @@ class LossSpikeGuard(AbstractCallback):
         the host (averaged over the ranks first)."""
         loop = self.train_loop_obj
         loss = loop.loss
-        if isinstance(loss, MultiLoss):
+        if type(loss) is torch.Tensor:
+            loss = loss.detach()
+        elif isinstance(loss, MultiLoss):
             loss = torch.stack([torch.as_tensor(v).detach().float() for v in loss.values()]).sum()
-        loss = loss.detach().float() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
+        else:
+            loss = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
         self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
         self._loss_count += 1
         if loop.should_execute_optimizer_update():
-            value = self._loss_sum / self._loss_count
+            value = self._loss_sum if self._loss_count == 1 else self._loss_sum / self._loss_count
             self._loss_sum, self._loss_count = None, 0
             self._pending = host_copy(self._over_ranks(value))
 
@@ -184,7 +190,7 @@ class LossSpikeGuard(AbstractCallback):
         value = float(pending.wait())
         z = self._z_score(value)
         if z is None or z <= self.threshold:
-            self.values.append(value)
+            self._append(value)
             return
         loop.skip_update()
         event = {'epoch': loop.epoch, 'batch': loop.total_iteration_idx, 'value': value,
@@ -207,7 +213,7 @@ class LossSpikeGuard(AbstractCallback):
             event, self._rollback_due = self._rollback_due, None
             self._roll_back(event)
             return
-        if not any(loop.optimizer_update_applied(i) for i in range(len(loop.optimizers))):
+        if not any(loop.update_applied):     # no update in this batch, or none applied
             return
         self.updates += 1
         if self.action == 'rollback' and (not self._snapshots or self.updates % self.rollback_steps == 0):
@@ -248,20 +254,39 @@ class LossSpikeGuard(AbstractCallback):
         full_tensor = getattr(norm, 'full_tensor', None)        # a sharded model's gradients give a DTensor
         return full_tensor() if callable(full_tensor) else norm
 
+    def _append(self, value: float) -> None:
+        """Add a value to the window, keeping its sum and sum of squares (exact again every ``window`` values)."""
+        values = self.values
+        if len(values) == self.window:
+            evicted = values[0]
+            self._sum -= evicted
+            self._sum_sq -= evicted * evicted
+        values.append(value)
+        self._sum += value
+        self._sum_sq += value * value
+        self._appended += 1
+        if self._appended % self.window == 0:
+            self._recount()
+
+    def _recount(self) -> None:
+        self._sum = math.fsum(self.values)
+        self._sum_sq = math.fsum(v * v for v in self.values)
+
     def _mean(self) -> float:
-        return sum(self.values) / len(self.values) if self.values else float('nan')
+        return self._sum / len(self.values) if self.values else float('nan')
 
     def _z_score(self, value: float) -> Optional[float]:
-        """The z-score of ``value`` against the recent values, inf for a value that is not finite, None while there
-        are too few values to judge."""
+        """The z-score of ``value`` against the recent values (their sample standard deviation), inf for a value
+        that is not finite, None while there are too few values to judge."""
         if not math.isfinite(value):
             return math.inf
         count = len(self.values)
         if count < max(2, self.window // 2):
             return None
-        mean = sum(self.values) / count
-        std = math.sqrt(sum((v - mean) ** 2 for v in self.values) / (count - 1))
-        if std == 0:
+        mean = self._sum / count
+        variance = max(self._sum_sq - count * mean * mean, 0.0) / (count - 1)
+        std = math.sqrt(variance)
+        if std <= 1e-12 * max(abs(mean), 1.0):
             return math.inf if value > mean else 0.0
         return (value - mean) / std
 
