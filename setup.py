@@ -10,9 +10,8 @@ exec(Path(__file__).with_name('aitoolbox_like').joinpath('_version.py').read_tex
 DEMO = ['scikit-learn>=1.3', 'matplotlib>=3.7', 'tensorboard>=2.14']
 
 # AIToolbox's nlp package (aitoolbox_like.nlp): ROUGE (rouge-score), BLEU (nltk, sacrebleu), GLUE/XNLI (scikit-learn,
-# scipy) and the attention heat maps (matplotlib, seaborn).
-NLP = ['rouge-score>=0.1.2', 'nltk>=3.8', 'sacrebleu>=2.3', 'scikit-learn>=1.3', 'scipy>=1.10', 'matplotlib>=3.7',
-       'seaborn>=0.13']
+# scipy) and the attention heat maps (matplotlib).
+NLP = ['rouge-score>=0.1.2', 'nltk>=3.8', 'sacrebleu>=2.3', 'scikit-learn>=1.3', 'scipy>=1.10', 'matplotlib>=3.7']
 
 # torch is a range that the locally available CPU build (2.13.0) satisfies; the Makefile installs
 # that exact build first so pip never resolves a newer CUDA one.

@@ -3,7 +3,7 @@ function, the text metrics (ROUGE, BLEU, exact match and F1, perplexity, GLUE, X
 result packages of question answering, summarisation, machine translation, GLUE and XNLI.
 
 The metrics compute with optional packages (``pip install "aitoolbox_like[nlp]"``: rouge-score, nltk, sacrebleu,
-scikit-learn, scipy, matplotlib, seaborn), imported when a metric first runs; a missing one raises an ImportError
+scikit-learn, scipy, matplotlib), imported when a metric first runs; a missing one raises an ImportError
 that names the install. AIToolbox's module paths (``aitoolbox.nlp.core.vocabulary``,
 ``aitoolbox.nlp.experiment_evaluation.NLP_metrics``, ...) are served by :mod:`aitoolbox_like.compat`.
 """

@@ -55,35 +55,35 @@ class AttentionHeatMap(AbstractBaseMetric):
     @staticmethod
     def plot_sentence_attention(attention_matrix: Any, sentence_source: Sequence[str],
                                 sentence_target: Sequence[str], plot_file_path: Optional[str] = None) -> Any:
-        """Draw one attention matrix as a heat map (seaborn), and save it as PNG when ``plot_file_path`` is given
+        """Draw one attention matrix as a heat map with a colour bar, and save it as PNG when ``plot_file_path`` is
+        given (matplotlib; AIToolbox drew the same picture with seaborn)
 
         Args:
             attention_matrix (numpy.ndarray): (target tokens, source tokens)
-            sentence_source (list): the source tokens (columns)
-            sentence_target (list): the predicted tokens (rows)
-            plot_file_path (str or None): where to save the PNG; the figure is closed after saving
+            sentence_source (list): the source tokens (columns, labelled on top)
+            sentence_target (list): the predicted tokens (rows, labelled on the right)
+            plot_file_path (str or None): where to save the PNG
 
         Returns:
             matplotlib.figure.Figure: the figure
         """
         require('matplotlib', 'matplotlib', 'AttentionHeatMap')
-        sns = require('seaborn', 'seaborn', 'AttentionHeatMap')
+        from matplotlib.colors import LinearSegmentedColormap
         from matplotlib.figure import Figure     # not pyplot: no GUI backend, no global figure state
 
+        matrix = np.asarray(attention_matrix, dtype=float)
         fig = Figure(figsize=(8, 8))
         grid = fig.add_gridspec(2, 2, width_ratios=[12, 1], height_ratios=[12, 1])
         ax, colorbar_ax = fig.add_subplot(grid[0]), fig.add_subplot(grid[1])
-        cmap = sns.light_palette((200, 75, 60), input='husl', as_cmap=True)
-        sns.heatmap(np.asarray(attention_matrix, dtype=float), xticklabels=list(sentence_source),
-                    yticklabels=list(sentence_target), ax=ax, cmap=cmap, cbar_ax=colorbar_ax)
+        cmap = LinearSegmentedColormap.from_list('attention', ['#f7f1f0', '#c0392b'])
+        image = ax.imshow(matrix, cmap=cmap, aspect='auto', interpolation='nearest')
+        fig.colorbar(image, cax=colorbar_ax)
+        ax.set_xticks(range(matrix.shape[1]), [str(token) for token in sentence_source][:matrix.shape[1]],
+                      fontsize=12, rotation=60)
+        ax.set_yticks(range(matrix.shape[0]), [str(token) for token in sentence_target][:matrix.shape[0]],
+                      fontsize=12, rotation=-90, horizontalalignment='left')
         ax.xaxis.tick_top()
         ax.yaxis.tick_right()
-        for label in ax.get_xticklabels():
-            label.set_fontsize(12)
-        for label in ax.get_yticklabels():
-            label.set_fontsize(12)
-            label.set_rotation(-90)
-            label.set_horizontalalignment('left')
         ax.set_xlabel('Source', size=20)
         ax.set_ylabel('Hypothesis', size=20)
         if plot_file_path:
