@@ -344,8 +344,9 @@ class AbstractResultPackage(ABC):
         if isinstance(other, numbers.Number) and not isinstance(other, bool) and other == 0:
             self.warn_if_results_dict_not_defined()
             return copy.deepcopy(self)
-        # AIToolbox's order: this package first, then the other (dict + pkg keeps pkg's results first)
-        return self.add_merge_multi_pkg_wrap(other)
+        # AIToolbox's order: this package first, then the other (dict + pkg keeps pkg's results first); anything but a
+        # package or a dict is refused there (ResultPackageAdditionError)
+        return self.add_merge_multi_pkg_wrap(cast(Union[AbstractResultPackage, Dict[str, Any]], other))
 
     def add_merge_multi_pkg_wrap(self, other_object: Union[AbstractResultPackage, Dict[str, Any]]
                                  ) -> MultipleResultPackageWrapper:
