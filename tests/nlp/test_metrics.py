@@ -9,13 +9,15 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 from nltk.translate.bleu_score import corpus_bleu, sentence_bleu
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import f1_score, matthews_corrcoef
 
-from aitoolbox_like.nlp import (BLEUCorpusScoreMetric, BLEUScoreStrTorchNLPMetric, BLEUSentenceScoreMetric,
-                                ExactMatchTextMetric, F1TextMetric, GLUEMetric, PerplexityMetric, ROUGEMetric,
-                                ROUGEPerlMetric, XNLIMetric, glue_compute_metrics, xnli_compute_metrics)
+from aitoolbox_like.nlp import (AttentionHeatMap, BLEUCorpusScoreMetric, BLEUScoreStrTorchNLPMetric,
+                                BLEUSentenceScoreMetric, ExactMatchTextMetric, F1TextMetric, GLUEMetric,
+                                PerplexityMetric, ROUGEMetric, ROUGEPerlMetric, XNLIMetric, glue_compute_metrics,
+                                xnli_compute_metrics)
 
 
 def split(*sentences):
@@ -158,7 +160,8 @@ def test_perl_rouge_is_refused_clearly_without_perl_or_pyrouge(tmp_path, monkeyp
 def test_a_missing_dependency_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, 'rouge_score', None)
     monkeypatch.setitem(sys.modules, 'rouge_score.rouge_scorer', None)
-    with pytest.raises(ImportError, match=r'ROUGEMetric needs the rouge-score package.*pip install "aitoolbox_like\[nlp\]"'):
+    with pytest.raises(ImportError,
+                       match=r'ROUGEMetric needs the rouge-score package.*pip install "aitoolbox_like\[nlp\]"'):
         ROUGEMetric(split('a'), split('a'))
 
 
@@ -169,3 +172,19 @@ def test_importing_the_train_loop_loads_no_nlp():
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == '[]'
+
+
+def test_attention_heat_maps_take_the_model_s_padded_tensor(tmp_path):
+    # one (steps, source tokens) matrix per sentence, padded beyond the sentences, straight from a model
+    attention = torch.softmax(torch.randn(2, 6, 8, requires_grad=True), dim=2)
+    heat_maps = AttentionHeatMap(attention, [['a', 'b', 'c'], ['x'] * 8], [['u', 'v'], ['w'] * 6],
+                                 str(tmp_path / 'plots'))
+    assert heat_maps.get_metric() == [str(tmp_path / 'plots' / 'attention_heatmaps' / f'attn_plot_{i}.png')
+                                      for i in range(2)]
+    assert all(open(path, 'rb').read(4) == b'\x89PNG' for path in heat_maps.get_metric())
+    figure = AttentionHeatMap.plot_sentence_attention(attention[0, :2].detach().numpy(), ['a', 'b', 'c'], ['u', 'v'])
+    axes = figure.axes[0]
+    assert [label.get_text() for label in axes.get_xticklabels()] == ['a', 'b', 'c']
+    assert [label.get_text() for label in axes.get_yticklabels()] == ['u', 'v']
+    with pytest.raises(ValueError, match='differ in length'):
+        AttentionHeatMap(attention, [['a']], [['u'], ['v']], str(tmp_path / 'other'))

@@ -48,6 +48,8 @@ class AttentionHeatMap(AbstractBaseMetric):
         for i, (matrix, source, target) in enumerate(zip(self.attention_matrices, self.source_sentences,
                                                          self.target_sentences)):
             path = os.path.join(dir_path, f'attn_plot_{i}.png')
+            if hasattr(matrix, 'detach'):       # a row of the model's attention tensor
+                matrix = matrix.detach().cpu().numpy()
             self.plot_sentence_attention(np.asarray(matrix)[:len(target)], source, target, path)
             paths.append(path)
         return paths
@@ -78,10 +80,12 @@ class AttentionHeatMap(AbstractBaseMetric):
         cmap = LinearSegmentedColormap.from_list('attention', ['#f7f1f0', '#c0392b'])
         image = ax.imshow(matrix, cmap=cmap, aspect='auto', interpolation='nearest')
         fig.colorbar(image, cax=colorbar_ax)
-        ax.set_xticks(range(matrix.shape[1]), [str(token) for token in sentence_source][:matrix.shape[1]],
-                      fontsize=12, rotation=60)
-        ax.set_yticks(range(matrix.shape[0]), [str(token) for token in sentence_target][:matrix.shape[0]],
-                      fontsize=12, rotation=-90, horizontalalignment='left')
+        # a label per column and row that has a token (a padded matrix may be larger than its sentences)
+        columns = min(matrix.shape[1], len(sentence_source))
+        rows = min(matrix.shape[0], len(sentence_target))
+        ax.set_xticks(range(columns), [str(token) for token in sentence_source][:columns], fontsize=12, rotation=60)
+        ax.set_yticks(range(rows), [str(token) for token in sentence_target][:rows], fontsize=12, rotation=-90,
+                      horizontalalignment='left')
         ax.xaxis.tick_top()
         ax.yaxis.tick_right()
         ax.set_xlabel('Source', size=20)
