@@ -378,9 +378,9 @@ class AsyncCheckpointWriter:
             return kind((key, item if type(item) in _IMMUTABLE_LEAVES else
                          self._copy(item, path + (key,), memo, new_pool, devices)) for key, item in value.items())
         if kind is list or kind is tuple:
-            copied = [item if type(item) in _IMMUTABLE_LEAVES else self._copy(item, path + (i,), memo, new_pool, devices)
-                      for i, item in enumerate(value)]
-            return copied if kind is list else tuple(copied)
+            items = [item if type(item) in _IMMUTABLE_LEAVES else self._copy(item, path + (i,), memo, new_pool, devices)
+                     for i, item in enumerate(value)]
+            return items if kind is list else tuple(items)
         return value        # immutable: numbers, strings, None, torch.Size, dtype, device
 
     def _copy_tensor(self, value: torch.Tensor, path: _PathKey, devices: set[torch.device]) -> torch.Tensor:
