@@ -171,12 +171,22 @@ def test_ctrl_c_during_the_end_of_fit_wait_for_uploads_cuts_it_short_and_the_jou
     import signal
     import threading
 
+    from aitoolbox_like.experiment.stop_waiting import SignalsCutWaits
+
+    def ctrl_c_once_waiting():
+        deadline = time.monotonic() + 60
+        while not isinstance(getattr(signal.getsignal(signal.SIGINT), '__self__', None), SignalsCutWaits) \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(1.0)                             # 1 s into the wait
+        os.kill(os.getpid(), signal.SIGINT)
+
     class CtrlCDuringTheWait(AbstractCallback):
         def __init__(self):
             super().__init__('ctrl-c during the wait', execution_order=10 ** 6)
 
         def on_train_end(self):
-            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+            threading.Thread(target=ctrl_c_once_waiting, daemon=True).start()
 
     bucket = make_bucket(s3_env)
     loop = _loop(tmp_path, bucket)
