@@ -9,7 +9,8 @@ checks them like every other link.
 
 The recipe reference, docs/recipes-reference.md, lists every name of the recipe registries. It is generated from
 the registries and committed, so that it reads on GitHub too; ``python mkdocs_hooks.py`` writes it again
-(tests/recipes/test_reference_docs.py fails when it is out of date).
+(tests/recipes/test_reference_docs.py fails when it is out of date). The same command writes the table of hooks in
+docs/event-order.md, made from AbstractCallback's methods (tests/docs/test_docs.py checks it).
 """
 import html
 import posixpath
@@ -22,6 +23,8 @@ EXAMPLE = 'examples/digits_cnn.py'
 CONTRIBUTING_PAGE = 'contributing.md'
 ROOT_PAGES = ('index.md', CONTRIBUTING_PAGE)
 RECIPES_REFERENCE = ROOT / 'docs' / 'recipes-reference.md'
+EVENT_ORDER = ROOT / 'docs' / 'event-order.md'
+HOOKS_BEGIN, HOOKS_END = '<!-- hooks:begin -->', '<!-- hooks:end -->'
 LINK = re.compile(r'\]\(([^)\s#]+)(#[^)\s]*)?\)')
 
 
@@ -61,6 +64,38 @@ def recipes_reference_page():
             lines.append(f'| `{name}` | <code>{_cell(signature)}</code> | {_cell(summary)} |')
         lines.append('')
     return '\n'.join(lines).rstrip('\n') + '\n'
+
+
+def hooks_table():
+    """The Markdown table of every hook, in the order of a fit: AbstractCallback's methods (callback.py), each with
+    its signature and the first sentence of its docstring."""
+    import inspect
+
+    from aitoolbox_like.engine.callback import HOOK_NAMES, AbstractCallback
+
+    lines = [HOOKS_BEGIN, '<!-- Made from AbstractCallback by `python mkdocs_hooks.py`: edit the docstrings. -->', '',
+             '| hook | when it runs |', '|---|---|']
+    for name in HOOK_NAMES:
+        method = getattr(AbstractCallback, name)
+        parameters = list(inspect.signature(method).parameters)[1:]
+        doc = ' '.join(inspect.getdoc(method).split())
+        first = doc.split('. ')[0].rstrip('.') + '.'
+        # reST literals as Markdown code; a '|' would split the cell
+        first = re.sub(r'``([^`]+)``', r'`\1`', first).replace('|', '&#124;')
+        # A call shown in the description (the model's ``train_step(batch, loop)``) is another method's: the
+        # signature check of tests/docs/test_docs_signatures.py leaves the line out (the hook's own cell is the code's).
+        calls = [span for span in re.findall(r'`([^`]*)`', first) if '(' in span]
+        skip = ' <!-- docs-test: no-signature-check -->' if calls else ''
+        lines.append(f'| `{name}({", ".join(parameters)})` | {first}{skip} |')
+    lines.append(HOOKS_END)
+    return '\n'.join(lines)
+
+
+def event_order_page():
+    """docs/event-order.md with its table of hooks made again."""
+    text = EVENT_ORDER.read_text()
+    start, end = text.index(HOOKS_BEGIN), text.index(HOOKS_END) + len(HOOKS_END)
+    return text[:start] + hooks_table() + text[end:]
 
 
 def on_files(files, config):
@@ -103,3 +138,5 @@ def on_page_markdown(markdown, page, config, files):
 if __name__ == '__main__':
     RECIPES_REFERENCE.write_text(recipes_reference_page())
     print(f'wrote {RECIPES_REFERENCE.relative_to(ROOT)}')
+    EVENT_ORDER.write_text(event_order_page())
+    print(f'wrote the table of hooks of {EVENT_ORDER.relative_to(ROOT)}')

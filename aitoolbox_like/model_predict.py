@@ -239,10 +239,10 @@ class PyTorchModelPredictor:
         """Run the registered callbacks' ``on_batch_end`` once (e.g. a callback that reports on demand)."""
         if not self.train_loop.callbacks:
             logger.warning('execute_batch_end_callbacks has no effect: no callbacks are registered')
-        self.train_loop.callbacks_handler.execute_batch_end()
+        self.train_loop.callbacks_handler.fire('on_batch_end')
 
     def execute_epoch_end_callbacks(self) -> None:
         """Run the registered callbacks' ``on_epoch_end`` once (e.g. a performance-evaluation callback)."""
         if not self.train_loop.callbacks:
             logger.warning('execute_epoch_end_callbacks has no effect: no callbacks are registered')
-        self.train_loop.callbacks_handler.execute_epoch_end()
+        self.train_loop.callbacks_handler.fire('on_epoch_end')

@@ -7,7 +7,8 @@ timed on its own, on the loop's own objects, many thousand times, against the li
 its place:
 
 - the batch: the ``_batches`` generator and the three loop attributes it fills, against ``for batch in batches``;
-- the loop's bookkeeping around the step: the iteration counter, the two per-step hook checks, the step's method
+- the loop's bookkeeping around the step: the iteration counter, the update flags reset, the two per-step hook
+  dispatches (a call that does nothing for a hook no callback uses), the step's method
   call, the end-of-epoch test;
 - the update decision (``_is_update_step``);
 - the DDP and autocast contexts (no-ops here);
@@ -95,7 +96,7 @@ def main():
     loop.loss_batch_accum = []
     loop.iteration, loop._is_last_batch = 0, False
     device = loop.device
-    hooks = loop.callbacks_handler.hook_lists
+    dispatch = loop.callbacks_handler.dispatch
     x, y = batches[0]
     rows = []
 
@@ -113,17 +114,16 @@ def main():
 
     def bookkeeping():
         loop.total_iteration_idx += 1
-        if hooks['on_batch_begin']:
-            pass
+        loop.update_applied = ()
+        dispatch.on_batch_begin()
         engine_step(batches[0])
-        if hooks['on_batch_end']:
-            pass
+        dispatch.on_batch_end()
         if loop._is_last_batch:
             pass
 
     def engine_step(batch):
         pass
-    rows.append(('bookkeeping: iteration counter, 2 hook checks, the step call, last-batch test',
+    rows.append(('bookkeeping: iteration counter, update reset, 2 hook dispatches, the step call, last-batch test',
                  per_call_us(bookkeeping, number, repeats)))
     rows.append(('update decision: _is_update_step()', per_call_us(loop._is_update_step, number, repeats)))
 
@@ -154,20 +154,20 @@ def main():
 
     def keep_loss():
         loop.loss = loss
-        if hooks['on_after_loss']:
-            pass
+        loop.callbacks_handler.dispatch.on_after_loss()
         kept = loop.loss
         accum.append(kept.detach() if isinstance(kept, torch.Tensor) else kept)
         if len(accum) > 1000:
             accum.clear()
-    rows.append(('loss kept: loop.loss, on_after_loss check, detach and append', per_call_us(keep_loss, number, repeats)))
+    rows.append(('loss kept: loop.loss, on_after_loss dispatch, detach and append',
+                 per_call_us(keep_loss, number, repeats)))
 
     def loop_backward():
         loop.backward((w * 2).sum())
 
     def raw_backward():
         (w * 2).sum().backward()
-    rows.append(('backward() around loss.backward(): accumulation and scaler checks, hook check',
+    rows.append(('backward() around loss.backward(): accumulation and scaler checks, hook dispatch',
                  per_call_us(loop_backward, number // 4, repeats * 3, raw_backward)))
 
     def loop_update():
@@ -176,7 +176,7 @@ def main():
     def raw_update():
         optimizer.step()
         optimizer.zero_grad()
-    rows.append(('optimizer update around step() and zero_grad(): applied flags, hook checks',
+    rows.append(('optimizer update around step() and zero_grad(): applied flags, skip decision, hook dispatches',
                  per_call_us(loop_update, number // 4, repeats * 3, raw_update)))
 
     # The whole step against the raw step on the same batches and model.

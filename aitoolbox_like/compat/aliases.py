@@ -90,7 +90,7 @@ MODULES: Dict[str, Alias] = {
     'torchtrain.train_loop.train_loop_tracking': _names(_LOOPS, 'TrainLoopCheckpoint', 'TrainLoopEndSave',
                                                         'TrainLoopCheckpointEndSave'),
     'torchtrain.train_loop.components': {},
-    'torchtrain.train_loop.components.callback_handler': 'aitoolbox_like.engine.handler',
+    'torchtrain.train_loop.components.callback_handler': _names('aitoolbox_like.compat.handler', 'CallbacksHandler'),
     'torchtrain.train_loop.components.ddp_handler': {
         'DDPHandler': Unsupported("DDPHandler is internal to AIToolbox's DDP mode; aitoolbox_like's DDP needs no "
                                   "handler object: use TrainLoop(..., gpu_mode='ddp') and, for gathering, "

@@ -11,15 +11,18 @@ tracking loops of this TrainLoop too), so ``isinstance`` checks against either h
 """
 from .. import tracking
 from ..engine import train_loop
+from .handler import CallbacksHandler
 
 __all__ = ['TrainLoop', 'TrainLoopCheckpoint', 'TrainLoopCheckpointEndSave', 'TrainLoopEndSave']
 
 
 class TrainLoop(train_loop.TrainLoop):
     """AIToolbox 1.8.0's TrainLoop: :class:`aitoolbox_like.TrainLoop` evaluating the training set's loss ('loss') in
-    every end-of-epoch evaluation unless ``eval_train_set=False`` is given."""
+    every end-of-epoch evaluation unless ``eval_train_set=False`` is given, and AIToolbox's callbacks handler (its
+    ``execute_*`` methods)."""
 
     EVAL_TRAIN_SET_DEFAULT = True
+    callbacks_handler_class = CallbacksHandler
 
 
 class TrainLoopCheckpoint(tracking.TrainLoopCheckpoint, TrainLoop):

@@ -394,7 +394,7 @@ def _train_worker(loop, local_rank, settings):
     # As in a single process, a resumed run settles its experiment folder before callbacks register; the data
     # callbacks must run (on_multiprocess_start) before the loaders are sharded and training starts.
     loop.register_fit_callbacks(list(settings['callbacks'] or []) + settings['in_process_data_load'])
-    loop.callbacks_handler.execute_multiprocess_start()
+    loop.callbacks_handler.dispatch.on_multiprocess_start()
 
     shared_seed = [torch.initial_seed()]
     dist.broadcast_object_list(shared_seed, src=0)

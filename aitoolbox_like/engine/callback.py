@@ -1,6 +1,7 @@
 """The callback base: every hook a TrainLoop calls, each a documented no-op, in the order of a fit; StopTraining;
 and the scheduler base the loop finds schedulers by. Users import these from ``aitoolbox_like.callbacks.abstract``
 (or ``aitoolbox_like``); the loop (train_loop.py) and the handler build on this module."""
+import inspect
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
@@ -37,37 +38,6 @@ class TrainingInterrupted(StopTraining):
         super().__init__(message or reason)
         self.reason = reason
         self.phase = phase
-
-
-# Every hook the loop calls, in the order of a fit. The handler dispatches a hook only to the callbacks that use
-# it (hooks_in_use), so adding hooks here costs nothing per step.
-HOOK_NAMES = (
-    'on_train_loop_registration',
-    'on_multiprocess_start',
-    'on_train_begin',
-    'on_epoch_begin',
-    'on_batch_begin',
-    'train_step',
-    'on_after_loss',
-    'on_after_backward',
-    'on_after_gradient_update',
-    'on_after_optimizer_step',
-    'on_batch_end',
-    'on_train_epoch_end',
-    'on_eval_begin',
-    'on_eval_batch_begin',
-    'on_eval_batch_end',
-    'on_eval_end',
-    'on_epoch_end',
-    'on_train_stopped',
-    'on_train_end',
-    'on_exception',
-    'on_after_batch_prediction',
-)
-# Hooks that receive arguments: a callback's override must accept them (checked at registration).
-HOOKS_WITH_ARGUMENTS = ('train_step', 'on_after_gradient_update', 'on_eval_begin', 'on_eval_batch_begin',
-                        'on_eval_batch_end', 'on_eval_end', 'on_train_stopped', 'on_exception',
-                        'on_after_batch_prediction')
 
 
 def overrides_hook(callback_class: type, hook_name: str) -> bool:
@@ -232,8 +202,8 @@ class AbstractCallback:
         it); also called, without it, when the pass stops early."""
 
     def on_epoch_end(self) -> None:
-        """After every epoch's end-of-epoch evaluation: this epoch's 'loss' / 'val_loss' / 'accumulated_loss'
-        are in ``train_history``. Set ``train_loop_obj.early_stop = True`` to stop after this epoch."""
+        """After every epoch's end-of-epoch evaluation: this epoch's 'accumulated_loss' and 'val_loss' (and 'loss'
+        with ``eval_train_set``) are in ``train_history``. Set ``train_loop_obj.early_stop = True`` to stop after this epoch."""
 
     def on_train_stopped(self, reason: BaseException) -> None:
         """Training was ended early by ``StopTraining`` (``reason``), raised from any hook, an evaluation hook or a
@@ -252,6 +222,16 @@ class AbstractCallback:
     def __repr__(self) -> str:
         return f'{type(self).__name__}({self.callback_name!r}, execution_order={self.execution_order}, ' \
                f'device_idx_execution={self.device_idx_execution})'
+
+
+# The hooks are AbstractCallback's methods named on_* (and train_step), in the order the class defines them, which is
+# the order of a fit; those that take arguments beyond self are checked against an override's signature at
+# registration. The handler dispatches a hook only to the callbacks that use it (hooks_in_use), so adding one costs
+# nothing per step.
+HOOK_NAMES: Tuple[str, ...] = tuple(name for name in vars(AbstractCallback)
+                                    if name.startswith('on_') or name == 'train_step')
+HOOKS_WITH_ARGUMENTS: Tuple[str, ...] = tuple(
+    name for name in HOOK_NAMES if len(inspect.signature(getattr(AbstractCallback, name)).parameters) > 1)
 
 
 class AbstractScheduler:

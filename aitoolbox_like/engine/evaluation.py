@@ -215,23 +215,23 @@ class Evaluation:
         losses = _BatchLosses(loop.eval_loss_weighting) if kind == 'loss' else None
         collected = _Predictions(loop) if kind == 'predictions' or one_pass is not None else None
         feed, criterion, device = loop.batch_feed, loop.criterion, loop.device
-        fire = loop.callbacks_handler.fire
+        dispatch = loop.callbacks_handler.dispatch
         result: Any = None
         with self._eval_pass(kind, dataset_info, with_predictions=one_pass is not None) as info:
             with torch.no_grad(), loop.autocast():
                 for batch_data in data_loader:
-                    fire('on_eval_batch_begin', batch_data, info)
+                    dispatch.on_eval_batch_begin(batch_data, info)
                     if one_pass is not None:
                         loss, y_pred, y_true, metadata = one_pass(batch_data, criterion, device)
-                        fire('on_eval_batch_end', batch_data, loss, info)
+                        dispatch.on_eval_batch_end(batch_data, loss, info)
                     elif losses is not None:
                         loss = feed.get_loss_eval(batch_data, criterion, device)
-                        fire('on_eval_batch_end', batch_data, loss, info)
+                        dispatch.on_eval_batch_end(batch_data, loss, info)
                     else:
                         y_pred, y_true, metadata = outputs = feed.get_predictions(batch_data, device)
-                        fire('on_eval_batch_end', batch_data, outputs, info)
+                        dispatch.on_eval_batch_end(batch_data, outputs, info)
                         if execute_callbacks:
-                            fire('on_after_batch_prediction', y_pred, y_true, metadata, dataset_info)
+                            dispatch.on_after_batch_prediction(y_pred, y_true, metadata, dataset_info)
                     if losses is not None:
                         losses.add(loss, batch_data)
                     if collected is not None:
@@ -270,14 +270,14 @@ class Evaluation:
         phase, loop.interruptible_phase = loop.interruptible_phase, None
         if phase is not None:
             info['interruptible'] = True
-        loop.callbacks_handler.fire('on_eval_begin', info)
+        loop.callbacks_handler.dispatch.on_eval_begin(info)
         try:
             loop.interruptible_phase = phase
             yield info
         finally:
             loop.interruptible_phase = None
             loop.model.train(was_training)
-            loop.callbacks_handler.fire('on_eval_end', info)
+            loop.callbacks_handler.dispatch.on_eval_end(info)
             loop.interruptible_phase = phase
 
     # ------------------------------------------------------------------------------ averaging

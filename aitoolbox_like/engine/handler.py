@@ -72,11 +72,51 @@ def _not_a_callback(i: int, obj: Any) -> TypeError:
                      f'subclass of aitoolbox_like.callbacks.abstract.AbstractCallback')
 
 
+def _nothing(*args: Any) -> None:
+    """What a hook no callback uses does."""
+
+
+class HookDispatch:
+    """What firing each hook does now: one callable per hook, as an attribute named after it
+    (``handler.dispatch.on_batch_end()``). The handler sets them whenever the registered callbacks change: a hook no
+    callback uses is a call that does nothing, a hook one callback uses is that callback's method itself, and a hook
+    several use calls each in execution order. ``on_exception`` calls each and logs what fails in it, so that one
+    failing handler hides neither the others nor the exception being handled."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        # Only names that are not hooks get here (the hooks are instance attributes).
+        raise AttributeError(f'{name!r} is not a hook of AbstractCallback')
+
+
+def _dispatcher(hook_name: str, fns: List[Callable[..., Any]]) -> Callable[..., None]:
+    if hook_name == 'on_exception':
+        handlers = tuple(fns)
+
+        def each_isolated(exception: BaseException) -> None:
+            for fn in handlers:
+                try:
+                    fn(exception)
+                except Exception:
+                    logger.exception('on_exception handler %r failed while handling %r', fn, exception)
+        return each_isolated
+    if not fns:
+        return _nothing
+    if len(fns) == 1:
+        return fns[0]
+    calls = tuple(fns)
+
+    def each(*args: Any) -> None:
+        for fn in calls:
+            fn(*args)
+    return each
+
+
 class CallbacksHandler:
     """The loop's callbacks: registration (validated, ordered, rank-gated) and dispatch.
 
-    :meth:`fire` calls a hook on the callbacks that use it, in order: the loop fires every hook through it, and
-    AIToolbox's ``execute_*`` methods are aliases of it.
+    ``dispatch`` holds one callable per hook, rebuilt at registration (:class:`HookDispatch`): the loop fires every
+    hook through it (``dispatch.on_batch_end()``), so a hook no callback uses costs a call that does nothing, with no
+    test at the call site. :meth:`fire` does the same by the hook's name.
     """
 
     def __init__(self, train_loop_obj: 'TrainLoop') -> None:
@@ -85,8 +125,11 @@ class CallbacksHandler:
         self.cached_callbacks: List[AbstractCallback] = []  # registered at the first fit
         #: Per hook name, the bound methods to call, in execution order (only callbacks that use the hook). Updated
         #: in place when the registered callbacks change (the same dict, the same keys); read it, do not modify it.
-        #: The loop reads it to skip the call to :meth:`fire` for a hook no callback uses.
         self.hook_lists: Dict[str, List[Callable[..., Any]]] = {name: [] for name in HOOK_NAMES}
+        #: What firing each hook does, built from ``hook_lists`` (see :class:`HookDispatch`).
+        self.dispatch = HookDispatch()
+        for name in HOOK_NAMES:
+            self._refresh(name)
         self._custom_event_lists: Dict[str, List[Callable[..., Any]]] = {}
         # What the dispatch lists were built from: per hook the callbacks in its list, and the callbacks in order.
         self._hook_owners: Dict[str, List[AbstractCallback]] = {name: [] for name in HOOK_NAMES}
@@ -205,6 +248,7 @@ class CallbacksHandler:
             owners = [cb for cb in callbacks if hook_name in hooks_of[id(cb)]]
             self._hook_owners[hook_name] = owners
             self.hook_lists[hook_name] = [self._bound(cb, hook_name) for cb in owners]
+            self._refresh(hook_name)
         self._dispatched = list(callbacks)
         self._custom_event_lists = {}
 
@@ -226,8 +270,22 @@ class CallbacksHandler:
             at = sum(1 for cb in owners if id(cb) in before)
             owners.insert(at, callback)
             self.hook_lists[hook_name].insert(at, self._bound(callback, hook_name))
+            self._refresh(hook_name)
         self._dispatched.insert(position, callback)
         self._custom_event_lists = {}
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # Sent with the loop to the processes of a DDP fit: ``dispatch`` holds closures, and is rebuilt there.
+        return {key: value for key, value in self.__dict__.items() if key != 'dispatch'}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.dispatch = HookDispatch()
+        for name in HOOK_NAMES:
+            self._refresh(name)
+
+    def _refresh(self, hook_name: str) -> None:
+        setattr(self.dispatch, hook_name, _dispatcher(hook_name, self.hook_lists[hook_name]))
 
     def _bound(self, callback, name):
         method = getattr(callback, name)
@@ -248,65 +306,9 @@ class CallbacksHandler:
     # ---- dispatch -----------------------------------------------------------------------------
 
     def fire(self, hook_name: str, *args: Any) -> None:
-        """Call ``hook_name(*args)`` on the callbacks that use the hook, in execution order."""
-        for fn in self.hook_lists[hook_name]:
-            fn(*args)
-
-    # AIToolbox's names for firing each hook.
-
-    def execute_multiprocess_start(self) -> None:
-        """``fire('on_multiprocess_start')``."""
-        self.fire('on_multiprocess_start')
-
-    def execute_train_begin(self) -> None:
-        """``fire('on_train_begin')``."""
-        self.fire('on_train_begin')
-
-    def execute_epoch_begin(self) -> None:
-        """``fire('on_epoch_begin')``."""
-        self.fire('on_epoch_begin')
-
-    def execute_batch_begin(self) -> None:
-        """``fire('on_batch_begin')``."""
-        self.fire('on_batch_begin')
-
-    def execute_after_backward(self) -> None:
-        """``fire('on_after_backward')``."""
-        self.fire('on_after_backward')
-
-    def execute_gradient_update(self, optimizer_idx: int = 0) -> None:
-        """``fire('on_after_gradient_update', optimizer_idx)``."""
-        self.fire('on_after_gradient_update', optimizer_idx)
-
-    def execute_optimizer_step(self) -> None:
-        """``fire('on_after_optimizer_step')``."""
-        self.fire('on_after_optimizer_step')
-
-    def execute_batch_end(self) -> None:
-        """``fire('on_batch_end')``."""
-        self.fire('on_batch_end')
-
-    def execute_epoch_end(self) -> None:
-        """``fire('on_epoch_end')``."""
-        self.fire('on_epoch_end')
-
-    def execute_train_end(self) -> None:
-        """``fire('on_train_end')``."""
-        self.fire('on_train_end')
-
-    def execute_after_batch_prediction(self, y_pred_batch: Any, y_test_batch: Any, metadata_batch: Any,
-                                       dataset_info: Optional[Dict[str, Any]]) -> None:
-        """``fire('on_after_batch_prediction', y_pred_batch, y_test_batch, metadata_batch, dataset_info)``."""
-        self.fire('on_after_batch_prediction', y_pred_batch, y_test_batch, metadata_batch, dataset_info)
-
-    def execute_exception(self, exception: BaseException) -> None:
-        """Tell every callback about the exception; one failing handler must not hide the others or
-        the original error."""
-        for fn in self.hook_lists['on_exception']:
-            try:
-                fn(exception)
-            except Exception:
-                logger.exception('on_exception handler %r failed while handling %r', fn, exception)
+        """Call ``hook_name(*args)`` on the callbacks that use the hook, in execution order: ``dispatch``'s callable
+        for that hook, found by its name."""
+        getattr(self.dispatch, hook_name)(*args)
 
     def call_event(self, event_name: str, **kwargs: Any) -> List[Any]:
         """Call ``cb.<event_name>(**kwargs)`` on every registered callback that defines it, in order; returns

@@ -1,27 +1,7 @@
 """TrainLoop: the training loop. Everything beyond fit / evaluate / predict is a callback.
 
-The event order of one fit (docs/event-order.md):
-
-    register callbacks -> on_train_loop_registration
-    [DDP worker] on_multiprocess_start
-    on_train_begin
-    for each epoch:
-        on_epoch_begin
-        for each batch:
-            on_batch_begin
-            _train_step: loss = get_loss(batch) under autocast; on_after_loss; backward(loss / grad_accumulation)
-                on_after_backward
-                if update step:
-                    unscale (fp16); for each optimizer idx:
-                        on_after_gradient_update(idx); step; on_after_optimizer_step; zero_grad
-            on_batch_end
-        on_train_epoch_end
-        end-of-epoch evaluation -> history 'accumulated_loss', 'val_loss' (and with eval_train_set, 'loss')
-        on_epoch_end
-        stop if early_stop
-    end-of-training evaluation -> history 'train_end_test_loss'
-    on_train_end
-    (on any exception: on_exception(exc), then re-raise)
+The event order of one fit is docs/event-order.md's (its table of hooks is made from AbstractCallback's methods,
+callback.py, which define the hooks and their order).
 
 The class reads top to bottom as a fit runs: construction and run state, fit's entry, a fit in this process, the
 epochs, the training step, evaluation. What it is built on lives beside it: the callback base (callback.py), the
@@ -35,7 +15,8 @@ import logging
 import math
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple, Type,
+                    Union)
 
 import torch
 import torch.distributed as dist
@@ -141,6 +122,8 @@ class TrainLoop:
     #: ``eval_train_set``'s value when it is not given: no pass over the training set at the end of an epoch (its
     #: training loss is 'accumulated_loss'). AIToolbox's loops, on its module paths, set True (aitoolbox_like.compat).
     EVAL_TRAIN_SET_DEFAULT = False
+    #: The class of ``callbacks_handler`` (AIToolbox's loops give theirs AIToolbox's ``execute_*`` names).
+    callbacks_handler_class: Type[CallbacksHandler] = CallbacksHandler
 
     def __init__(self, model: Any, train_loader: Any, validation_loader: Any, test_loader: Any, optimizer: Any,
                  criterion: Any, collate_batch_pred_fn: Callable[[Any, List[Any]], List[Any]] = append_predictions,
@@ -264,7 +247,7 @@ class TrainLoop:
         self.evaluation = Evaluation(self)
         # callbacks
         self.callbacks: List[AbstractCallback] = []
-        self.callbacks_handler = CallbacksHandler(self)
+        self.callbacks_handler = self.callbacks_handler_class(self)
         self.message_service = MessageService()     # callbacks pass data to each other through it (AIToolbox's)
 
     # ---------------------------------------------------------------------------------------- devices and ranks
@@ -551,7 +534,7 @@ class TrainLoop:
 
         try:
             try:
-                handler.fire('on_train_begin')
+                handler.dispatch.on_train_begin()
                 check_fit_inputs(self, self._amp.unavailable, final=True, need_train_loader=True)
                 self._train_epochs()
             except StopTraining as stop:
@@ -559,7 +542,7 @@ class TrainLoop:
                     self.interrupted = stop.reason
                 else:
                     logger.info('Training stopped by a callback: %s', stop or 'StopTraining')
-                handler.fire('on_train_stopped', stop)
+                handler.dispatch.on_train_stopped(stop)
             try:
                 if self.interrupted is None:    # the end-of-training evaluation belongs to the run's real end
                     try:
@@ -567,17 +550,17 @@ class TrainLoop:
                         self.auto_execute_end_of_training()
                     except TrainingInterrupted as stop:     # abandoned: the resumed run evaluates again
                         self.interrupted = stop.reason
-                        handler.fire('on_train_stopped', stop)
+                        handler.dispatch.on_train_stopped(stop)
                     finally:
                         self.interruptible_phase = None
-                handler.fire('on_train_end')
+                handler.dispatch.on_train_end()
             except StopTraining:
                 pass
             self.message_service.end_of_training_trigger()
             self.wait_for_pending_saves()
             self.wait_for_uploads()
         except BaseException as exc:
-            handler.execute_exception(exc)
+            handler.dispatch.on_exception(exc)
             try:
                 self.wait_for_pending_saves()
             except Exception:
@@ -632,7 +615,7 @@ class TrainLoop:
             logger.warning('Nothing to train: %d epochs are already done and num_epochs=%d is the total; pass a '
                            'larger num_epochs to continue', epoch, self.num_epochs)
         handler = self.callbacks_handler
-        fire, hooks = handler.fire, handler.hook_lists
+        dispatch = handler.dispatch
         steering = self.steering
         self._epochs_running = True
         try:
@@ -642,7 +625,7 @@ class TrainLoop:
                 iteration_before = self.total_iteration_idx
                 self.epoch = self.train_history.current_epoch = epoch
                 self.loss_batch_accum = []
-                fire('on_epoch_begin')
+                dispatch.on_epoch_begin()
                 step = self._train_step if self.train_step_owner is None else self._custom_step
                 # torch.compile's warm-up runs in the first step of a compiled model: a stop may abandon it.
                 warm_up = self.compiled_model is not None and not self._compile_warm and step == self._train_step \
@@ -650,9 +633,7 @@ class TrainLoop:
                 for self.iteration, self.batch, self._is_last_batch in self._batches():
                     self.total_iteration_idx += 1
                     self.update_applied = _NO_UPDATE
-                    # Per step, a hook no callback uses costs a dict lookup, not a call.
-                    if hooks['on_batch_begin']:
-                        fire('on_batch_begin')
+                    dispatch.on_batch_begin()
                     if warm_up:
                         warm_up = False
                         # Abandoned only where the accumulated gradients are empty (the step opens its window).
@@ -661,8 +642,7 @@ class TrainLoop:
                         step(self.batch)
                     if steering.end_epoch_requested or steering.agree_epoch_ends:
                         self._end_epoch_after_batch(before_batch_end=True)
-                    if hooks['on_batch_end']:
-                        fire('on_batch_end')
+                    dispatch.on_batch_end()
                     if self._is_last_batch or ((steering.end_epoch_requested or steering.agree_epoch_ends)
                                                and self._end_epoch_after_batch(before_batch_end=False)):
                         break
@@ -671,7 +651,7 @@ class TrainLoop:
                     epoch, steering.restart_epoch = steering.restart_epoch, None
                     continue
                 self._history_marks = self.train_history.lengths()
-                fire('on_train_epoch_end')
+                dispatch.on_train_epoch_end()
                 if self.total_iteration_idx == iteration_before and self.num_iterations:
                     raise ValueError(f'train_loader yielded no batches in epoch {epoch}; fit(num_iterations='
                                      f'{self.num_iterations}) cannot make progress')
@@ -685,7 +665,7 @@ class TrainLoop:
                     raise
                 finally:
                     self.interruptible_phase = None
-                fire('on_epoch_end')
+                dispatch.on_epoch_end()
                 self.message_service.end_of_epoch_trigger()
                 if self._agree_on_early_stop():
                     logger.info('Early stopping after epoch %d', epoch)
@@ -831,8 +811,7 @@ class TrainLoop:
             with _NOTHING if self.ddp_model is None else distributed.skip_grad_sync(self.ddp_model, not update):
                 with self._amp.autocast():
                     self.loss = self._feed.get_loss(batch, self.criterion, self.device)
-                if self.callbacks_handler.hook_lists['on_after_loss']:
-                    self.callbacks_handler.fire('on_after_loss')
+                self.callbacks_handler.dispatch.on_after_loss()
                 loss = self.loss
                 self.loss_batch_accum.append(loss.detach() if isinstance(loss, torch.Tensor)
                                              else loss_to_record(loss, self))
@@ -890,8 +869,7 @@ class TrainLoop:
         if self._amp.uses_scaler:
             loss = self._amp.scale(loss)
         loss.backward()
-        if self.callbacks_handler.hook_lists['on_after_backward']:
-            self.callbacks_handler.fire('on_after_backward')
+        self.callbacks_handler.dispatch.on_after_backward()
 
     def skip_update(self) -> None:
         """Leave out the optimizer update of this step, on every rank of a distributed fit (the ranks agree, so they
@@ -966,7 +944,7 @@ class TrainLoop:
         then per optimizer on_after_gradient_update, its step, on_after_optimizer_step and zero_grad, and the
         GradScaler's update. ``update_applied`` says which optimizers changed the weights."""
         optimizers, amp, handler = self.optimizers, self._amp, self.callbacks_handler
-        hooks, scaled = handler.hook_lists, amp.uses_scaler
+        dispatch, scaled = handler.dispatch, amp.uses_scaler
         if indices is None:
             indices, chosen = range(len(optimizers)), optimizers
             applied = self.update_applied = [True] * len(optimizers)
@@ -979,8 +957,7 @@ class TrainLoop:
         decide, skip = True, False
         for idx in indices:
             self.optimizer_idx = idx
-            if hooks['on_after_gradient_update']:
-                handler.fire('on_after_gradient_update', idx)
+            dispatch.on_after_gradient_update(idx)
             if decide:      # the update point: a skip is decided (agreed by the ranks) before any optimizer steps
                 decide = False
                 steering.in_update = True
@@ -992,8 +969,7 @@ class TrainLoop:
                 applied[idx] = amp.step(optimizers[idx])
             else:
                 optimizers[idx].step()
-            if hooks['on_after_optimizer_step']:
-                handler.fire('on_after_optimizer_step')
+            dispatch.on_after_optimizer_step()
             optimizers[idx].zero_grad()
         if scaled:
             amp.update(optimizers, applied)

@@ -184,3 +184,13 @@ def test_mkdocs_build_strict(docs_site):
     # The API reference really holds the docstrings (a mkdocstrings failure would leave `::: ...` text).
     page = (site / 'reference' / 'train_loop' / 'index.html').read_text()
     assert 'TrainLoop' in page and ':::' not in page
+
+
+def test_the_table_of_hooks_of_event_order_is_made_from_abstract_callback():
+    sys.path.insert(0, str(ROOT))
+    try:
+        from mkdocs_hooks import EVENT_ORDER, event_order_page
+    finally:
+        sys.path.remove(str(ROOT))
+    assert EVENT_ORDER.read_text() == event_order_page(), \
+        'docs/event-order.md\'s table of hooks is out of date: run `python mkdocs_hooks.py` and commit the file'

@@ -211,7 +211,27 @@ def test_register_callbacks_directly_and_cached():
     tl.fit(num_epochs=1)
     assert cached.train_loop_obj is tl
     assert [e[0] for e in log if e[1] == 'train_begin'] == ['direct', 'cached']
-    # AIToolbox's public execute_* API drives the same dispatch lists.
+    # Firing a hook by hand (dispatch, or fire by name) calls the same callbacks.
+    log.clear()
+    tl.callbacks_handler.dispatch.on_epoch_begin()
+    tl.callbacks_handler.fire('on_after_gradient_update', 0)
+    tl.callbacks_handler.dispatch.on_after_optimizer_step()
+    assert [e[1] for e in log] == ['epoch_begin', 'epoch_begin', 'gradient_update', 'gradient_update',
+                                    'optimizer_step', 'optimizer_step']
+
+
+def test_aitoolbox_s_loop_has_aitoolbox_s_execute_methods_driving_the_same_dispatch():
+    from aitoolbox_like.compat.handler import CallbacksHandler as AIToolboxHandler
+    from aitoolbox_like.torchtrain.train_loop import TrainLoop as AIToolboxTrainLoop
+    log = []
+    torch.manual_seed(0)
+    model = MLP()
+    train, val, test = loaders()
+    tl = AIToolboxTrainLoop(model, train, val, test, torch.optim.SGD(model.parameters(), lr=0.1),
+                            torch.nn.CrossEntropyLoss())
+    assert isinstance(tl.callbacks_handler, AIToolboxHandler)
+    assert not hasattr(make_loop().callbacks_handler, 'execute_epoch_begin')     # ours fires through dispatch
+    tl.callbacks_handler.register_callbacks([Recorder(log, 'a'), Recorder(log, 'b')])
     log.clear()
     tl.callbacks_handler.execute_epoch_begin()
     tl.callbacks_handler.execute_gradient_update(optimizer_idx=0)

@@ -61,11 +61,11 @@ def test_the_step_breakdown_names_every_piece_and_sets_their_sum_beside_the_whol
     assert process.returncode == 0, process.stdout + process.stderr
     names = [line.rsplit('  ', 1)[0].strip() for line in process.stdout.splitlines()[1:]]
     assert names == ['batch taken: _batches generator and loop.iteration/batch/_is_last_batch',
-                     'bookkeeping: iteration counter, 2 hook checks, the step call, last-batch test',
+                     'bookkeeping: iteration counter, update reset, 2 hook dispatches, the step call, last-batch test',
                      'update decision: _is_update_step()', 'DDP and autocast contexts (no-ops)',
                      'TTBasicModel.get_loss around the forward: unpack, device checks',
-                     'loss kept: loop.loss, on_after_loss check, detach and append',
-                     'backward() around loss.backward(): accumulation and scaler checks, hook check',
-                     'optimizer update around step() and zero_grad(): applied flags, hook checks',
+                     'loss kept: loop.loss, on_after_loss dispatch, detach and append',
+                     'backward() around loss.backward(): accumulation and scaler checks, hook dispatch',
+                     'optimizer update around step() and zero_grad(): applied flags, skip decision, hook dispatches',
                      'sum of the pieces', 'whole step over the raw step (tiny MLP, batches of 32)']
     assert all(line.endswith(' us') for line in process.stdout.splitlines()[1:])

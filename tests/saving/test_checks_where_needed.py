@@ -183,8 +183,9 @@ def test_checkpoint_hooks_driven_outside_fit_leave_complete_files_when_they_retu
     # AIToolbox code drives a checkpoint callback's hooks by hand, without fit, and lists the folder right after.
     from aitoolbox_like.callbacks.model_save import ModelIterationCheckpoint
     model, train, val, test, optimizer = make_parts()
+    from aitoolbox_like.torchtrain.train_loop import TrainLoop as AIToolboxTrainLoop
     callback = ModelIterationCheckpoint(2, 'proj', 'exp', str(tmp_path), {}, cloud_save_mode='local')
-    loop = TrainLoop(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss())
+    loop = AIToolboxTrainLoop(model, train, val, test, optimizer, torch.nn.CrossEntropyLoss())
     loop.callbacks_handler.register_callbacks([callback])
     loop.callbacks_handler.execute_train_begin()
     for iteration in range(5):
