@@ -54,7 +54,8 @@ from ..predictions import append_predictions, torch_cat_transf
 from ..prefetch import DevicePrefetcher, prefetch_applies
 from . import loop_state
 from .callback import AbstractCallback, AbstractScheduler, StopTraining, TrainingInterrupted
-from .checks import check_fit_inputs, check_fit_keywords, explain_step_failure, loss_to_record
+from .checks import (check_fit_inputs, check_fit_keywords, explain_step_failure, foreign_method_error,
+                     loss_to_record, names_foreign_keywords)
 from .evaluation import EVAL_LOSS_WEIGHTINGS, Evaluation
 from .handler import CallbacksHandler, import_object
 
@@ -136,6 +137,9 @@ class TrainLoop:
     #: training loss is 'accumulated_loss'). AIToolbox's loops, on its module paths, set True (aitoolbox_like.compat).
     EVAL_TRAIN_SET_DEFAULT = False
 
+    # Other libraries' trainers take keywords a TrainLoop does not (pytorch-accelerated's callbacks=): each is named
+    # with where it belongs here, and the signature stays this one (the decorator keeps it).
+    @names_foreign_keywords
     def __init__(self, model: Any, train_loader: Any, validation_loader: Any, test_loader: Any, optimizer: Any,
                  criterion: Any, collate_batch_pred_fn: Callable[[Any, List[Any]], List[Any]] = append_predictions,
                  pred_transform_fn: Callable[[List[Any]], Any] = torch_cat_transf,
@@ -254,6 +258,11 @@ class TrainLoop:
         self.callbacks: List[AbstractCallback] = []
         self.callbacks_handler = CallbacksHandler(self)
         self.message_service = MessageService()     # callbacks pass data to each other through it (AIToolbox's)
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for a name the loop does not have: another library's trainer method (pytorch-accelerated's
+        # train, evaluate) is named with what it is here.
+        raise foreign_method_error(type(self).__name__, name)
 
     # ---------------------------------------------------------------------------------------- devices and ranks
 
