@@ -124,6 +124,13 @@ class CallbacksHandler:
         # Stable sort before registering so on_train_loop_registration also follows execution_order.
         new_callbacks.sort(key=lambda cb: cb.execution_order)
         for callback in new_callbacks:
+            if any(callback is registered for registered in loop.callbacks):
+                # Registered meanwhile by a callback before it that registers others (SuperGradients'
+                # phase_callbacks): one registration, or it would run twice per event.
+                logger.warning('%s (%s) is given here and was also registered by another callback of this fit (e.g. '
+                               'in SuperGradients\' training_params["phase_callbacks"]); it is registered once',
+                               callback.callback_name, type(callback).__name__)
+                continue
             loop.callbacks.append(callback)
             loop.callbacks.sort(key=lambda cb: cb.execution_order)
             self._add_to_dispatch_lists(callback)

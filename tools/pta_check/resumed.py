@@ -21,9 +21,9 @@ from . import runs
 
 EPOCHS = 12
 #: 53 rows in batches of 8: 7 batches an epoch, a checkpoint every 5 batches (and at every epoch's end). Killed before
-#: the 4th batch of epoch 9 (the 10th): the last checkpoint was taken inside it, after its 3rd batch, with the early
-#: stopping counter at 1 of 2; epoch 9 then does not improve, and the run stops after it.
-KILL_AT = 7 * 9 + 3
+#: the 4th batch of epoch 5 (the 6th): the last checkpoint was taken inside it, after its first batch, with the early
+#: stopping counter at 1 of 2; epoch 5 then does not improve enough, and the run stops after it.
+KILL_AT = 7 * 5 + 3
 
 
 def main(folder: Path, kill_at: Optional[int]) -> Dict[str, Any]:
@@ -35,7 +35,7 @@ def main(folder: Path, kill_at: Optional[int]) -> Dict[str, Any]:
                      DataLoader(runs.VAL, batch_size=runs.BATCH), None,
                      torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), nn.CrossEntropyLoss(),
                      progress_bar=False)
-    early = cb.EarlyStoppingCallback(early_stopping_patience=2, early_stopping_threshold=0.02)
+    early = cb.EarlyStoppingCallback(early_stopping_patience=2, early_stopping_threshold=0.03)
     best = cb.SaveBestModelCallback(save_path=str(folder / 'best_model.pt'))
     ema = cb.ModelEmaCallback(decay=0.8, save_path=str(folder / 'ema_model.pt'))
     scheduler = CosineLrScheduler.create_scheduler_fn(num_warmup_epochs=1, warmup_starting_lr=0.01)

@@ -626,7 +626,7 @@ def trainer_subclass(tally: Tally, work: Path) -> None:
 
 def kill_and_resume(tally: Tally, work: Path) -> None:
     """tools/pta_check/resumed.py (PTA's early stopping, best model, EMA model, run history and cosine schedule,
-    shuffled data, a checkpoint every 5 batches) killed with SIGKILL inside epoch 9 and resumed in a new process,
+    shuffled data, a checkpoint every 5 batches) killed with SIGKILL inside epoch 5 and resumed in a new process,
     against the same script run to its end."""
     from .. import kill_resume
     from . import resumed
@@ -637,7 +637,7 @@ def kill_and_resume(tally: Tally, work: Path) -> None:
         if whole['epochs'] >= resumed.EPOCHS:
             return f'the uninterrupted run did not stop early ({whole["epochs"]} epochs): the scenario shows nothing'
         return kill_resume.first_difference(again, whole)
-    if tally.expect('kill -9 inside epoch 9 and fit(resume_from=\'auto\') in a new process: the same weights, run '
+    if tally.expect('kill -9 inside epoch 5 and fit(resume_from=\'auto\') in a new process: the same weights, run '
                     'history, early-stopping counter and stop, best model (value, epoch, file), EMA model and '
                     'learning rate as the run never killed, to the bit', compare):
         tally.ran.update({'EarlyStoppingCallback', 'SaveBestModelCallback', 'ModelEmaCallback'})
