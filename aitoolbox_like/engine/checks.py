@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, ParamSpec
 
 import torch
 
-from ..model import TTBasicModel
+from ..model import PlainModuleFeed, TTBasicModel
 from .callback import AbstractCallback
 
 if TYPE_CHECKING:
@@ -171,6 +171,9 @@ def check_fit_inputs(loop: 'TrainLoop', amp_unavailable: Optional[str], final: b
                         f'{criterion.__qualname__}() (note the parentheses)')
     if amp_unavailable is not None:
         raise ValueError(amp_unavailable)
+    feed = loop.batch_feed
+    if final and isinstance(getattr(feed, 'plain_feed', feed), PlainModuleFeed) and loop.train_step_owner is None:
+        raise PlainModuleFeed(loop.model).error()
     if need_train_loader and loop.train_loader is None:
         raise ValueError("fit() needs a train_loader, but the TrainLoop was given train_loader=None: pass a "
                          "DataLoader as the TrainLoop's second argument (with gpu_mode='ddp' it may instead be "

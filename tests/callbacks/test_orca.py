@@ -251,7 +251,9 @@ def test_every_n_iter_and_every_n_epoch_are_orca_s():
     assert cb.every_n_epoch(runner, 3) and not cb.every_n_epoch(runner, 4) and not cb.every_n_epoch(runner, -1)
 
 
-def test_the_tutorial_s_names_run_at_orca_s_points_just_before_them():
+def test_the_tutorial_s_names_are_not_called_as_on_orca_2_4_and_a_warning_names_orca_s(caplog):
+    """Orca 2.4.0's runner never calls the names of its callback tutorial (on_run_begin, on_epoch_begin(runner),
+    ...): neither does the adapter; registering such a callback names Orca 2.4.0's method for each point."""
     log = []
 
     class Both(Callback):
@@ -264,52 +266,67 @@ def test_the_tutorial_s_names_run_at_orca_s_points_just_before_them():
         def on_epoch_begin(self, runner):
             log.append(('on_epoch_begin', runner.epochs))
 
-        def before_train_epoch(self, runner):
-            log.append('before_train_epoch')
-
-        def on_iter_begin(self, runner):
-            log.append(('on_iter_begin', runner.batch_idx))
-
-        def before_train_iter(self, runner):
-            log.append('before_train_iter')
-
         def on_iter_end(self, runner):
-            log.append(('on_iter_end', runner.global_step))
-
-        def after_train_iter(self, runner):
-            log.append('after_train_iter')
-
-        def on_epoch_end(self, runner):
-            log.append(('on_epoch_end', runner.epochs))
+            log.append('on_iter_end')
 
         def after_train_epoch(self, runner):
             log.append('after_train_epoch')
 
-        def on_run_end(self, runner):
-            log.append('on_run_end')
-
-        def after_run(self, runner):
-            log.append('after_run')
-
-    class Child(Both):
         def on_epoch_end(self, runner):
-            log.append('child')
-            super().on_epoch_end(runner)
+            log.append('on_epoch_end')
 
     loop = make_loop(train=1, val=0)
     loop.fit(num_epochs=1, callbacks=[Both()])
-    assert log == ['on_run_begin', 'before_run', ('on_epoch_begin', 0), 'before_train_epoch', ('on_iter_begin', 0),
-                   'before_train_iter', ('on_iter_end', 1), 'after_train_iter', ('on_epoch_end', 1),
-                   'after_train_epoch', 'on_run_end', 'after_run']
+    assert log == ['before_run', 'after_train_epoch']
+    warning = next(r.getMessage() for r in caplog.records if 'tutorial' in r.getMessage())
+    assert 'on_run_begin' in warning and 'before_run' in warning and 'after_train_epoch' in warning
     assert [TUTORIAL_HOOKS[name] for name in ('on_run_begin', 'on_epoch_begin', 'on_epoch_end')] == \
         ['before_run', 'before_train_epoch', 'after_train_epoch']
-    # Called with a runner, the tutorial's method is the user's; a subclass's super() call reaches its parent's.
+    # the user's own code may still call its method with a runner
     log.clear()
-    Child().on_epoch_end(runner_for(loop))
-    assert log == ['child', ('on_epoch_end', 1)]
-    log.clear()
-    make_loop(train=1, val=0).fit(num_epochs=1, callbacks=[Child()])
-    assert log[-5:] == ['child', ('on_epoch_end', 1), 'after_train_epoch', 'on_run_end', 'after_run']
+    Both().on_epoch_end(runner_for(loop))
+    assert log == ['on_epoch_end']
+
+
+def test_orca_2_2_keras_style_callbacks_get_orca_2_2_s_calls_without_clashing_with_the_loop_s_hooks():
+    """Orca <= 2.2's Keras-style methods share their names with the loop's hooks: they are called where Orca 2.2's
+    runner called them, with its arguments, and the callback's 2.4-style methods still run."""
+    log = []
+
+    class Keras(Callback):
+        def on_train_begin(self):
+            log.append(('on_train_begin', type(self.model).__name__, self.trainer.epochs))
+
+        def before_run(self, runner):
+            log.append('before_run')
+
+        def on_epoch_begin(self, epoch):
+            log.append(('on_epoch_begin', epoch))
+
+        def on_batch_begin(self, batch):
+            log.append(('on_batch_begin', batch))
+
+        def on_batch_end(self, batch, logs=None):
+            log.append(('on_batch_end', batch, sorted(logs)))
+            super().on_batch_end(batch, logs)       # Orca 2.2's base method: a no-op
+
+        def on_epoch_end(self, epoch, logs=None):
+            log.append(('on_epoch_end', epoch, logs['train_loss'] == logs['train_loss'], 'val_loss' in logs))
+
+        def on_train_end(self, logs=None):
+            log.append(('on_train_end', logs['epoch']))
+
+        def set_trainer(self, trainer):
+            self.trainer = trainer
+
+    loop = make_loop(train=2, val=1)
+    loop.fit(num_epochs=2, callbacks=[MainCallback(), Keras()])
+    assert log == [('on_train_begin', 'list', 0), 'before_run',
+                   ('on_epoch_begin', 0), ('on_batch_begin', 0), ('on_batch_end', 0, ['train_loss']),
+                   ('on_batch_begin', 1), ('on_batch_end', 1, ['train_loss']), ('on_epoch_end', 1, True, True),
+                   ('on_epoch_begin', 1), ('on_batch_begin', 0), ('on_batch_end', 0, ['train_loss']),
+                   ('on_batch_begin', 1), ('on_batch_end', 1, ['train_loss']), ('on_epoch_end', 2, True, True),
+                   ('on_train_end', 2)]
 
 
 # ---- the runner ---------------------------------------------------------------------------------------------
