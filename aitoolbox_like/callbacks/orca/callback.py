@@ -925,7 +925,7 @@ def _first_parameter(function: Callable[..., Any]) -> Optional[str]:
     return parameters[1].name if len(parameters) > 1 else None
 
 
-def _keras_hook(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+def _keras_hook(name: str, function: Callable[..., Any], tutorial: bool = False) -> Callable[..., Any]:
     """A subclass's Orca 2.2 method ``name`` kept under the name, which is also the loop hook's: called with
     arguments (Orca's call, the adapter's, or the user's own code) it is the subclass's method; called by the loop
     (no arguments) it runs the adapter's dispatch of that hook, which calls the subclass's method at Orca 2.2's point
@@ -939,6 +939,7 @@ def _keras_hook(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         return dispatch(self)
 
     setattr(hook, '_orca_keras', function)
+    setattr(hook, '_orca_tutorial', tutorial)     # the tutorial's on_epoch_begin(runner): never called by the adapter
     return hook
 
 
@@ -989,8 +990,7 @@ class Callback(AbstractCallback):
                 # the tutorial's on_epoch_begin(runner): never called by Orca 2.4.0, so not here (warned at
                 # registration); kept callable by its own code
                 setattr(cls, f'_orca_tutorial_{name}', function)
-                setattr(cls, name, _keras_hook(name, function))
-                getattr(cls, name)._orca_tutorial = True
+                setattr(cls, name, _keras_hook(name, function, tutorial=True))
                 continue
             setattr(cls, name, _keras_hook(name, function))
         if 'execution_order' not in cls.__dict__ and cls.orca_is_main_class():
