@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 #: Named by path and imported only when such a callback is given, so the core imports no callback library.
 FOREIGN_CALLBACK_ADAPTERS: Dict[str, str] = {
     'pytorch_accelerated': 'aitoolbox_like.callbacks.pytorch_accelerated:adopt_callbacks',
+    'bigdl': 'aitoolbox_like.callbacks.orca.callback:adopt_bigdl_callbacks',
 }
 
 

@@ -1447,3 +1447,22 @@ class MainCallback(Callback):
 
 #: The tutorial's spelling of :class:`MainCallback`.
 MainCallBack = MainCallback
+
+
+def adopt_bigdl_callbacks(loop: 'TrainLoop', callbacks: List[Any]) -> List[Any]:
+    """BigDL's own Orca callbacks given to ``fit`` (kept ``bigdl...`` imports, or a class derived from BigDL's
+    ``Callback`` / ``MainCallback``): refused, naming the import to change. Their base classes are BigDL's, which calls
+    them from its own runner; here Orca callbacks derive from this adapter's classes."""
+    for i, callback in enumerate(callbacks):
+        cls = callback if isinstance(callback, type) else type(callback)
+        if not any(klass.__module__.partition('.')[0] == 'bigdl' for klass in cls.__mro__):
+            continue
+        own = cls.__module__.partition('.')[0] == 'bigdl'
+        fix = (f'change the import to `from aitoolbox_like.callbacks.orca import {cls.__name__}`' if own else
+               f'derive {cls.__qualname__} from aitoolbox_like.callbacks.orca\'s Callback / MainCallback instead of '
+               f'BigDL\'s (change `from bigdl.orca.learn.pytorch.callbacks import ...` to '
+               f'`from aitoolbox_like.callbacks.orca import ...`)')
+        raise TypeError(f'callbacks[{i}] is a BigDL Orca callback ({cls.__module__}.{cls.__qualname__}), whose base '
+                        f'classes are BigDL\'s own; the TrainLoop runs Orca callbacks through '
+                        f'aitoolbox_like.callbacks.orca: {fix} (docs/callbacks/orca.md)')
+    return callbacks
