@@ -808,3 +808,140 @@ def test_a_validation_pass_inside_a_training_batch_keeps_the_batch_s_attributes(
                          'before_val_iter', 'after_val_iter']
     assert log[7] == ('after_train_iter', 0, 1, 0, ('batch', 'loss', 'output', 'target'))
     assert runner_for(loop).epoch_stats['batch_count'] == 2
+
+
+# ---- a user's whole Orca setup -------------------------------------------------------------------------------
+
+class Plain(nn.Module):
+    """A plain nn.Module (no TTModel methods), counting its forwards."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.forwards = 0
+
+    def forward(self, x):
+        self.forwards += 1
+        return self.fc(x)
+
+
+def test_a_plain_module_trains_with_a_main_callback_validated_in_one_forward_with_orca_s_metrics():
+    from aitoolbox_like.callbacks.basic import EarlyStopping
+    from aitoolbox_like.callbacks.orca import Accuracy
+    stats = []
+
+    class Stats(Callback):
+        def after_train_epoch(self, runner):
+            stats.append(dict(runner.epoch_stats))
+
+    torch.manual_seed(0)
+    model = Plain()
+    loop = TrainLoop(model, batches(3, 1), batches(2, 2, last=3), None, torch.optim.SGD(model.parameters(), lr=0.1),
+                     nn.CrossEntropyLoss(), progress_bar=False, eval_loss_weighting='sample')
+    runner_for(loop).metrics = [Accuracy()]
+    early = EarlyStopping(monitor='val_loss', patience=5)
+    loop.fit(num_epochs=2, callbacks=[Stats(), MainCallback(), early])
+    # one forward per training batch and per validation batch (Orca's on_val_forward is the evaluation's forward)
+    assert model.forwards == 2 * (3 + 2)
+    history = loop.train_history
+    # the history's val_loss is Orca's (its batch losses weighted by samples), its metrics under Orca's names
+    assert history['val_loss'] == [s['val_loss'] for s in stats]
+    assert history['val_accuracy'] == [s['val_accuracy'] for s in stats]
+    model.eval()
+    x = torch.cat([b[0] for b in batches(2, 2, last=3)])
+    y = torch.cat([b[1] for b in batches(2, 2, last=3)])
+    assert stats[-1]['val_accuracy'] == pytest.approx(float((model(x).argmax(1) == y).float().mean()))
+
+
+def test_the_main_callback_runs_first_as_orca_s_estimator_puts_it():
+    order = []
+
+    class Other(Callback):
+        def before_run(self, runner):
+            order.append('other')
+
+    class Main(MainCallback):
+        def before_run(self, runner):
+            order.append('main')
+
+    make_loop().fit(num_epochs=1, callbacks=[Other(), Main()])
+    assert order == ['main', 'other']
+
+
+def test_loading_an_orca_checkpoint_continues_the_epoch_count(tmp_path):
+    seen = []
+
+    class Epochs(Callback):
+        def after_train_epoch(self, runner):
+            seen.append(runner.epochs)
+
+    loop = make_loop()
+    loop.fit(num_epochs=2, callbacks=[MainCallback()])
+    path = runner_for(loop).save_checkpoint(str(tmp_path / 'epoch2.ckpt'))
+    fresh = make_loop()
+    runner_for(fresh).load_checkpoint(path)
+    fresh.fit(num_epochs=3, callbacks=[MainCallback(), Epochs()])
+    assert seen == [3] and fresh.epochs_completed == 3
+
+
+def test_orca_callbacks_and_the_runner_continue_after_a_resume(tmp_path):
+    """Attributes of Orca callbacks (no state_dict) and what they keep on the runner are in the loop's checkpoints,
+    restored after before_run: a run interrupted after epoch 2 and resumed ends as the one never interrupted."""
+    from aitoolbox_like.tracking import TrainLoopCheckpoint
+
+    class Patience(Callback):
+        def before_run(self, runner):
+            self.best, self.wait = float('inf'), 0       # set up for every run, as Orca callbacks do
+
+        def after_train_epoch(self, runner):
+            if runner.epoch_stats['val_loss'] < self.best - 0.05:
+                self.best, self.wait = runner.epoch_stats['val_loss'], 0
+            else:
+                self.wait += 1
+            runner.put('epochs_seen', runner.get('epochs_seen') + 1) if runner.epochs > 1 else \
+                runner.put('epochs_seen', 1)
+
+    class Interrupt(AbstractCallback):
+        def on_epoch_end(self):
+            if self.train_loop_obj.epoch == 1:
+                raise KeyboardInterrupt
+
+    def run(folder, extra=()):
+        torch.manual_seed(0)
+        model = Net()
+        loop = TrainLoopCheckpoint(model, batches(3, 1), batches(2, 2), None,
+                                   torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(),
+                                   'proj', 'orca', str(folder), {}, cloud_save_mode='local', progress_bar=False)
+        runner_for(loop).scheduler = torch.optim.lr_scheduler.StepLR(loop.optimizer, step_size=1, gamma=0.5)
+        patience = Patience()
+        return loop, patience, [MainCallback(), patience, *extra]
+
+    whole, whole_patience, callbacks = run(tmp_path / 'whole')
+    whole.fit(num_epochs=4, callbacks=callbacks)
+    first, _, callbacks = run(tmp_path / 'resumed', [Interrupt('interrupt')])
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(num_epochs=4, callbacks=callbacks)
+    resumed, patience, callbacks = run(tmp_path / 'resumed')
+    resumed.fit(num_epochs=4, callbacks=callbacks, resume_from='latest')
+    assert (patience.best, patience.wait) == (whole_patience.best, whole_patience.wait)
+    assert runner_for(resumed).get('epochs_seen') == runner_for(whole).get('epochs_seen') == 4
+    assert runner_for(resumed).scheduler.state_dict() == runner_for(whole).scheduler.state_dict()
+    assert all(torch.equal(a, b) for a, b in zip(resumed.model.parameters(), whole.model.parameters()))
+
+
+def test_a_bigdl_callback_kept_on_its_bigdl_import_is_refused_naming_the_import_to_change(tmp_path, monkeypatch):
+    package = tmp_path / 'bigdl' / 'orca' / 'learn' / 'pytorch' / 'callbacks'
+    package.mkdir(parents=True)
+    for folder in [tmp_path / 'bigdl', *package.parents][:5]:
+        (folder / '__init__.py').touch()
+    (package / '__init__.py').write_text('class Callback:\n    pass\n\n\nclass MainCallback(Callback):\n    pass\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from bigdl.orca.learn.pytorch.callbacks import MainCallback as BigDLMainCallback
+
+    class Mine(BigDLMainCallback):
+        pass
+
+    with pytest.raises(TypeError, match=r'derive Mine from aitoolbox_like\.callbacks\.orca'):
+        make_loop().fit(num_epochs=1, callbacks=[Mine()])
+    with pytest.raises(TypeError, match=r'from aitoolbox_like\.callbacks\.orca import MainCallback'):
+        make_loop().fit(num_epochs=1, callbacks=[BigDLMainCallback()])

@@ -1459,7 +1459,7 @@ def adopt_bigdl_callbacks(loop: 'TrainLoop', callbacks: List[Any]) -> List[Any]:
             continue
         own = cls.__module__.partition('.')[0] == 'bigdl'
         fix = (f'change the import to `from aitoolbox_like.callbacks.orca import {cls.__name__}`' if own else
-               f'derive {cls.__qualname__} from aitoolbox_like.callbacks.orca\'s Callback / MainCallback instead of '
+               f'derive {cls.__name__} from aitoolbox_like.callbacks.orca\'s Callback / MainCallback instead of '
                f'BigDL\'s (change `from bigdl.orca.learn.pytorch.callbacks import ...` to '
                f'`from aitoolbox_like.callbacks.orca import ...`)')
         raise TypeError(f'callbacks[{i}] is a BigDL Orca callback ({cls.__module__}.{cls.__qualname__}), whose base '
