@@ -513,6 +513,13 @@ class AcceleratedCallbacks(AbstractCallback):
             the fit, as PTA's ``Trainer.train(create_scheduler_fn=...)``: the scheduler is ``trainer.scheduler`` and
             steps after every applied optimizer update. None: ``trainer.scheduler`` is the first scheduler callback's
             scheduler, or None.
+        trainer_rng (bool): draw random numbers as PTA's Trainer does, so that shuffled data gives PTA's numbers:
+            a fit starting from scratch is seeded as PTA's ``train()`` seeds a run (42 plus the process's rank), and
+            each epoch draws what PTA's evaluation epochs draw from the global RNG (the loop's evaluation draws
+            nothing that lasts). False: the loop's own RNG use.
+
+    Its ``state_dict`` holds the PTA side of the run (the trainer's run history, each PTA callback's attributes, the
+    scheduler, the epoch's step losses), restored in a resumed fit after the callbacks' ``on_training_run_start``.
     """
 
     def __init__(self, callbacks: Sequence[Any] = (),

@@ -21,7 +21,6 @@ from .callback import Callback, Runner
 
 logger = logging.getLogger(__name__)
 
-__all__ = ['ModelCheckpoint', 'TensorBoardCallback', 'TqdmCallback', 'MaxstepsCallback', 'WandbLoggerCallback']
 
 
 class ModelCheckpoint(Callback):

@@ -48,8 +48,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ['Callback', 'MainCallback', 'MainCallBack', 'Runner', 'runner_for', 'ORCA_HOOKS', 'TUTORIAL_HOOKS',
-           'MAIN_CALLBACK_HOOKS', 'KERAS_HOOKS', 'MAIN_CALLBACK_ORDER']
 
 #: Every Orca 2.4.0 method the adapter calls, and the loop hook it runs on (Orca 2.2's Keras-style ones: KERAS_HOOKS).
 ORCA_HOOKS: Dict[str, str] = {

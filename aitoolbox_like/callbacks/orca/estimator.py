@@ -34,7 +34,6 @@ from .callback import Callback, MainCallback, Runner, runner_for
 
 logger = logging.getLogger(__name__)
 
-__all__ = ['Estimator', 'TorchEstimator', 'make_only_main_callback']
 
 _NOT_A_CREATOR = ("Orca's SparkXShards, Spark DataFrames and Ray Datasets have no counterpart here: give a creator "
                   "function (config, batch_size) -> DataLoader, as Orca's estimator also takes")

@@ -11,8 +11,6 @@ from typing import Any, Callable, Dict, List, Sequence, Union
 
 import torch
 
-__all__ = ['Metric', 'Accuracy', 'SparseCategoricalAccuracy', 'CategoricalAccuracy', 'BinaryAccuracy', 'Top5Accuracy',
-           'MSE', 'MAE', 'CustomizedMetric', 'metric_accumulators']
 
 
 class Accumulator(ABC):
