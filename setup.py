@@ -9,6 +9,10 @@ exec(Path(__file__).with_name('aitoolbox_like').joinpath('_version.py').read_tex
 # digits and the splits, matplotlib for the history plots, tensorboard for TensorboardFullTracking.
 DEMO = ['scikit-learn>=1.3', 'matplotlib>=3.7', 'tensorboard>=2.14']
 
+# AIToolbox's nlp package (aitoolbox_like.nlp): ROUGE (rouge-score), BLEU (nltk, sacrebleu), GLUE/XNLI (scikit-learn,
+# scipy) and the attention heat maps (matplotlib).
+NLP = ['rouge-score>=0.1.2', 'nltk>=3.8', 'sacrebleu>=2.3', 'scikit-learn>=1.3', 'scipy>=1.10', 'matplotlib>=3.7']
+
 # torch is a range that the locally available CPU build (2.13.0) satisfies; the Makefile installs
 # that exact build first so pip never resolves a newer CUDA one.
 setup(
@@ -37,6 +41,7 @@ setup(
         'vision': ['torchvision==0.28.0'],
         'metrics': ['scikit-learn>=1.3', 'torchmetrics>=1.2'],
         'wandb': ['wandb>=0.16'],
+        'nlp': NLP,
         'mlflow': ['mlflow>=3'],
         'ray': ['ray[train]>=2.40'],
         'tune': ['optuna>=4'],
@@ -49,7 +54,7 @@ setup(
                   'boto3>=1.28', 'google-cloud-storage>=3.0', 'wandb>=0.16'],
         'demo': DEMO,
         # everything the tests use (the demo's packages too: tests/docs/test_examples.py runs it)
-        'dev': DEMO + [
+        'dev': DEMO + NLP + [
             # pytest 9.2 ignores pytest-xdist's group marks (pytest-dev/pytest-xdist#1386): the tests that share a
             # SLURM cluster or a Ray node would run on several workers at once (tests/conftest.py checks it).
             'pytest>=7.4,<9.2',

@@ -36,6 +36,7 @@ _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _DICT_TYPES = (dict, OrderedDict)
 _SEQUENCE_TYPES = (list, tuple, torch.Size)
 _KEY_TYPES = (str, int)
+_IMMUTABLE_LEAVES = frozenset(_SCALAR_TYPES + (torch.Size,))
 
 # How torch's weights_only unpickler reports an object it refuses to rebuild (as opposed to a
 # malformed byte stream). Matched against the inner UnpicklingError's text.
@@ -122,6 +123,40 @@ def check_weights_only_safe(obj: object, where: str = 'checkpoint') -> None:
     Run before saving so the mistake (a lambda, a numpy scalar, a custom object in a callback's
     state) is reported with its location now, not as an unreadable checkpoint at resume time.
     """
+    if _all_weights_only_safe(obj):
+        return
+    # Something is not: walk again, naming where each value is, to say where the first one is.
+    _raise_at_first_unsafe(obj, where)
+
+
+def _all_weights_only_safe(obj: object) -> bool:
+    """The walk of :func:`check_weights_only_safe` without the locations (a string per value): a save checks every
+    value of its checkpoint, and on the training thread."""
+    stack: list[Any] = [obj]
+    seen: set[int] = set()
+    leaves = _TENSOR_TYPES + _SCALAR_TYPES
+    while stack:
+        value = stack.pop()
+        kind = type(value)
+        if kind in leaves:
+            continue
+        if kind in _DICT_TYPES:
+            if id(value) not in seen:
+                seen.add(id(value))
+                if any(type(key) not in _KEY_TYPES and type(key) is not bool for key in value):
+                    return False
+                stack.extend(value.values())
+            continue
+        if kind in _SEQUENCE_TYPES:
+            if id(value) not in seen:
+                seen.add(id(value))
+                stack.extend(value)
+            continue
+        return False
+    return True
+
+
+def _raise_at_first_unsafe(obj: object, where: str) -> None:
     # Iterative walk: deeply nested state must not hit the recursion limit; `seen` guards cycles.
     stack: list[tuple[Any, str]] = [(obj, where)]
     seen: set[int] = set()
@@ -337,12 +372,15 @@ class AsyncCheckpointWriter:
             memo[id(value)] = copied
             new_pool[path] = copied
             return copied
+        # Immutable leaves (numbers, strings, None, torch.Size, dtype, device) are kept without a call: an optimizer's
+        # state is mostly lists of parameter indices and numbers, and the copy runs on the training thread.
         if kind in _DICT_TYPES:
-            return kind((key, self._copy(item, path + (key,), memo, new_pool, devices)) for key, item in value.items())
-        if kind is list:
-            return [self._copy(item, path + (i,), memo, new_pool, devices) for i, item in enumerate(value)]
-        if kind is tuple:
-            return tuple(self._copy(item, path + (i,), memo, new_pool, devices) for i, item in enumerate(value))
+            return kind((key, item if type(item) in _IMMUTABLE_LEAVES else
+                         self._copy(item, path + (key,), memo, new_pool, devices)) for key, item in value.items())
+        if kind is list or kind is tuple:
+            items = [item if type(item) in _IMMUTABLE_LEAVES else self._copy(item, path + (i,), memo, new_pool, devices)
+                     for i, item in enumerate(value)]
+            return items if kind is list else tuple(items)
         return value        # immutable: numbers, strings, None, torch.Size, dtype, device
 
     def _copy_tensor(self, value: torch.Tensor, path: _PathKey, devices: set[torch.device]) -> torch.Tensor:

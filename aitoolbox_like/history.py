@@ -142,6 +142,43 @@ class TrainingHistory:
         """The value list of ``metric_name``, or ``default`` when it was never recorded."""
         return self.train_history.get(metric_name, default)
 
+    def qa_check_history_records(self) -> None:
+        """Check that every metric has as many values as the others (a history wrapped from a dict may not).
+
+        Raises:
+            ValueError: records of different lengths with ``strict_content_check``; else a warning is logged
+        """
+        lengths = {name: len(values) for name, values in self.train_history.items()}
+        if len(set(lengths.values())) > 1:
+            message = f'Training history records differ in length: {lengths}'
+            if self.strict_content_check:
+                raise ValueError(message)
+            logger.warning(message)
+
+    def add_history_dict(self, other: Mapping[str, Any]) -> None:
+        """Append each value of ``other`` (``{metric: value}``) to its metric's list, as one more record
+
+        Raises:
+            TypeError: ``other`` is not a dict
+        """
+        if not isinstance(other, dict):
+            raise TypeError(f'Only a dict of metric values can be added to a TrainingHistory; got {type(other).__name__}')
+        for name, value in other.items():
+            self.insert_single_result_into_history(name, value)
+
+    def __add__(self, other: Mapping[str, Any]) -> TrainingHistory:
+        """A copy of this history with the values of the dict ``other`` appended (AIToolbox's ``history + dict``)"""
+        combined = copy.deepcopy(self)
+        combined.add_history_dict(other)
+        return combined
+
+    def __radd__(self, other: Mapping[str, Any]) -> TrainingHistory:
+        return self.__add__(other)
+
+    def __iadd__(self, other: Mapping[str, Any]) -> TrainingHistory:
+        self.add_history_dict(other)
+        return self
+
     def __str__(self) -> str:
         return str(self.train_history)
 

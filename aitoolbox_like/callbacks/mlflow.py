@@ -26,8 +26,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from ..experiment import CHECKPOINT_DIR, HYPERPARAMS_JSON, MODEL_DIR
 from ._common import BatchLossReader, StepLearningRates, as_number, check_int, is_number
 from ._mlflow_sender import Operation, Sender, is_transient_error
-from .abstract import AbstractExperimentCallback
 from .performance_eval import history_series
+from .step_logging import StepLoggingTracker
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def git_commit(folder: Optional[str]) -> Optional[str]:
     return commit if result.returncode == 0 and len(commit) in (40, 64) else None
 
 
-class MLflowTracking(AbstractExperimentCallback):
+class MLflowTracking(StepLoggingTracker):
     """Track the training in MLflow: params, history metrics, batch losses, artifacts, tags, resume (what is
     logged and the arguments: see ``__init__``)."""
 
@@ -181,8 +181,8 @@ class MLflowTracking(AbstractExperimentCallback):
         self._run_open = False
         self._known_params: Dict[str, str] = {}
         self._artifact_signatures: Dict[str, Tuple[int, int]] = {}
-        self._batch_losses = BatchLossReader()
-        self._learning_rates = StepLearningRates()
+        self.batch_losses = BatchLossReader()
+        self.learning_rates = StepLearningRates()
 
     # ---- state (checkpoints) --------------------------------------------------------------------
 
@@ -338,23 +338,6 @@ class MLflowTracking(AbstractExperimentCallback):
 
     # ---- training events ------------------------------------------------------------------------
 
-    def hooks_in_use(self) -> List[str]:
-        """Its hooks, the per-step ones only with ``batch_log_frequency`` (without it, a step costs nothing)."""
-        hooks = super().hooks_in_use()
-        return hooks if self.batch_log_frequency is not None else \
-            [name for name in hooks if name not in ('on_batch_begin', 'on_batch_end')]
-
-    def on_batch_begin(self) -> None:
-        """The learning rates this step's update uses, on a logged step."""
-        if self.train_loop_obj.total_iteration_idx % (self.batch_log_frequency or 1) == 0:
-            self._learning_rates.record(self.train_loop_obj)
-
-    def on_batch_end(self) -> None:
-        """Queue the pending batch losses every ``batch_sync_frequency`` steps (with batch_log_frequency)."""
-        if self.batch_log_frequency is not None and \
-                (self.train_loop_obj.total_iteration_idx + 1) % self.batch_sync_frequency == 0:
-            self.log_mid_train_loss()
-
     def on_epoch_end(self) -> None:
         """Queue the epoch's remaining batch losses, its history values and the new or changed files."""
         if self.batch_log_frequency is not None:
@@ -466,7 +449,7 @@ class MLflowTracking(AbstractExperimentCallback):
         All pending losses are copied to the host in one transfer (one host-device sync per call); they are this
         process's own losses.
         """
-        rows = self._batch_losses.read_new(self.train_loop_obj)
+        rows = self.batch_losses.read_new(self.train_loop_obj)
         if not rows:
             return
         frequency = self.batch_log_frequency or 1
@@ -477,7 +460,7 @@ class MLflowTracking(AbstractExperimentCallback):
                 for name, value in values.items():
                     metrics.append((f'batch_{name}', value, timestamp, step))
                     metrics.append((f'batch_{name}_running_mean', means[name], timestamp, step))
-                for name, lr in self._learning_rates.take_named(step).items():
+                for name, lr in self.learning_rates.take_named(step).items():
                     metrics.append((name, lr, timestamp, step))
         self._submit_batch(metrics)
 

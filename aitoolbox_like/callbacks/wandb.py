@@ -19,8 +19,8 @@ import torch
 
 from ..experiment import get_experiment
 from ._common import BatchLossReader, StepLearningRates, as_number, check_int, is_number
-from .abstract import AbstractExperimentCallback
 from .performance_eval import history_series
+from .step_logging import StepLoggingTracker
 from .tensorboard import unwrap_model
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def _json_safe(hyperparams: Dict[str, Any]) -> Any:
     return json.loads(json.dumps(hyperparams, default=repr))
 
 
-class WandBTracking(AbstractExperimentCallback):
+class WandBTracking(StepLoggingTracker):
     """Track the training in Weights & Biases: config, history, batch losses, alerts, code and model watching
     (what is logged and the arguments: see ``__init__``)."""
 
@@ -163,8 +163,8 @@ class WandBTracking(AbstractExperimentCallback):
         self._code_logged = False
         self._watched: Optional[torch.nn.Module] = None
         self._warned_alert_metrics: Set[str] = set()
-        self._batch_losses = BatchLossReader()
-        self._learning_rates = StepLearningRates()
+        self.batch_losses = BatchLossReader()
+        self.learning_rates = StepLearningRates()
 
     # ---- state (checkpoints) --------------------------------------------------------------------
 
@@ -287,23 +287,6 @@ class WandBTracking(AbstractExperimentCallback):
 
     # ---- training events ------------------------------------------------------------------------
 
-    def hooks_in_use(self) -> List[str]:
-        """Its hooks, the per-step ones only with ``batch_log_frequency`` (without it, a step costs nothing)."""
-        hooks = super().hooks_in_use()
-        return hooks if self.batch_log_frequency is not None else \
-            [name for name in hooks if name not in ('on_batch_begin', 'on_batch_end')]
-
-    def on_batch_begin(self) -> None:
-        """The learning rates this step's update uses, on a logged step."""
-        if self.train_loop_obj.total_iteration_idx % (self.batch_log_frequency or 1) == 0:
-            self._learning_rates.record(self.train_loop_obj)
-
-    def on_batch_end(self) -> None:
-        """Log the pending batch losses every ``batch_sync_frequency`` steps (with batch_log_frequency)."""
-        if self.batch_log_frequency is not None and \
-                (self.train_loop_obj.total_iteration_idx + 1) % self.batch_sync_frequency == 0:
-            self.log_mid_train_loss()
-
     def on_epoch_end(self) -> None:
         """Log the epoch's remaining batch losses and history values; send the alerts."""
         if self.batch_log_frequency is not None:
@@ -366,11 +349,11 @@ class WandBTracking(AbstractExperimentCallback):
         if self.run is None:
             return
         frequency = self.batch_log_frequency or 1
-        for step, values, means in self._batch_losses.read_new(self.train_loop_obj):
+        for step, values, means in self.batch_losses.read_new(self.train_loop_obj):
             if step % frequency == 0:
                 logged = {f'train_loss/last_batch_{name}': value for name, value in values.items()}
                 logged.update({f'train_loss/accumulated_batch_{name}': mean for name, mean in means.items()})
-                logged.update(self._learning_rates.take_named(step))
+                logged.update(self.learning_rates.take_named(step))
                 self.run.log(logged, step=step)
 
     @staticmethod

@@ -21,6 +21,8 @@ _CLOUD = 'aitoolbox_like.compat.cloud'
 _GCLOUD = 'aitoolbox_like.compat.google_cloud'
 # AIToolbox's loops: ours with its defaults (the end-of-epoch evaluation of the training set).
 _LOOPS = 'aitoolbox_like.compat.loops'
+_NLP_METRICS = 'aitoolbox_like.nlp.metrics'
+_NLP_PACKAGES = 'aitoolbox_like.nlp.packages'
 
 
 class Unsupported:
@@ -169,6 +171,29 @@ MODULES: Dict[str, Alias] = {
     'cloud.GoogleCloud.model_save': {**_names(_GCLOUD, 'BaseModelGoogleStorageSaver', 'PyTorchGoogleStorageModelSaver'),
                                      'KerasGoogleStorageModelSaver': _KERAS},
     'cloud.GoogleCloud.results_save': _names(_GCLOUD, 'BaseResultsGoogleStorageSaver', 'GoogleStorageResultsSaver'),
+
+    # ---- nlp (aitoolbox_like.nlp is AIToolbox's aitoolbox.nlp package itself; its sub-paths are served from here)
+    'nlp': 'aitoolbox_like.nlp',
+    'nlp.core': {},
+    'nlp.core.core': 'aitoolbox_like.nlp.text',
+    'nlp.core.vocabulary': 'aitoolbox_like.nlp.vocabulary',
+    'nlp.torch_collate_fns': 'aitoolbox_like.nlp.collate',
+    'nlp.experiment_evaluation': {},
+    'nlp.experiment_evaluation.NLP_metrics': {
+        **_names('aitoolbox_like.result_package.metrics', 'AbstractBaseMetric'),
+        **_names(f'{_NLP_METRICS}.rouge', 'ROUGEMetric', 'ROUGEPerlMetric'),
+        **_names(f'{_NLP_METRICS}.squad', 'ExactMatchTextMetric', 'F1TextMetric'),
+        **_names(f'{_NLP_METRICS}.bleu', 'BLEUSentenceScoreMetric', 'BLEUCorpusScoreMetric',
+                 'BLEUScoreStrTorchNLPMetric'),
+        **_names(f'{_NLP_METRICS}.perplexity', 'PerplexityMetric'),
+        **_names(f'{_NLP_METRICS}.glue', 'GLUEMetric', 'XNLIMetric', 'glue_compute_metrics', 'xnli_compute_metrics')},
+    'nlp.experiment_evaluation.NLP_result_package': {
+        **_names(f'{_NLP_PACKAGES}.question_answering', 'QuestionAnswerResultPackage',
+                 'QuestionAnswerSpanClassificationResultPackage'),
+        **_names(f'{_NLP_PACKAGES}.summarization', 'TextSummarizationResultPackage'),
+        **_names(f'{_NLP_PACKAGES}.translation', 'MachineTranslationResultPackage'),
+        **_names(f'{_NLP_PACKAGES}.benchmarks', 'GLUEResultPackage', 'XNLIResultPackage')},
+    'nlp.experiment_evaluation.attention_heatmap': f'{_NLP_METRICS}.attention_heatmap',
 }
 
 # Our own modules that AIToolbox's package __init__ files add names to, for code where ``aitoolbox`` was

@@ -106,6 +106,8 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
             return None
         if root == OWN and (key in EXTENDED_OWN_MODULES or key == ''):
             return None      # our own module; it offers AIToolbox's extra names too (_offer_extra_names)
+        if root == OWN and MODULES[key] == fullname:
+            return None      # our own module stands at AIToolbox's path (aitoolbox_like.nlp): the normal import
         return importlib.util.spec_from_loader(fullname, _AliasLoader(key), is_package=_is_package(key))
 
 

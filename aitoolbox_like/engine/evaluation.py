@@ -262,9 +262,11 @@ class Evaluation:
         callbacks that swapped weights in on_eval_begin (EMA) swap them back. Yields the pass's info dict, which the
         hooks receive."""
         loop = self.loop
-        # A loop built only to predict or evaluate never ran fit, which is where the model moves to the device.
-        loop.model.to(loop.device)
-        loop.move_criterion_to_device()
+        if not loop.epochs_running:
+            # A loop built only to predict or evaluate never ran fit, which is where the model moves to the device
+            # (during the epochs it is there: a move walks every parameter).
+            loop.model.to(loop.device)
+            loop.move_criterion_to_device()
         was_training = loop.model.training
         loop.model.eval()
         info = dict(dataset_info or {}, kind=kind)

@@ -19,10 +19,13 @@ class ExperimentFolder:
                               local_model_result_folder_path: str) -> Tuple[str, str]:
         """``(project folder, experiment folder)`` paths; nothing is created. The names must be plain names
         (no path separators, not '..'), so the folders stay inside ``local_model_result_folder_path``."""
+        root = os.path.abspath(os.path.expanduser(os.fspath(local_model_result_folder_path)))
+        # AIToolbox joined the paths, so the project folder's own path (already inside the root) worked as a name
+        if os.path.isabs(project_name) and os.path.dirname(os.path.normpath(project_name)) == root:
+            project_name = os.path.basename(os.path.normpath(project_name))
         validate_key_part(project_name, 'project_name')
         validate_key_part(experiment_name, 'experiment_name')
         validate_key_part(f'{experiment_name}_{experiment_timestamp}', 'experiment_timestamp')
-        root = os.path.abspath(os.path.expanduser(os.fspath(local_model_result_folder_path)))
         project_dir = os.path.join(root, project_name)
         return project_dir, os.path.join(project_dir, f'{experiment_name}_{experiment_timestamp}')
 

@@ -222,14 +222,17 @@ def weights_only_model_dict(model: Mapping) -> dict:
     """A copy of a model representation dict that ``torch.load(weights_only=True)`` can read back.
 
     ``hyperparams`` is replaced by its JSON-safe copy (values JSON cannot hold become their repr; the JSON text
-    is kept as ``hyperparams_json``), as in the checkpoints of the TrainLoop; anything else that could not be
-    loaded safely is a CheckpointError naming where it is.
+    is kept as ``hyperparams_json`` when the copy differs), as in the checkpoints of the TrainLoop; anything else
+    that could not be loaded safely is a CheckpointError naming where it is. A dict that needs no change is saved
+    with the keys it has: loading it gives back what was saved.
     """
     saved = dict(model)
     if 'hyperparams' in saved:
         text = hyperparams_to_json(saved['hyperparams'])
-        saved['hyperparams'] = json.loads(text)
-        saved['hyperparams_json'] = text
+        safe = json.loads(text)
+        if safe != saved['hyperparams']:
+            saved['hyperparams'] = safe
+            saved['hyperparams_json'] = text
     check_weights_only_safe(saved, where='model')
     return saved
 

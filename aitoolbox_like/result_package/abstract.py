@@ -21,10 +21,12 @@ Compared with AIToolbox 1.8.0 the following are fixed:
 * ``np_array='auto'`` crashed on a 1-D list of numbers and on ragged input;
 * numpy scalars leaked into the results dict (not JSON-serialisable); values are now plain Python;
 * ``str(pkg)`` raised before the package was prepared;
-* ``pkg_a + pkg_b`` nested the results by package name; it now gives the flat union with the
-  clashing names prefixed by the package name;
 * ``MultipleResultPackageWrapper.get_additional_results_dump_paths()`` grew the sub-package path
   list on every call.
+
+As in AIToolbox, ``pkg_a + pkg_b`` nests each package's results under its name (a
+:class:`MultipleResultPackageWrapper`), and adding anything but a package or a dict raises
+:class:`ResultPackageAdditionError`, both a ``ValueError`` (AIToolbox's) and a ``TypeError``.
 
 The conversions of targets, predictions and results live in :mod:`.conversion`.
 """
@@ -42,7 +44,18 @@ from typing import Any, Dict, List, Optional, Sequence, Union, cast
 from .conversion import (auto_to_numpy, check_targets_and_predictions, is_torch_tensor, to_numpy,  # noqa: F401
                          to_python)
 
-__all__ = ['AbstractResultPackage', 'PreCalculatedResultPackage', 'MultipleResultPackageWrapper']
+__all__ = ['AbstractResultPackage', 'PreCalculatedResultPackage', 'MultipleResultPackageWrapper',
+           'ResultPackageAdditionError']
+
+
+class ResultPackageAdditionError(TypeError, ValueError):
+    """A result package was added to something that is neither a result package nor a dict. A TypeError, and a
+    ValueError as AIToolbox raised there, so either ``except`` catches it."""
+
+
+def _addition_error(other: object) -> ResultPackageAdditionError:
+    return ResultPackageAdditionError(f'Addition is supported between result packages and dicts; '
+                                      f'got {type(other).__name__}.')
 
 
 class AbstractResultPackage(ABC):
@@ -337,8 +350,9 @@ class AbstractResultPackage(ABC):
         if isinstance(other, numbers.Number) and not isinstance(other, bool) and other == 0:
             self.warn_if_results_dict_not_defined()
             return copy.deepcopy(self)
-        other_pkg = self.create_other_object_pkg(other)
-        return other_pkg.add_merge_multi_pkg_wrap(self)
+        # AIToolbox's order: this package first, then the other (dict + pkg keeps pkg's results first); anything but a
+        # package or a dict is refused there (ResultPackageAdditionError)
+        return self.add_merge_multi_pkg_wrap(cast(Union[AbstractResultPackage, Dict[str, Any]], other))
 
     def add_merge_multi_pkg_wrap(self, other_object: Union[AbstractResultPackage, Dict[str, Any]]
                                  ) -> MultipleResultPackageWrapper:
@@ -377,7 +391,7 @@ class AbstractResultPackage(ABC):
             return copy.deepcopy(other_object)
         if isinstance(other_object, dict):
             return PreCalculatedResultPackage(copy.deepcopy(other_object))
-        raise TypeError(f'Addition is supported between result packages and dicts; got {type(other_object).__name__}.')
+        raise _addition_error(other_object)
 
     def __iadd__(self, other: Union[AbstractResultPackage, Dict[str, Any]]) -> AbstractResultPackage:
         """Merge another package's (or a dict's) results into this package's results in place
@@ -394,7 +408,7 @@ class AbstractResultPackage(ABC):
             return self.merge_dicts(other._defined_results())
         if isinstance(other, dict):
             return self.merge_dicts(other)
-        raise TypeError(f'Addition is supported between result packages and dicts; got {type(other).__name__}.')
+        raise _addition_error(other)
 
     def merge_dicts(self, other_results_dict: Dict[str, Any]) -> AbstractResultPackage:
         """Add ``other_results_dict`` to the results dict
@@ -537,7 +551,9 @@ class MultipleResultPackageWrapper(AbstractResultPackage):
     def __str__(self) -> str:
         if not self.result_packages:
             return f'{self.pkg_name}: <results not prepared>'
-        return '\n'.join(f'--> {label}:\n{pkg}' for label, pkg in zip(self._package_labels(), self.result_packages))
+        # each package under its own name (a repeated name is told apart only in the results dict), as in AIToolbox
+        return '\n'.join(f'--> {pkg.pkg_name if pkg.pkg_name is not None else label}:\n{pkg}'
+                         for label, pkg in zip(self._package_labels(), self.result_packages))
 
     def __len__(self) -> int:
         """Number of wrapped result packages"""

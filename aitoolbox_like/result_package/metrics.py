@@ -76,12 +76,17 @@ class AbstractBaseMetric(ABC):
         if np_array:
             y_true = to_numpy(y_true, 'y_true')
             y_predicted = to_numpy(y_predicted, 'y_predicted')
-        check_targets_and_predictions(y_true, y_predicted)
+        self._check_targets_and_predictions(y_true, y_predicted)
         self.y_true = y_true
         self.y_predicted = y_predicted
         self.metric_name: str = metric_name or self.DEFAULT_METRIC_NAME or type(self).__name__
         self.metric_result: Any = None
         self.metric_result = to_python(self.calculate_metric())
+
+    def _check_targets_and_predictions(self, y_true: Any, y_predicted: Any) -> None:
+        """Raise ValueError for targets / predictions no metric can compute from (missing, scalar, empty or of
+        different lengths); a metric that takes other inputs (a perplexity of losses, plots) overrides it."""
+        check_targets_and_predictions(y_true, y_predicted)
 
     @abstractmethod
     def calculate_metric(self) -> Any:

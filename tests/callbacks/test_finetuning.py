@@ -14,7 +14,7 @@ from aitoolbox_like.callbacks.gradient import GradValueClip
 from aitoolbox_like.callbacks.train_schedule import (CosineScheduler, GeneralLRSchedulerCallback, LambdaLRScheduler,
                                                      ReduceLROnPlateauScheduler, StepLRScheduler)
 from aitoolbox_like.tracking import TrainLoopCheckpoint
-from helpers import loaders, state_equal
+from helpers import Interrupt, loaders, state_equal
 
 LR, FACTOR = 0.01, 0.1
 
@@ -226,16 +226,6 @@ def test_extend_scheduler_is_idempotent_and_skips_other_optimizers():
 
 
 # ---------------------------------------------------------------------------------------------------------- resume
-
-
-class Interrupt(AbstractCallback):
-    def __init__(self, batch):
-        super().__init__('interrupt')
-        self.batch = batch
-
-    def on_batch_begin(self):
-        if self.train_loop_obj.total_iteration_idx == self.batch:
-            raise StopTraining('interrupted')
 
 
 def checkpoint_loop(path, seed=0, iteration_save_freq=0):

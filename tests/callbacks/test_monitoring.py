@@ -10,7 +10,7 @@ from aitoolbox_like import AbstractCallback, StopTraining, TrainLoop
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint, ModelIterationCheckpoint
 from aitoolbox_like.callbacks.monitoring import ModelSummary, StepHistory, ThroughputMonitor, _percentile
 from aitoolbox_like.callbacks.train_schedule import LinearWarmupScheduler
-from helpers import MLP, loaders
+from helpers import Interrupt, MLP, loaders
 
 
 def make_loop(n=32, batch_size=8, dropout=0.0):
@@ -141,16 +141,6 @@ def test_step_history_every_k_steps_and_without_it_nothing_is_kept():
     plain = make_loop(n=40)
     plain.fit(num_epochs=1)
     assert plain.train_history.steps == []
-
-
-class Interrupt(AbstractCallback):
-    def __init__(self, batch):
-        super().__init__('interrupt')
-        self.batch = batch
-
-    def on_batch_begin(self):
-        if self.train_loop_obj.total_iteration_idx == self.batch:
-            raise StopTraining('interrupted')
 
 
 def test_step_history_continues_after_a_resume_inside_an_epoch(tmp_path):

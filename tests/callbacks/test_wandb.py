@@ -132,7 +132,7 @@ class CountingWandB(WandBTracking):
 
     def log_mid_train_loss(self):
         accum = self.train_loop_obj.loss_batch_accum
-        reader = self._batch_losses
+        reader = self.batch_losses
         already_read = reader._read if accum is reader._losses else 0
         if len(accum) > already_read:
             self.device_reads += 1

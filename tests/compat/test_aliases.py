@@ -1,4 +1,4 @@
-"""Every module path and name of AIToolbox 1.8.0's torchtrain / experiment / utils / cloud packages imports both
+"""Every module path and name of AIToolbox 1.8.0's torchtrain / experiment / utils / cloud / nlp packages imports both
 ways: as ``aitoolbox.X`` under the compat runner and as ``aitoolbox_like.X`` after a search-and-replace.
 
 aitoolbox_1_8_0_api.json lists AIToolbox 1.8.0's public modules and the classes / functions each defines or

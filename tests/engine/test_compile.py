@@ -14,7 +14,7 @@ from aitoolbox_like import ModelWrap, TrainLoop
 from aitoolbox_like.callbacks.abstract import AbstractCallback, StopTraining
 from aitoolbox_like.callbacks.model_save import ModelIterationCheckpoint
 from aitoolbox_like.model import AbstractModelFeedDefinition
-from helpers import MLP, PlainMLP, classification_data, state_equal
+from helpers import Interrupt, MLP, PlainMLP, classification_data, state_equal
 
 FAST = {'backend': 'aot_eager'}
 
@@ -49,16 +49,6 @@ class CountForward(AbstractCallback):
 
     def on_epoch_end(self):
         self.epochs += 1
-
-
-class Interrupt(AbstractCallback):
-    def __init__(self, batch):
-        super().__init__('interrupt')
-        self.batch = batch
-
-    def on_batch_begin(self):
-        if self.train_loop_obj.total_iteration_idx == self.batch:
-            raise StopTraining('interrupted')
 
 
 def test_a_compiled_model_is_unwrapped_and_its_forward_is_compiled():

@@ -10,7 +10,7 @@ from torch import nn
 
 from aitoolbox_like import MultiLoss, StopTraining, TrainLoop
 from aitoolbox_like.callbacks.abstract import AbstractCallback
-from helpers import MLP, load_example, loaders, state_equal
+from helpers import Interrupt, MLP, load_example, loaders, state_equal
 
 gan = load_example('gan_digits')
 sam = load_example('sam_digits')
@@ -36,18 +36,6 @@ def assert_same_optimizer_state(a, b):
 def latest_checkpoint(loop):
     with open(os.path.join(loop.experiment.work_dir, 'latest_checkpoint.txt')) as f:
         return f.read()
-
-
-class Interrupt(AbstractCallback):
-    """Ends the run before global batch ``batch`` (as a kill would): the newest checkpoint is then the one before."""
-
-    def __init__(self, batch):
-        super().__init__('interrupt')
-        self.batch = batch
-
-    def on_batch_begin(self):
-        if self.train_loop_obj.total_iteration_idx == self.batch:
-            raise StopTraining('interrupted')
 
 
 def changed(before, after, prefix=''):

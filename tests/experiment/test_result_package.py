@@ -367,7 +367,8 @@ def test_add_nests_each_package_s_results_under_its_name_as_aitoolbox():
     assert res2 == {'ClassificationResult': {'Accuracy': 1.0}, 'ClassificationResult1': {'Accuracy': 1.0}}
     with_dict = (cls_pkg + {'epoch_time': 3.5}).get_results()
     assert list(with_dict.values()) == [{'Accuracy': 1.0}, {'epoch_time': 3.5}]
-    assert list(({'epoch_time': 3.5} + cls_pkg).get_results().values()) == [{'epoch_time': 3.5}, {'Accuracy': 1.0}]
+    # dict + package: the package first, then the dict, as AIToolbox's __radd__ ordered them
+    assert list(({'epoch_time': 3.5} + cls_pkg).get_results().values()) == [{'Accuracy': 1.0}, {'epoch_time': 3.5}]
     assert sum([cls_pkg, reg_pkg]).get_results()['RegressionResult']['Mean_absolute_error'] == pytest.approx(
         skm.mean_absolute_error(Y_REG, P_REG))
     with pytest.raises(TypeError):

@@ -31,9 +31,16 @@ def test_the_peers_benchmark_prints_its_table_writes_its_plot_and_rewrites_only_
     assert '| aitoolbox_like TrainLoop | list |' in out
     assert '| PyTorch Ignite | list | skipped |' in out
     assert 'skipped: PyTorch Ignite: pip install pytorch-ignite' in out
-    # the variants that ran trained the same weights as the hand-written loop (the last column)
+    # the variants that ran trained the same weights as the hand-written loop (the last column), in the table of the
+    # default path (first: the TrainLoop with a validation loader and nothing else, against the hand-written loop that
+    # validates once per epoch) and the like-for-like one
+    assert '| x the hand-written loop validating once per epoch, whole fit |' in out
+    assert out.index('validating once per epoch, whole fit') < out.index('| x hand-written loop, steps/s |')
     assert [line.rsplit('|', 2)[1].strip() for line in out.splitlines()
-            if line.startswith(('| hand-written loop, again', '| aitoolbox_like TrainLoop'))] == ['0', '0']
+            if line.startswith(('| hand-written loop validating once per epoch, again', '| aitoolbox_like TrainLoop, '
+                                "its defaults", '| aitoolbox_like TrainLoop, eval_train_set=True'))] == ['0', '0', '0']
+    assert [line.rsplit('|', 2)[1].strip() for line in out.splitlines()
+            if line.startswith(('| hand-written loop, again', '| aitoolbox_like TrainLoop |'))] == ['0', '0']
     assert image.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     text = docs.read_text()
     assert text.startswith('# Performance\n\nBefore.\n\n' + BEGIN) and text.endswith(END + '\n\nAfter.\n')

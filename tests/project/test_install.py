@@ -1,5 +1,5 @@
-"""What a user meets in the venv the Makefile builds (README, Install), each in a fresh interpreter of that venv
-started as a user starts one (not the tests' zygote, nothing of the tests loaded): torchvision and torchmetrics
+"""What a user meets in the venv the Makefile builds (README, Install; the torchvision hook: CONTRIBUTING.md), each in
+a fresh interpreter of that venv started as a user starts one (not the tests' zygote, nothing of the tests loaded): torchvision and torchmetrics
 import, with the torchvision CUDA build the package index offers beside CPU torch; the library prepares torchvision
 itself where no start-up hook runs; a missing or broken torchvision / torchmetrics is named with what to install;
 the SG adapter's save_image draws the same grid with Pillow when torchvision is not there."""

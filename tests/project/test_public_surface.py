@@ -46,7 +46,6 @@ DESIGN = ROOT.parent / 'shared' / 'DESIGN.md'
 # Dotted paths (after renaming aitoolbox -> aitoolbox_like) that documentation mentions without promising them.
 # A path is excluded with everything below it. Keep this short: each entry needs a reason.
 EXCLUDED = {
-    'aitoolbox_like.nlp': 'migrating-from-aitoolbox.md says AIToolbox\'s aitoolbox.nlp is not provided',
     'aitoolbox_like.kerastrain': 'migrating-from-aitoolbox.md says aitoolbox.kerastrain is not provided',
     'aitoolbox_like.X': 'a placeholder for "any path" in the compat docstrings',
     'aitoolbox_like.train_state': 'the `kind` string stored in train-state files (saving-and-resuming.md), '
@@ -56,7 +55,7 @@ EXCLUDED = {
 # The pip extra that brings each optional dependency, to say what is missing when a module needs one.
 EXTRAS = {'boto3': 's3', 'tensorboard': 'tensorboard', 'matplotlib': 'plots', 'torchvision': 'vision',
           'sklearn': 'metrics', 'torchmetrics': 'metrics', 'wandb': 'wandb', 'mlflow': 'mlflow',
-          'optuna': 'tune', 'ray': 'ray'}
+          'optuna': 'tune', 'ray': 'ray', 'rouge_score': 'nlp', 'nltk': 'nlp', 'sacrebleu': 'nlp', 'scipy': 'nlp'}
 
 # A dotted path rooted at aitoolbox or aitoolbox_like. The look-behind keeps file names out
 # (migrating-from-aitoolbox.md, ./aitoolbox_like.x) and trailing punctuation is not part of a component.

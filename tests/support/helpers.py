@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from aitoolbox_like import TTBasicModel, TTModel
+from aitoolbox_like import AbstractCallback, StopTraining, TTBasicModel, TTModel
 
 
 class MLP(TTBasicModel):
@@ -68,6 +68,19 @@ def loaders(n=53, batch_size=8, shuffle=True, seed=0):
     val = DataLoader(classification_data(29, seed=seed + 1), batch_size=batch_size)
     test = DataLoader(classification_data(17, seed=seed + 2), batch_size=batch_size)
     return train, val, test
+
+
+class Interrupt(AbstractCallback):
+    """Ends the run before global batch ``batch`` (as a kill would, without its checkpoint): the newest checkpoint is
+    then the one written before that batch."""
+
+    def __init__(self, batch):
+        super().__init__('interrupt')
+        self.batch = batch
+
+    def on_batch_begin(self):
+        if self.train_loop_obj.total_iteration_idx == self.batch:
+            raise StopTraining('interrupted')
 
 
 def state_equal(a, b):
