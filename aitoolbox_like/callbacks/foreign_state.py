@@ -23,8 +23,9 @@ What is saved of an attribute:
 - anything else cannot be saved: the adapters name it (:func:`unsaveable`) when the fit starts.
 
 A setting changed for the resumed run wins: each callback's attributes are also recorded when it is registered
-(``initial``), and an attribute whose value at registration differs from the one recorded by the saved run keeps the
-new value (a warning names it); every other attribute continues from the checkpoint.
+(``initial``), and an attribute holding a setting (numbers, strings, enums and containers of them) whose value at
+registration differs from the one recorded by the saved run keeps the new value (a warning names it); every other
+attribute (tensors, modules, objects: built at random or filled by training) continues from the checkpoint.
 """
 import collections
 import enum
@@ -242,6 +243,22 @@ def decode(encoded: Any, current: Any) -> Any:
     raise ValueError(f'unknown encoded kind {kind!r} in a callback state')
 
 
+def is_setting(encoded: Any) -> bool:
+    """Whether an encoded value can be a setting the script chose: numbers, strings, None, enums and containers of
+    them. Tensors, arrays, objects and ``state_dict`` objects are state (built at random, or filled by training):
+    only those are restored whatever their value at registration."""
+    if not isinstance(encoded, dict):
+        return not isinstance(encoded, torch.Tensor)
+    kind = encoded['kind']
+    if kind == 'enum':
+        return True
+    if kind == 'dict':
+        return all(is_setting(item) for _, item in encoded['value'])
+    if kind in ('list', 'tuple', 'set', 'frozenset'):
+        return all(is_setting(item) for item in encoded['value'])
+    return False
+
+
 def same(a: Any, b: Any) -> bool:
     """Whether two encoded values are equal (tensors by value)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
@@ -271,7 +288,7 @@ def restore(obj: Any, saved: Dict[str, Any], saved_initial: Optional[Dict[str, A
     kept = []
     for name, encoded in saved.items():
         if saved_initial is not None and initial is not None and name in saved_initial and name in initial \
-                and not same(saved_initial[name], initial[name]):
+                and is_setting(initial[name]) and not same(saved_initial[name], initial[name]):
             kept.append(name)
             continue
         attributes[name] = decode(encoded, attributes.get(name))

@@ -496,6 +496,11 @@ def test_sgs_run_folder_results_and_checkpoint_ranking(tmp_path, caplog):
     assert any('registered once' in r.getMessage() and 'SaveMyBest' in r.getMessage() for r in caplog.records)
 
 
+def test_fit_given_training_params_names_training_params_callback():
+    with pytest.raises(TypeError, match=r"TrainingParamsCallback\(training_params\)"):
+        make_loop().fit(num_epochs=1, training_params=params())
+
+
 def test_a_torch_scheduler_lr_mode_resumes_at_the_uninterrupted_rate(tmp_path):
     def loop_and_params(folder):
         loop = TrainLoopCheckpoint(Net(), batches(2, 1), batches(1, 2), None, None, nn.CrossEntropyLoss(),

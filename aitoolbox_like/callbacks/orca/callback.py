@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from ..abstract import AbstractCallback
 from ...model import PlainModuleFeed
-from ..foreign_state import Encoder, ForeignState, decode, loop_references
+from ..foreign_state import Encoder, ForeignState, decode, loop_references, unsaveable
 from .metrics import metric_accumulators
 
 if TYPE_CHECKING:
@@ -1232,6 +1232,8 @@ class Callback(AbstractCallback):
         pending, self._orca_pending = self._orca_pending, None
         if pending is not None:
             self._orca_restore(pending)
+        if self._orca_state is not None:       # what a checkpoint of this fit could not hold, said as it starts
+            self._orca_state.name_unsaveable(unsaveable(self, _encoder(self.train_loop_obj), ADAPTER_ATTRIBUTES))
 
     def on_epoch_begin(self, *keras_args: Any, **keras_kwargs: Any) -> None:
         """The loop hook of Orca 2.2's ``on_epoch_begin(epoch=)`` and of ``before_train_epoch``."""

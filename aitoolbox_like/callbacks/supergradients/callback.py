@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Optional, Union
 import torch
 
 from ..abstract import AbstractCallback
-from ..foreign_state import Encoder, ForeignState, loop_references
+from ..foreign_state import Encoder, ForeignState, loop_references, unsaveable
 from .context import EVAL_PREFIXES, PhaseContext, context_for, epoch_metrics
 from .params import name_param_groups
 from .phases import (EVAL_BATCH_METHODS, EVAL_METHODS, NEVER_CALLED, PHASE_METHODS, SG_METHOD_HOOKS,
@@ -214,7 +214,9 @@ class Callback(AbstractCallback):
             logger.warning('%s: %s never run here: the loop does not average the best models', type(self).__name__,
                            ' and '.join(never))
         registered = super().register_train_loop_object(train_loop_obj)
-        self._sg_state.record_initial(self, self._sg_encoder())
+        encoder = self._sg_encoder()
+        self._sg_state.record_initial(self, encoder)
+        self._sg_state.name_unsaveable(unsaveable(self, encoder, ADAPTER_ATTRIBUTES))     # said when the fit starts
         return registered
 
     @property
