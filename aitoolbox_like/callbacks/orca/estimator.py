@@ -88,6 +88,25 @@ class _SamplerEpoch(AbstractCallback):
             set_epoch(self.train_loop_obj.epoch)
 
 
+class _RunnerSettings(Callback):
+    """The estimator's runner settings (metrics, schedulers, config, statistics), given to the runner of the loop
+    that trains: in a spawned fit each process has its own loop and runner, built from what the fit sends it."""
+
+    execution_order = -1000
+
+    def __init__(self, runner: Runner) -> None:
+        super().__init__()
+        self.metrics, self.schedulers = list(runner.metrics), list(runner.schedulers)
+        self.config, self.sync_stats = runner.config, runner.sync_stats
+
+    def register_train_loop_object(self, train_loop_obj: 'TrainLoop') -> AbstractCallback:
+        registered = super().register_train_loop_object(train_loop_obj)
+        runner = runner_for(train_loop_obj)
+        runner.metrics, runner.schedulers = list(self.metrics), list(self.schedulers)
+        runner.config, runner.sync_stats = self.config, self.sync_stats
+        return registered
+
+
 class _EpochStats(Callback):
     """Keeps each epoch's ``runner.epoch_stats`` (what Orca's fit returns) and records Orca's statistics in the
     loop's history under Orca's names (``train_loss``, ``num_samples``, ...; ``val_loss`` is the loop's own)."""
@@ -218,14 +237,14 @@ class TorchEstimator:
             callbacks.append(TqdmCallback())
         if max_steps is not None:
             callbacks.append(MaxstepsCallback(max_step=max_steps))
-        recorder = _EpochStats()
+        recorder, settings = _EpochStats(), _RunnerSettings(self.runner)
         loop = self.loop
-        self._use_callbacks(callbacks + [recorder])
+        self._use_callbacks(callbacks + [recorder, settings])
         build_train = functools.partial(orca_loader, data, self.config, local)
         build_val = functools.partial(orca_loader, validation_data, self.config, local, True) \
             if validation_data is not None else None
         total = loop.epochs_completed + epochs
-        given = callbacks + [recorder, _SamplerEpoch()]
+        given = [settings] + callbacks + [recorder, _SamplerEpoch()]
         if loop.gpu_mode == 'ddp':
             loop.train_loader = loop.validation_loader = None
             kwargs: Dict[str, Any] = {'in_process_data_load': InMultiProcessDataLoad(build_train, build_val)}
