@@ -94,6 +94,23 @@ class TrainingHistory:
         return {name: self.train_history[name][self._epochs[name].index(epoch)]
                 for name in self.train_history if epoch in self._epochs.get(name, [])}
 
+    def lengths(self) -> dict[str, int]:
+        """How many values each metric has now: a mark that :meth:`drop_after` goes back to."""
+        return {name: len(values) for name, values in self.train_history.items()}
+
+    def drop_after(self, lengths: Mapping[str, int]) -> None:
+        """Forget the values recorded since :meth:`lengths` returned ``lengths`` (a metric new since then is
+        left with no values, as before). The loop does it when a stop abandons an evaluation: what it recorded
+        is recorded again when the resumed run evaluates."""
+        for name, values in self.train_history.items():
+            keep = lengths.get(name, 0)
+            del values[keep:]
+            del self._epochs.setdefault(name, [])[keep:]
+        for name in [name for name, values in self.train_history.items()
+                     if not values and name not in lengths and name not in self._empty_history()]:
+            del self.train_history[name]
+            self._epochs.pop(name, None)
+
     # ---- checkpoint state ----
     def state_dict(self) -> dict[str, Any]:
         """Values, their epochs, ``current_epoch`` and the step records, for a checkpoint."""

@@ -18,6 +18,10 @@ as median ratios of steps/s, two of them:
 ``--compile`` compares ``TrainLoop(..., compile=True)`` with a hand-written loop over the same
 ``torch.compile``'d model (compilation is warmed up first and never timed).
 
+Last, what a ``LossSpikeGuard`` costs per step, interleaved with the same runs (``action='skip'``, and
+``action='rollback'`` with its snapshot every 100 updates), and the memory one rollback snapshot takes, against the
+weights' (with the benchmark's SGD, and with Adam, whose two moments are in it too).
+
 ``--device cuda --model resnet18`` times a ResNet-18 step (3x224x224 images by default) on the GPU, the data
 already on the device. CUDA runs asynchronously, so every timer waits for the device first
 (``torch.cuda.synchronize``); neither loop reads a value on the host inside an epoch. ``make gpu-check`` runs it.
@@ -46,6 +50,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from aitoolbox_like import TrainLoop, TTBasicModel  # noqa: E402
 from aitoolbox_like.callbacks.abstract import AbstractCallback  # noqa: E402
+from aitoolbox_like.callbacks.health import LossSpikeGuard  # noqa: E402
 
 PER_STEP_HOOKS = ('on_batch_begin', 'on_after_backward', 'on_after_gradient_update', 'on_after_optimizer_step',
                   'on_batch_end')
@@ -240,10 +245,13 @@ def default_path(batches, val_batches, epochs, repeats):
     return default, aitoolbox, floor, bar
 
 
-def run_trainloop(batches, epochs, num_callbacks):
-    """(whole, steady): building the loop + fit, and the epochs only."""
+def run_trainloop(batches, epochs, num_callbacks, guard=None):
+    """(whole, steady): building the loop + fit, and the epochs only. ``guard``: with a LossSpikeGuard of that
+    action (its defaults otherwise)."""
     model, optimizer = new_model_and_optimizer()
     callbacks = [NoOp(i) for i in range(num_callbacks)]
+    if guard is not None:
+        callbacks.append(LossSpikeGuard(action=guard))
     times = []
 
     class EpochTimer(AbstractCallback):
@@ -271,6 +279,48 @@ def run_trainloop(batches, epochs, num_callbacks):
     sync()
     whole = time.perf_counter() - start
     return whole, sum(times)
+
+
+def guard_hooks_us(batches, number=20000, action='skip'):
+    """The LossSpikeGuard's own work per update, timed alone (its three hooks on a fitted loop's state, a new update
+    each time, minus the timing loop): what the guard adds to a step, without the run-to-run noise of whole fits."""
+    model, optimizer = new_model_and_optimizer()
+    guard = LossSpikeGuard(action=action)
+    loop = TrainLoop(model, batches[:2], None, None, optimizer, nn.CrossEntropyLoss(), end_auto_eval=False,
+                     progress_bar=False)
+    loop.move_to_device(DEVICE)
+    loop.fit(num_epochs=1, callbacks=[guard])
+    loop.loss = torch.tensor(2.3, device=DEVICE, requires_grad=True) * 1.0
+    loop.update_applied, loop.iteration = [True], 0
+    timings = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(number):
+            loop.total_iteration_idx += 1
+            guard.on_after_loss()
+            guard.on_after_gradient_update(0)
+            guard.on_batch_end()
+        hooks = time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(number):
+            loop.total_iteration_idx += 1
+        timings.append((hooks - (time.perf_counter() - start)) / number * 1e6)
+    return statistics.median(timings)
+
+
+def snapshot_sizes(batches):
+    """The bytes of one rollback snapshot over the bytes of the weights: with the benchmark's SGD, and with Adam."""
+    ratios = []
+    for optimizer_class in (torch.optim.SGD, torch.optim.Adam):
+        model, _ = new_model_and_optimizer()
+        guard = LossSpikeGuard(action='rollback')
+        loop = TrainLoop(model, batches[:2], None, None, optimizer_class(model.parameters(), lr=0.01),
+                         nn.CrossEntropyLoss(), end_auto_eval=False, progress_bar=False)
+        loop.move_to_device(DEVICE)
+        loop.fit(num_epochs=1, callbacks=[guard])
+        weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        ratios.append((guard.snapshot_bytes, guard.snapshot_bytes / weights))
+    return ratios
 
 
 def main():
@@ -327,6 +377,7 @@ def main():
     whole_plain, steady_plain, whole_cbs, steady_cbs, per_callback_us, overhead_us, fixed_ms, fixed_cbs_ms = \
         ([] for _ in range(8))
     noise_floor, noise_us = [], []      # the raw loop against itself: how far apart two equal runs come out
+    guard_us = {'skip': [], 'rollback': []}
     for _ in range(args.repeats):
         raw, _ = run_raw(batches, args.epochs)
         again, _ = run_raw(batches, args.epochs)
@@ -342,6 +393,8 @@ def main():
         overhead_us.append((plain[1] - raw) / steps * 1e6)
         fixed_ms.append((plain[0] - plain[1]) * 1e3)
         fixed_cbs_ms.append((with_cbs[0] - with_cbs[1]) * 1e3)
+        for action, costs in guard_us.items():
+            costs.append((run_trainloop(batches, args.epochs, 0, guard=action)[1] - plain[1]) / steps * 1e6)
     raw_step_us = run_raw(batches, args.epochs)[0] / steps * 1e6
     mode = f'torch.compile(backend={args.backend!r})' if args.compile else 'eager'
     if DEVICE.type == 'cuda':
@@ -367,6 +420,14 @@ def main():
     print(f'TrainLoop, 50 no-op callbacks:     {statistics.median(whole_cbs):.3f}       '
           f'{statistics.median(steady_cbs):.3f}')
     print(f'cost of one no-op callback per hook call: {statistics.median(per_callback_us):.3f} us (median)')
+    (sgd_bytes, sgd_ratio), (adam_bytes, adam_ratio) = snapshot_sizes(batches)
+    print(f"LossSpikeGuard per step (steady state): {statistics.median(guard_us['skip']):+.1f} us with "
+          f"action='skip', {statistics.median(guard_us['rollback']):+.1f} us with action='rollback' (a snapshot "
+          f"every 100 updates) (median; the noise floor above); its hooks timed alone: "
+          f"{guard_hooks_us(batches):.1f} us per update ('skip'), {guard_hooks_us(batches, action='rollback'):.1f} us "
+          f"('rollback', snapshots included)")
+    print(f'one rollback snapshot: {sgd_bytes / 2**20:.2f} MiB = {sgd_ratio:.2f} x the weights with SGD, '
+          f'{adam_bytes / 2**20:.2f} MiB = {adam_ratio:.2f} x with Adam (two are kept)')
 
 
 if __name__ == '__main__':

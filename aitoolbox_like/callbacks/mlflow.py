@@ -27,7 +27,7 @@ from ..experiment import CHECKPOINT_DIR, HYPERPARAMS_JSON, MODEL_DIR
 from ._common import BatchLossReader, StepLearningRates, as_number, check_int, is_number
 from ._mlflow_sender import Operation, Sender, is_transient_error
 from .performance_eval import history_series
-from .step_logging import StepLoggingTracker
+from .step_logging import AbstractStepLoggingTracker
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def git_commit(folder: Optional[str]) -> Optional[str]:
     return commit if result.returncode == 0 and len(commit) in (40, 64) else None
 
 
-class MLflowTracking(StepLoggingTracker):
+class MLflowTracking(AbstractStepLoggingTracker):
     """Track the training in MLflow: params, history metrics, batch losses, artifacts, tags, resume (what is
     logged and the arguments: see ``__init__``)."""
 

@@ -316,6 +316,9 @@ class ModelCheckpoint(ExperimentSaverBase):
         self.mode = mode
         self.scored = []        # [[score, epoch, file name]] of the epoch checkpoints, oldest first
         self.latest_checkpoint_path = None
+        #: (epoch, iteration_idx) of the latest save_checkpoint() in this process (iteration_idx None: at the epoch's
+        #: end), on every rank that calls it; None before the first.
+        self.saved_at = None
         self._nan_reported = False
         self._monitor_missing_reported = False
 
@@ -413,6 +416,7 @@ class ModelCheckpoint(ExperimentSaverBase):
         whether this callback runs on every rank (as the launcher arranges); pass False from code that runs on one
         rank only (e.g. while fit is failing)."""
         loop = self.train_loop_obj
+        self.saved_at = (loop.epoch, iteration_idx)
         sharded = distributed.is_fsdp_model(loop.model)     # FSDP: every rank writes its shards
         if all_ranks is None:
             all_ranks = self.device_idx_execution is None

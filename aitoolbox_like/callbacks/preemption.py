@@ -7,6 +7,7 @@ time for its upload, and end training cleanly, so that ``fit(resume_from='latest
 See docs/callbacks/preemption.md.
 """
 import logging
+import os
 import signal
 import threading
 import time
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_SIGNALS: Tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
+#: The loop's interruptible phases (engine/train_loop.py): a stop abandons them at once.
+FETCH, EVALUATION = 'fetch', 'evaluation'
 
 # What a previous handler can be (signal.getsignal): a callable, SIG_DFL / SIG_IGN, or None (set outside Python).
 _Handler = Union[Callable[[int, Any], Any], int, signal.Handlers, None]
@@ -82,6 +85,22 @@ class PreemptionCheckpoint(AbstractCallback):
 
     A second signal of the same kind while stopping calls the previous handler (a second Ctrl-C raises
     KeyboardInterrupt at once; a second SIGTERM with the default handler terminates the process).
+
+    A stop meets its deadline in every phase of a fit, not only between two steps:
+
+    - in one of the loop's interruptible phases (``loop.interruptible_phase``: waiting for the next training batch,
+      the end-of-epoch or end-of-training evaluation, torch.compile's warm-up in a compiled model's first step) the
+      handler abandons it at once (it raises ``TrainingInterrupted(phase=...)``; the loop puts its position back to
+      the end of the last trained batch) and the checkpoint is written in ``on_train_stopped``; the resumed run
+      fetches, evaluates or compiles again. In a DDP / FSDP fit an evaluation is abandoned at the next evaluation
+      batch the ranks agree on (as training steps are: about every ``stop_within_s``), and a wait for a batch only
+      when the signal reaches every rank there (torchrun and srun send it to every rank): the ranks then check that
+      they all stopped after the same batch (within ``fsdp_exception_timeout_s``) before they save;
+    - during a checkpoint write (the saving callbacks' on_epoch_end), the stop comes right after it, at the end of
+      the epoch, with that checkpoint as the one to continue from.
+
+    The time from the signal (or :meth:`request_stop`) to the durable checkpoint is logged and kept in
+    ``stop_latency_s``.
 
     Per training step the callback costs one attribute check in ``on_batch_end`` (no device sync). In a DDP fit
     the ranks agree on the step to stop at, so that a stop takes at most about ``stop_within_s`` seconds (1 s), or
@@ -167,7 +186,17 @@ class PreemptionCheckpoint(AbstractCallback):
         self.stop_reason: Optional[str] = None        # why training stopped early, or None
         self.received_signal: Optional[int] = None    # the signal that asked for the stop, or None
         self.checkpoint_path: Optional[str] = None    # the checkpoint written on the way out (rank 0), or None
+        self.stop_latency_s: Optional[float] = None   # seconds from the signal / request to the durable checkpoint
         self._requested: Optional[str] = None         # set by the signal handler / request_stop: the reason
+        self._requested_at: Optional[float] = None    # time.monotonic() of the request
+        self._pid = os.getpid()                       # the training process (forked loader workers inherit handlers)
+        self._abandoned: Optional[str] = None         # the phase a stop abandoned; its checkpoint is still to write
+        self._interrupt_group: Any = None             # DDP / FSDP: the bounded agreement after an abandoned fetch
+        # DDP / FSDP, in an evaluation pass: the batch index, the next agreement, the batches every rank has, the
+        # steps between agreements and the (stride, time.monotonic()) of the previous one.
+        self._eval_index, self._eval_next, self._eval_limit = 0, 0, 0
+        self._eval_stride = 1
+        self._eval_agreed_at: Optional[Tuple[int, float]] = None
         self._signals_seen: List[int] = []            # every signal handled in this fit (SLURM: requeue or not)
         self._in_slurm_job = False
         self._previous_handlers: Dict[signal.Signals, _Handler] = {}
@@ -184,8 +213,10 @@ class PreemptionCheckpoint(AbstractCallback):
     # ---- requesting a stop --------------------------------------------------------------------------------
 
     def request_stop(self, reason: str = 'stop requested') -> None:
-        """Ask training to checkpoint and stop at the end of the current step (safe from any thread)."""
+        """Ask training to checkpoint and stop at the end of the current step (safe from any thread); an evaluation
+        in progress is abandoned at its next batch."""
         if self._requested is None:
+            self._requested_at = time.monotonic()
             self._requested = reason
 
     @property
@@ -205,6 +236,26 @@ class PreemptionCheckpoint(AbstractCallback):
             self.received_signal = signum
         self._signals_seen.append(signum)
         self.request_stop(f'received {signal.Signals(signum).name}')
+        phase = self._phase_to_abandon()
+        if phase is not None:
+            # Between two bytecodes of the main thread inside the phase: what it was doing is abandoned, and the
+            # checkpoint follows in on_train_stopped, once the loop has put its position back.
+            self._abandoned = phase
+            raise TrainingInterrupted(self._requested or 'stop requested', phase=phase)
+
+    def _phase_to_abandon(self) -> Optional[str]:
+        loop = self.train_loop_obj
+        if loop is None or os.getpid() != self._pid or self.stop_reason is not None or self._abandoned is not None:
+            return None
+        phase = loop.interruptible_phase
+        if phase is None:
+            return None
+        # Several processes: abandoning a phase must not leave another rank alone in a collective. An evaluation
+        # pass is abandoned at an agreed batch instead (on_eval_batch_begin); a wait for the next batch holds no
+        # collective, and the ranks check afterwards that they all stopped there (on_train_stopped).
+        if loop.world_size > 1 and phase != FETCH:
+            return None
+        return phase
 
     def _forward_to_previous(self, signum: int, frame: Any) -> None:
         previous = self._previous_handlers.get(signal.Signals(signum), signal.SIG_DFL)
@@ -217,7 +268,8 @@ class PreemptionCheckpoint(AbstractCallback):
     # ---- hooks ------------------------------------------------------------------------------------------------
 
     def hooks_in_use(self) -> List[str]:
-        hooks = ['on_train_begin', 'on_batch_end', 'on_train_end', 'on_exception']
+        hooks = ['on_train_begin', 'on_batch_end', 'on_train_end', 'on_exception', 'on_eval_begin',
+                 'on_eval_batch_begin', 'on_epoch_end', 'on_train_stopped']
         if self.save_on_exception:
             # Only then does it need to know whether an exception came between two steps.
             hooks += ['on_batch_begin', 'on_train_epoch_end']
@@ -225,10 +277,13 @@ class PreemptionCheckpoint(AbstractCallback):
 
     def on_train_begin(self) -> None:
         """Reset the state of the previous fit, install the signal handlers and, in DDP, the agreement group."""
-        self.stop_reason = self._requested = None
+        self.stop_reason = self._requested = self._requested_at = None
         self.received_signal = None
         self._signals_seen = []
         self.checkpoint_path = None
+        self.stop_latency_s = None
+        self._abandoned = None
+        self._pid = os.getpid()
         self._between_steps = False
         self._next_agreement, self._stride, self._agreed_at = -1, 1, None     # the first one after the first step
         self._stop_due = self._window_reported = False
@@ -242,6 +297,11 @@ class PreemptionCheckpoint(AbstractCallback):
             # which must not be training's. Made here, where every rank is known to take part (new_group is a
             # collective).
             self._exception_group = dist.new_group(backend='gloo',
+                                                   timeout=timedelta(seconds=self.fsdp_exception_timeout_s))
+        if loop.world_size > 1 and self.signals and self._interrupt_group is None:
+            # Its timeout bounds the check that every rank abandoned the same wait for a batch (a group of its own:
+            # a timed-out gloo group is unusable after).
+            self._interrupt_group = dist.new_group(backend='gloo',
                                                    timeout=timedelta(seconds=self.fsdp_exception_timeout_s))
         self._install_handlers()
 
@@ -283,13 +343,104 @@ class PreemptionCheckpoint(AbstractCallback):
         if self._group is None:
             if self._requested is None:
                 return
-        elif not self._stop_due and (self.train_loop_obj.total_iteration_idx < self._next_agreement
-                                     or not self._agreed_stop()):
-            return
+        elif not self._stop_due:
+            idx = self.train_loop_obj.total_iteration_idx
+            # A rollback (TrainLoop.restart_from) moves every rank back alike: the next agreement comes at once.
+            if idx < self._next_agreement and (self._agreed_at is None or idx > self._agreed_at[0]):
+                return
+            if not self._agreed_stop():
+                return
         self._stop_due = True
         if self._inside_sharded_window():
             return
         self._checkpoint_and_stop()
+
+    def on_eval_begin(self, dataset_info: Dict[str, Any]) -> None:
+        """DDP / FSDP, a pass of the loop's own evaluation: the agreements on stopping inside it start with its first
+        batch, at batches every rank has (the fewest batches of any rank: one all-reduce per pass)."""
+        self._eval_index, self._eval_next, self._eval_limit = 0, 0, 0
+        self._eval_stride, self._eval_agreed_at = 1, None
+        loop = self.train_loop_obj
+        if self._group is None or not dataset_info.get('interruptible'):
+            return
+        loader = {'train': loop.train_loader, 'validation': loop.validation_loader,
+                  'test': loop.test_loader}.get(str(dataset_info.get('type')))
+        try:
+            batches = len(loader) if loader is not None else 0
+        except TypeError:
+            batches = 0         # not known in advance: this pass is not abandoned, the stop follows it
+        fewest = torch.tensor([batches], dtype=torch.int64)
+        dist.all_reduce(fewest, op=dist.ReduceOp.MIN, group=self._group)
+        self._eval_limit = int(fewest[0])
+
+    def on_eval_batch_begin(self, batch: Any, dataset_info: Dict[str, Any]) -> None:
+        """In the loop's end-of-epoch / end-of-training evaluation: abandon the pass when a stop was asked for (in
+        DDP / FSDP, agreed at batches about ``stop_within_s`` apart, as training steps are)."""
+        loop = self.train_loop_obj
+        if loop.interruptible_phase != EVALUATION or self.stop_reason is not None:
+            return
+        if self._group is None:
+            if self._requested is None:
+                return
+        else:
+            index, self._eval_index = self._eval_index, self._eval_index + 1
+            if index != self._eval_next or index >= self._eval_limit or not self._agreed_stop_in_pass(index):
+                return
+        self._abandoned = EVALUATION
+        raise TrainingInterrupted(self._requested or 'stop requested', phase=EVALUATION)
+
+    def _agreed_stop_in_pass(self, index: int) -> bool:
+        """DDP / FSDP, at an agreement batch of an evaluation pass: the training agreement's all-reduce of [stop
+        flag, seconds per batch], over the same group, with the pass's own schedule."""
+        now = time.monotonic()
+        batch_s = 0.0
+        if self._eval_agreed_at is not None:
+            batch_s = (now - self._eval_agreed_at[1]) / max(index - self._eval_agreed_at[0], 1)
+        values = torch.tensor([0.0 if self._requested is None else 1.0, batch_s], dtype=torch.float64)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self._group)
+        self._eval_stride = next_agreement_stride(self._eval_stride, float(values[1]), self.stop_within_s)
+        self._eval_next = index + self._eval_stride
+        self._eval_agreed_at = (index, now)
+        stop = bool(values[0] > 0)
+        if stop and self._requested is None:
+            self.request_stop('another rank was asked to stop')
+        return stop
+
+    def on_epoch_end(self) -> None:
+        """A stop asked for during the epoch's end (a checkpoint write, its metrics): stop now, with the checkpoint
+        the saving callback has just written at the epoch's end (or one written now). DDP / FSDP: agreed by every rank
+        (one all-reduce of a flag per epoch)."""
+        stop = self._requested is not None
+        if self._group is not None:
+            flag = torch.tensor([1 if stop else 0], dtype=torch.int64)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+            stop = bool(flag[0])
+            if stop and self._requested is None:
+                self.request_stop('another rank was asked to stop')
+        if stop:
+            self._checkpoint_and_stop()
+
+    def on_train_stopped(self, reason: BaseException) -> None:
+        """After a stop that abandoned a phase (the loop has put its position back to the end of the last trained
+        batch): write the checkpoint to continue from."""
+        phase, self._abandoned = self._abandoned, None
+        if phase is None or not isinstance(reason, TrainingInterrupted) or self.stop_reason is not None:
+            return
+        loop = self.train_loop_obj
+        if phase == FETCH and loop.world_size > 1 and not self._every_rank_stopped_here(loop):
+            self.stop_reason = self._requested or 'stop requested'
+            return
+        self._checkpoint_and_stop(raise_after=False, abandoned=phase)
+
+    def _every_rank_stopped_here(self, loop: 'TrainLoop') -> bool:
+        group, self._interrupt_group = self._interrupt_group, None      # once: a timed-out group is unusable
+        agreed = agree_on_position(group, loop.total_iteration_idx) if group is not None else None
+        if not agreed:
+            logger.warning("%s (rank %d): the stop abandoned this rank's wait for batch %d, but not every rank "
+                           'stopped there within %gs: no checkpoint is written (the last checkpoint is the resume '
+                           'point)', type(self).__name__, loop.global_rank, loop.total_iteration_idx + 1,
+                           self.fsdp_exception_timeout_s)
+        return bool(agreed)
 
     def _inside_sharded_window(self) -> bool:
         """FSDP: a sharded checkpoint cannot hold the accumulated gradients of an open gradient-accumulation window
@@ -323,19 +474,28 @@ class PreemptionCheckpoint(AbstractCallback):
             self._requested = 'another rank was asked to stop'
         return stop
 
-    def _checkpoint_and_stop(self) -> None:
+    def _checkpoint_and_stop(self, raise_after: bool = True, abandoned: Optional[str] = None) -> None:
         loop = self.train_loop_obj
         reason = self._requested or 'stop requested'
         self.stop_reason = reason
+        at_epoch_end = loop.epochs_completed > loop.epoch
         if loop.is_main_process():
-            logger.warning('%s: saving a checkpoint after batch %d (epoch %d) and stopping training',
-                           reason, loop.total_iteration_idx, loop.epoch)
+            where = f'at the end of epoch {loop.epoch}' if at_epoch_end else \
+                f'after batch {loop.total_iteration_idx} (epoch {loop.epoch})'
+            logger.warning('%s: %ssaving a checkpoint %s and stopping training', reason,
+                           f'the {abandoned} was abandoned; ' if abandoned else '', where)
         self.checkpoint_path = self._save(loop)
+        if self.checkpoint_path and self._requested_at is not None:
+            self.stop_latency_s = time.monotonic() - self._requested_at
+            if loop.is_main_process():
+                logger.warning('%s: the checkpoint is durable %.2f s after the stop was asked for: %s', reason,
+                               self.stop_latency_s, self.checkpoint_path)
         self._wait_for_uploads(loop)
         if self.checkpoint_path and loop.is_main_process():
             logger.warning('%s: checkpoint saved; continue with %s', reason, loop.how_to_resume())
-        raise TrainingInterrupted(reason, f'{reason}: checkpoint saved, continue with {loop.how_to_resume()}'
-                                  if self.checkpoint_path else None)
+        if raise_after:
+            raise TrainingInterrupted(reason, f'{reason}: checkpoint saved, continue with {loop.how_to_resume()}'
+                                      if self.checkpoint_path else None)
 
     def _save(self, loop: 'TrainLoop', all_ranks: Optional[bool] = None) -> Optional[str]:
         saver = find_checkpoint_callback(loop)
@@ -345,7 +505,15 @@ class PreemptionCheckpoint(AbstractCallback):
                                'without a checkpoint', type(self).__name__)
             return None
         idx = loop.total_iteration_idx
-        if isinstance(saver, ModelIterationCheckpoint) and idx > 0 and idx % saver.save_frequency == 0:
+        if loop.epochs_completed > loop.epoch:
+            # At an epoch's end (the epoch and its evaluation complete): the epoch's own checkpoint, which the
+            # saving callback may have just written (then it is only waited for).
+            if saver.saved_at == (loop.epoch, None):
+                saver.wait_for_pending_save()
+                return saver.latest_checkpoint_path
+            return saver.save_checkpoint(wait=True, all_ranks=all_ranks)
+        if isinstance(saver, ModelIterationCheckpoint) and idx > 0 and idx % saver.save_frequency == 0 \
+                and saver.saved_at == (loop.epoch, idx):
             saver.wait_for_pending_save()           # it saved after this very batch already (maybe in the background)
             return saver.latest_checkpoint_path
         # wait: the checkpoint (file, pointer, queued upload) is complete before its upload is waited for.
@@ -381,7 +549,7 @@ class PreemptionCheckpoint(AbstractCallback):
         """Put the previous signal handlers back; with ``on_exception=True`` save a checkpoint when the exception
         came between two training steps."""
         self._restore_handlers()
-        self._group = None          # as at the end of a fit (_finish_agreement)
+        self._group = self._interrupt_group = None          # as at the end of a fit (_finish_agreement)
         if not self.save_on_exception or isinstance(exception, SystemExit) or self.checkpoint_path is not None:
             return
         loop = self.train_loop_obj
@@ -435,7 +603,7 @@ class PreemptionCheckpoint(AbstractCallback):
         # No process-group object outlives the fit here: one still referenced when the script's
         # destroy_process_group() has run is destroyed at interpreter exit, where gloo's threads can abort the
         # process ("terminate called without an active exception": 2 runs in 12 under torchrun before this).
-        self._group = self._exception_group = None
+        self._group = self._exception_group = self._interrupt_group = None
 
 
 def next_agreement_stride(stride: int, step_s: float, within_s: float, most: Optional[int] = None) -> int:

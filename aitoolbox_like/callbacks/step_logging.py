@@ -5,7 +5,7 @@ from ._common import BatchLossReader, StepLearningRates
 from .abstract import AbstractExperimentCallback
 
 
-class StepLoggingTracker(AbstractExperimentCallback):
+class AbstractStepLoggingTracker(AbstractExperimentCallback):
     """A tracker that, with ``batch_log_frequency=k``, logs the loss and the learning rate of every k-th step: the
     learning rate each logged step's update uses is read when the step begins (a Python float), the losses are read
     from the device in one transfer every ``batch_sync_frequency`` steps by the subclass's ``log_mid_train_loss``

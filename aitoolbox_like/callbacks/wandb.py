@@ -20,7 +20,7 @@ import torch
 from ..experiment import get_experiment
 from ._common import BatchLossReader, StepLearningRates, as_number, check_int, is_number
 from .performance_eval import history_series
-from .step_logging import StepLoggingTracker
+from .step_logging import AbstractStepLoggingTracker
 from .tensorboard import unwrap_model
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def _json_safe(hyperparams: Dict[str, Any]) -> Any:
     return json.loads(json.dumps(hyperparams, default=repr))
 
 
-class WandBTracking(StepLoggingTracker):
+class WandBTracking(AbstractStepLoggingTracker):
     """Track the training in Weights & Biases: config, history, batch losses, alerts, code and model watching
     (what is logged and the arguments: see ``__init__``)."""
 

@@ -19,14 +19,24 @@ class TrainingInterrupted(StopTraining):
     (to close and flush), and callbacks that report the end of training skip their reports, which belong to the
     run's real end.
 
+    Raised in the middle of one of the loop's interruptible phases (``loop.interruptible_phase``: waiting for the
+    next training batch, the end-of-epoch or end-of-training evaluation, the compile warm-up of a compiled model's
+    first step), it abandons what was going on there: with ``phase`` naming that phase, the loop puts its position
+    back to the end of the last trained batch (the evaluation's records leave the history) before
+    ``on_train_stopped``, where the checkpoint to continue from is then written, and the resumed run redoes what was
+    abandoned.
+
     Args:
         reason (str): why, in a few words (``'received SIGINT'``); it becomes ``loop.interrupted``.
         message (str or None): the whole message (default: ``reason``).
+        phase (str or None): the interruptible phase it was raised in (``loop.interruptible_phase`` at the time), or
+            None when raised between two steps.
     """
 
-    def __init__(self, reason: str, message: Optional[str] = None) -> None:
+    def __init__(self, reason: str, message: Optional[str] = None, phase: Optional[str] = None) -> None:
         super().__init__(message or reason)
         self.reason = reason
+        self.phase = phase
 
 
 # Every hook the loop calls, in the order of a fit. The handler dispatches a hook only to the callbacks that use
@@ -88,6 +98,13 @@ class AbstractCallback:
     #: search (``aitoolbox-like tune``) can only check its ``--monitor`` against this callback at the end of the first
     #: epoch instead of before the first trial.
     history_names: Optional[Tuple[str, ...]] = None
+
+    #: True when this callback may call ``train_loop_obj.skip_update()`` / ``train_loop_obj.end_epoch()``. In a
+    #: distributed fit the ranks then agree on every update / batch whether one of them asked (one small CPU
+    #: collective each), so that all act alike; a fit without such a callback pays nothing, and calling them there
+    #: is refused with this fix. A single-process fit needs no declaration.
+    may_skip_updates: bool = False
+    may_end_epochs: bool = False
 
     def __init__(self, callback_name: str, execution_order: float = 0,
                  device_idx_execution: Optional[int] = None) -> None:
@@ -173,7 +190,8 @@ class AbstractCallback:
     def on_after_loss(self) -> None:
         """In the standard step, after ``get_loss`` and before backward: ``train_loop_obj.loss`` is the batch's loss
         (not detached) and ``train_loop_obj.batch`` the batch. Replace ``train_loop_obj.loss`` to change what is
-        backpropagated and recorded (add a regulariser, scale it). Runs every step."""
+        backpropagated and recorded (add a regulariser, scale it), or call ``train_loop_obj.skip_update()`` to leave
+        this step's optimizer update out. Runs every step."""
 
     def on_after_backward(self) -> None:
         """After every micro-batch's backward(): gradients hold this micro-batch's contribution (scaled under
@@ -182,7 +200,8 @@ class AbstractCallback:
     def on_after_gradient_update(self, optimizer_idx: int) -> None:
         """On optimizer-update steps only, for each optimizer before it steps: gradients are final and unscaled,
         so clip or inspect them here. ``optimizer_idx`` (also ``train_loop_obj.optimizer_idx``) names the
-        optimizer about to step."""
+        optimizer about to step. ``train_loop_obj.skip_update()`` from here (that of the first optimizer to step)
+        leaves the update out."""
 
     def on_after_optimizer_step(self) -> None:
         """On optimizer-update steps, after each optimizer's step() and before its zero_grad().

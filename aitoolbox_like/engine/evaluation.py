@@ -273,12 +273,20 @@ class Evaluation:
         info.setdefault('type', None)
         if with_predictions:
             info['with_predictions'] = True
+        # A stop may abandon the batches of a pass in the loop's interruptible evaluation (the pass is redone on
+        # resume), never its begin and end hooks: weights swapped in for the pass (EMA) are swapped back.
+        phase, loop.interruptible_phase = loop.interruptible_phase, None
+        if phase is not None:
+            info['interruptible'] = True
         loop.callbacks_handler.fire('on_eval_begin', info)
         try:
+            loop.interruptible_phase = phase
             yield info
         finally:
+            loop.interruptible_phase = None
             loop.model.train(was_training)
             loop.callbacks_handler.fire('on_eval_end', info)
+            loop.interruptible_phase = phase
 
     # ------------------------------------------------------------------------------ averaging
 

@@ -58,6 +58,7 @@ from .checks import (check_fit_inputs, check_fit_keywords, explain_step_failure,
                      loss_to_record, names_foreign_keywords)
 from .evaluation import EVAL_LOSS_WEIGHTINGS, Evaluation
 from .handler import CallbacksHandler, import_object
+from .steering import RunSteering, StepRequestError, close_window_across_ranks
 
 if TYPE_CHECKING:
     from ..experiment import Experiment, ExperimentUploader
@@ -69,6 +70,11 @@ _NOTHING = contextlib.nullcontext()
 logger = logging.getLogger('aitoolbox_like.train_loop')
 
 GPU_MODES = ('single', 'dp', 'ddp', 'fsdp')
+#: The loop's interruptible phases (``loop.interruptible_phase``), which a stop may abandon (see TrainingInterrupted):
+#: waiting for the next training batch, the end-of-epoch / end-of-training evaluation, and the forward and backward
+#: of a compiled model's first training step in a single-process fit (torch.compile's warm-up).
+FETCH, EVALUATION, COMPILE = 'fetch', 'evaluation', 'compile'
+INTERRUPTIBLE_PHASES = (FETCH, EVALUATION, COMPILE)
 #: What no update step leaves in ``update_applied``: the loop sets it before every batch, so a batch whose step
 #: updates nothing (a custom train_step that skips its update) leaves every consumer of it where it was.
 _NO_UPDATE: Sequence[bool] = ()
@@ -221,6 +227,12 @@ class TrainLoop:
         self.update_applied: Sequence[bool] = _NO_UPDATE
         self.loss_batch_accum: List[Any] = []
         self.early_stop = False
+        # what callbacks ask of the run beyond their own state: skip_update(), end_epoch(), agreed by every rank
+        self.steering = RunSteering(self)
+        # The phase a stop may abandon now (one of INTERRUPTIBLE_PHASES), or None: between two steps, or inside one.
+        self.interruptible_phase: Optional[str] = None
+        self._history_marks: Dict[str, int] = {}       # the history's lengths before the epoch-end phase
+        self._compile_warm = False                     # a compiled model's first training step has run
         # Why the latest fit stopped before its end, leaving a checkpoint to continue from (e.g. 'received SIGINT'),
         # or None when it trained to its end (early stopping included). Code after fit reads it before treating the
         # model as trained; `aitoolbox-like train` exits with status 130 then.
@@ -532,6 +544,7 @@ class TrainLoop:
         self.register_fit_callbacks(callbacks)
         import_object(DEFAULT_CALLBACKS)(self)
         self.train_step_owner = self._find_train_step_owner()
+        self.steering.start()
         if self.print_callbacks:
             handler.print_registered_callback_names()
         check_fit_inputs(self, self._amp.unavailable, final=False, need_train_loader=True)
@@ -558,7 +571,14 @@ class TrainLoop:
                 handler.fire('on_train_stopped', stop)
             try:
                 if self.interrupted is None:    # the end-of-training evaluation belongs to the run's real end
-                    self.auto_execute_end_of_training()
+                    try:
+                        self.interruptible_phase = EVALUATION
+                        self.auto_execute_end_of_training()
+                    except TrainingInterrupted as stop:     # abandoned: the resumed run evaluates again
+                        self.interrupted = stop.reason
+                        handler.fire('on_train_stopped', stop)
+                    finally:
+                        self.interruptible_phase = None
                 handler.fire('on_train_end')
             except StopTraining:
                 pass
@@ -573,6 +593,8 @@ class TrainLoop:
                 logger.exception('A background checkpoint write failed while fit was failing with %r', exc)
             self.wait_for_uploads(after_exception=True)
             raise
+        finally:
+            self.steering.finish()
         return self.model
 
     def wait_for_pending_saves(self) -> None:
@@ -620,6 +642,7 @@ class TrainLoop:
                            'larger num_epochs to continue', epoch, self.num_epochs)
         handler = self.callbacks_handler
         fire, hooks = handler.fire, handler.hook_lists
+        steering = self.steering
         self._epochs_running = True
         try:
             # With num_iterations the batch count decides (num_epochs is only an estimate then: a previous fit may
@@ -630,23 +653,47 @@ class TrainLoop:
                 self.loss_batch_accum = []
                 fire('on_epoch_begin')
                 step = self._train_step if self.train_step_owner is None else self._custom_step
+                # torch.compile's warm-up runs in the first step of a compiled model: a stop may abandon it.
+                warm_up = self.compiled_model is not None and not self._compile_warm and step == self._train_step \
+                    and self.world_size == 1
                 for self.iteration, self.batch, self._is_last_batch in self._batches():
                     self.total_iteration_idx += 1
                     self.update_applied = _NO_UPDATE
                     # Per step, a hook no callback uses costs a dict lookup, not a call.
                     if hooks['on_batch_begin']:
                         fire('on_batch_begin')
-                    step(self.batch)
+                    if warm_up:
+                        warm_up = False
+                        # Abandoned only where the accumulated gradients are empty (the step opens its window).
+                        self._train_step(self.batch, self.iteration % self.grad_accumulation == 0)
+                    else:
+                        step(self.batch)
+                    if steering.end_epoch_requested or steering.agree_epoch_ends:
+                        self._end_epoch_after_batch(before_batch_end=True)
                     if hooks['on_batch_end']:
                         fire('on_batch_end')
-                    if self._is_last_batch:
+                    if self._is_last_batch or ((steering.end_epoch_requested or steering.agree_epoch_ends)
+                                               and self._end_epoch_after_batch(before_batch_end=False)):
                         break
+                steering.end_epoch_requested = False        # the epoch ended: a request in its last batch is met
+                if steering.restart_epoch is not None:      # restart_from(): reopen that epoch at its position
+                    epoch, steering.restart_epoch = steering.restart_epoch, None
+                    continue
+                self._history_marks = self.train_history.lengths()
                 fire('on_train_epoch_end')
                 if self.total_iteration_idx == iteration_before and self.num_iterations:
                     raise ValueError(f'train_loader yielded no batches in epoch {epoch}; fit(num_iterations='
                                      f'{self.num_iterations}) cannot make progress')
                 self.epochs_completed = epoch + 1
-                self.auto_execute_end_of_epoch()
+                try:
+                    self.interruptible_phase = EVALUATION
+                    self.auto_execute_end_of_epoch()
+                except TrainingInterrupted as stop:
+                    if stop.phase == EVALUATION:
+                        self._rewind_epoch_end(epoch)
+                    raise
+                finally:
+                    self.interruptible_phase = None
                 fire('on_epoch_end')
                 self.message_service.end_of_epoch_trigger()
                 if self._agree_on_early_stop():
@@ -655,6 +702,55 @@ class TrainLoop:
                 epoch += 1
         finally:
             self._epochs_running = False
+
+    def _end_epoch_after_batch(self, before_batch_end: bool) -> bool:
+        """end_epoch() was called (on some rank): when the ranks agree, this batch becomes the epoch's last, and a
+        gradient-accumulation window it leaves open is applied as the last batch of an epoch applies it. Returns
+        whether the epoch ends."""
+        steering = self.steering
+        if not steering.decide_end_epoch():
+            return False
+        if steering.restart_epoch is not None:
+            # restart_from() (from on_batch_end): the epoch reopens at its position after this batch, without an end.
+            if before_batch_end:
+                return False
+            steering.end_epoch_requested = False
+            return True
+        steering.end_epoch_requested = False
+        window_open = self.update_applied is _NO_UPDATE and not self._is_update_step()
+        self._is_last_batch = True
+        if window_open:
+            if not before_batch_end and self.is_main_process():
+                logger.warning('end_epoch() was called in on_batch_end of batch %d, inside a gradient-accumulation '
+                               'window: its update is applied after the batch\'s on_batch_end, where callbacks that '
+                               'count updates (step-wise schedulers, EMA) do not see it; call end_epoch() before '
+                               'on_batch_end (from on_batch_begin to on_after_gradient_update)', self.total_iteration_idx)
+            close_window_across_ranks(self, self.ddp_model)
+            self._update_optimizers()
+        if self.is_main_process():
+            logger.info('Epoch %d ends after batch %d (end_epoch())', self.epoch, self.iteration)
+        return True
+
+    def _rewind_epoch_end(self, epoch: int) -> None:
+        """A stop abandoned the end-of-epoch evaluation of ``epoch``: the loop is put back to the end of the epoch's
+        last batch (what the evaluation recorded leaves the history), where the checkpoint to continue from is written,
+        and the resumed run evaluates again."""
+        self.train_history.drop_after(self._history_marks)
+        self.epochs_completed = epoch
+        self.evaluation.purge()
+
+    def _rewind_step(self, rng: Dict[str, Any], losses: int) -> None:
+        """A stop abandoned the forward / backward of this batch (torch.compile's warm-up): the loop is put back to the
+        end of the previous batch (random-number states, running losses, the position; the gradients this step began
+        to accumulate are dropped, as it opened its window)."""
+        loop_state.restore_rng_state(self, rng)
+        del self.loss_batch_accum[losses:]
+        for param in self.model.parameters():
+            param.grad = None
+        self.total_iteration_idx -= 1
+        self.iteration -= 1
+        self._is_last_batch = False
+        self.update_applied = _NO_UPDATE
 
     def _iterations_done(self) -> bool:
         num_iterations = self.num_iterations
@@ -673,22 +769,39 @@ class TrainLoop:
             length = len(loader) if sized else None
         except TypeError:
             length = None
+        # Nothing of this epoch is trained yet: a stop while the first batch is fetched saves this position.
+        self.iteration = start - 1
+        # Each wait for a batch is an interruptible phase (a stop abandons it: the batch is fetched again on resume).
         if length is not None:
             last = length - 1 if remaining is None else min(length, start + remaining) - 1
-            for i, batch in enumerate(iterator, start):
+            i = start
+            while True:
+                self.interruptible_phase = FETCH
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    return
+                finally:
+                    self.interruptible_phase = None
                 yield i, batch, i == last
-            return
+                i += 1
+        self.interruptible_phase = FETCH
         try:
             batch = next(iterator)
         except StopIteration:
             return
+        finally:
+            self.interruptible_phase = None
         i = start
         while True:
+            self.interruptible_phase = FETCH
             try:
                 upcoming = next(iterator)
             except StopIteration:
                 yield i, batch, True
                 return
+            finally:
+                self.interruptible_phase = None
             yield i, batch, remaining is not None and i - start == remaining - 1
             batch, i = upcoming, i + 1
 
@@ -713,11 +826,15 @@ class TrainLoop:
 
     # ---------------------------------------------------------------------------------------- the training step
 
-    def _train_step(self, batch: Any) -> None:
+    def _train_step(self, batch: Any, interruptible: bool = False) -> None:
         """One training step as the algorithm reads: the forward pass under autocast, on_after_loss (which may
         replace ``loss``), the loss kept for the epoch's mean (detached: no host sync), backward (which fires
-        on_after_backward) and, on update steps, the optimizer update."""
+        on_after_backward) and, on update steps, the optimizer update. ``interruptible``: the forward and backward
+        are the COMPILE phase (a compiled model's first step), which a stop may abandon."""
         update = self._is_update_step()
+        if interruptible:
+            rewind = (loop_state.capture_rng_state(self), len(self.loss_batch_accum))
+            self.interruptible_phase = COMPILE
         try:
             # DDP: micro-batches that do not update skip the gradient all-reduce (no_sync covers the forward too).
             with _NOTHING if self.ddp_model is None else distributed.skip_grad_sync(self.ddp_model, not update):
@@ -729,11 +846,24 @@ class TrainLoop:
                 self.loss_batch_accum.append(loss.detach() if isinstance(loss, torch.Tensor)
                                              else loss_to_record(loss, self))
                 self.backward(loss)
+        except TrainingInterrupted as stop:
+            if interruptible and stop.phase == COMPILE:
+                self._rewind_step(*rewind)
+            raise
         except Exception as failure:    # costs nothing unless a step fails: then the common mistakes are named
+            wrapped = _interruption_inside(failure) if interruptible else None
+            if wrapped is not None and wrapped.phase == COMPILE:
+                # torch.compile wraps what its backend raised (BackendCompilerFailed): the stop is the cause.
+                self._rewind_step(*rewind)
+                raise wrapped from None
             explained = explain_step_failure(failure, self)
             if explained is None:
                 raise
             raise explained
+        finally:
+            if interruptible:
+                self.interruptible_phase = None
+                self._compile_warm = True
         if update:
             self._update_optimizers()
 
@@ -772,6 +902,67 @@ class TrainLoop:
         if self.callbacks_handler.hook_lists['on_after_backward']:
             self.callbacks_handler.fire('on_after_backward')
 
+    def skip_update(self) -> None:
+        """Leave out the optimizer update of this step, on every rank of a distributed fit (the ranks agree, so they
+        never diverge). Call it from ``on_after_loss``, ``on_after_backward`` or ``on_after_gradient_update`` (of the
+        first optimizer to step), or from a custom ``train_step`` before ``step_optimizers()``; inside a
+        gradient-accumulation window it leaves out the window's update. The update is left out as the fp16
+        GradScaler leaves out one with non-finite gradients: the hooks of the update run
+        (``on_after_gradient_update``, ``on_after_optimizer_step``), no optimizer steps, the gradients are zeroed, the
+        scaler's update runs (on the gradients' own inf check) and ``optimizer_update_applied()`` is False, so
+        schedulers, EMA / SWA and the counters of updates do not move; ``update_skipped`` is True.
+
+        In a distributed fit the callback that calls it declares ``may_skip_updates = True`` (see AbstractCallback).
+        Called too late (after an optimizer stepped in this batch) or outside fit it raises ``StepRequestError``."""
+        self.steering.request_skip()
+
+    @property
+    def update_skipped(self) -> bool:
+        """True once this batch's optimizer update was left out by :meth:`skip_update` (read it from
+        on_after_optimizer_step or on_batch_end)."""
+        return self.steering.skipped_in == self.total_iteration_idx
+
+    def end_epoch(self) -> None:
+        """End the current epoch after this batch, on every rank of a distributed fit: the batch becomes the epoch's
+        last (``is_last_batch``), a gradient-accumulation window it leaves open is applied as the last batch of an
+        epoch applies it, and the epoch ends as any epoch does (``on_train_epoch_end``, its evaluation,
+        ``on_epoch_end``); training goes on with the next epoch. Call it from any hook of a training batch (before
+        ``on_batch_end`` when gradients accumulate, so the closing update is counted where updates are counted).
+
+        In a distributed fit the callback that calls it declares ``may_end_epochs = True`` (see AbstractCallback)."""
+        self.steering.request_end_epoch()
+
+    def restart_from(self, checkpoint: Dict[str, Any], skip_batches: int = 0, source: str = 'a snapshot') -> None:
+        """Go back (or forward) to ``checkpoint``, a mid-epoch training checkpoint of this run taken between two
+        optimizer updates (``loop_state.build_snapshot``, as LossSpikeGuard keeps them in memory, or one that
+        ``build_checkpoint`` made): its weights, optimizer, GradScaler, schedulers and callbacks' state, history,
+        counters and random-number states are put back now, and after this batch the epoch loop continues from its
+        position, ``skip_batches`` batches of data further: those batches are never trained (never past the end of
+        the checkpoint's epoch; the next epoch then starts). The checkpoint dict is not changed (what the loop takes
+        is a copy). Call it from ``on_batch_end``; every rank of a distributed fit calls it at the same batch."""
+        if not self.epochs_running:
+            raise StepRequestError('restart_from() changes the course of a fit: call it from on_batch_end')
+        if isinstance(skip_batches, bool) or not isinstance(skip_batches, int) or skip_batches < 0:
+            raise ValueError(f'skip_batches must be an int >= 0, got {skip_batches!r}')
+        if checkpoint.get('data_position', {}).get('batches_done') is None:
+            raise ValueError(f'{source} was taken at the end of an epoch; restart_from() takes a mid-epoch checkpoint')
+        taken = loop_state.copy_tree(checkpoint, torch.Tensor.clone)
+        for param in self.model.parameters():
+            param.grad = None
+        position = loop_state.apply_checkpoint(self, taken, source)
+        assert position is not None
+        try:
+            epoch_length: Optional[int] = len(self.train_loader)
+        except TypeError:
+            epoch_length = None
+        done = position['batches_done'] + skip_batches
+        position['batches_done'] = done if epoch_length is None else min(done, epoch_length)
+        plan = loop_state.ResumePlan(source, taken)
+        plan.applied, plan.position = True, position
+        self.resume_plan = plan
+        self.steering.restart_epoch = position['epoch']
+        self.steering.end_epoch_requested = True     # leave this epoch's batches after this one (no epoch end)
+
     def step_optimizers(self, optimizer_indices: Optional[Sequence[int]] = None) -> None:
         """Apply an update with the given optimizers (all by default) as the standard step does: unscale once under
         fp16, on_after_gradient_update, step (GradScaler.step under fp16), on_after_optimizer_step, zero_grad, then
@@ -793,11 +984,20 @@ class TrainLoop:
             applied = self.update_applied = [i in indices for i in range(len(optimizers))]
         if scaled:
             amp.unscale(chosen)
+        steering = self.steering
+        decide, skip = True, False
         for idx in indices:
             self.optimizer_idx = idx
             if hooks['on_after_gradient_update']:
                 handler.fire('on_after_gradient_update', idx)
-            if scaled:
+            if decide:      # the update point: a skip is decided (agreed by the ranks) before any optimizer steps
+                decide = False
+                steering.in_update = True
+                steering.decided_in = self.total_iteration_idx
+                skip = (steering.skip_requested or steering.agree_skips) and steering.decide_skip()
+            if skip:
+                applied[idx] = False
+            elif scaled:
                 applied[idx] = amp.step(optimizers[idx])
             else:
                 optimizers[idx].step()
@@ -806,6 +1006,7 @@ class TrainLoop:
             optimizers[idx].zero_grad()
         if scaled:
             amp.update(optimizers, applied)
+        steering.in_update = False
         self.optimizer_idx = 0
 
     def should_execute_optimizer_update(self) -> bool:
@@ -928,3 +1129,16 @@ class TrainLoop:
     def purge_prediction_cache(self) -> None:
         """Forget cached losses and predictions (e.g. after loading other weights into the model)."""
         self.evaluation.purge()
+
+
+def _interruption_inside(failure: BaseException) -> Optional[TrainingInterrupted]:
+    """The TrainingInterrupted among the causes of ``failure`` (a library that wraps the exceptions raised inside it,
+    as torch.compile does, keeps them as the cause or context), or None."""
+    seen = set()
+    cause: Optional[BaseException] = failure
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, TrainingInterrupted):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None

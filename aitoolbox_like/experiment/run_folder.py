@@ -14,6 +14,7 @@ from ..storage.journal import UploadJournal
 from ..storage.local import remove_stray_temp_files, write_text_atomically
 from ..storage.uploader import UploadFailure
 from .hyperparams import copy_experiment_script, hyperparams_to_json, write_hyperparams_text, zip_source_dirs
+from .stop_waiting import SignalsCutWaits, WaitCutShort
 from .layout import (BEST_POINTER, CHECKPOINT_DIR, HYPERPARAMS_JSON, HYPERPARAMS_TXT, LATEST_POINTER, MODEL_DIR,
                      PENDING_UPLOADS, RESULTS_DIR, SOURCE_ZIP, absolute_folder, bookkeeping_dir)
 from .uploads import BOOKKEEPING_DIR, MARKER_FILE, ExperimentUploader, sync_command
@@ -83,6 +84,7 @@ class Experiment:
         self._base_timestamp = None
         self._journal: Optional[UploadJournal] = None
         self._reported_unfinished = None
+        self._waits_cut_short = False     # a stop signal cut a wait for the uploads short: later ones do not wait
         self._files_written: Dict[str, str] = {}    # the loop's experiment_files as last written: {name: text}
 
     @property
@@ -315,12 +317,15 @@ class Experiment:
         message (not while fit is already failing). The claim objects of the buckets whose uploads are all
         confirmed are deleted (:meth:`release_cloud_claims`).
         """
+        signals = SignalsCutWaits()
         try:
-            return self._wait_for_uploads(after_exception)
+            with signals.installed():
+                return self._wait_for_uploads(after_exception, signals)
         finally:
             self.release_cloud_claims()
+            signals.redeliver()     # the process ends as the signal asks, once what is not uploaded is reported
 
-    def _wait_for_uploads(self, after_exception):
+    def _wait_for_uploads(self, after_exception, signals):
         for u in self.uploaders.values():
             if not u.started and u.held_count and not after_exception:
                 logger.warning('%d file(s) of %s are not uploaded to %s: the uploads were never started (they start '
@@ -332,14 +337,21 @@ class Experiment:
         limit = max(u.wait_timeout_s for u in uploaders)
         if after_exception:
             limit = min(limit, max(u.exception_wait_timeout_s for u in uploaders))
+        if self._waits_cut_short:
+            limit = 0.0         # a stop signal already cut this process's wait short
         deadline = time.monotonic() + limit
         failures = []
-        for uploader in uploaders:
-            pending = uploader.pending_count
-            if pending:
-                logger.info('Waiting for %d upload(s) to %s to finish (at most %.0f s)', pending,
-                            uploader.storage.uri(self.key_prefix), max(deadline - time.monotonic(), 0.0))
-            failures += uploader.uploader.wait(deadline - time.monotonic())
+        try:
+            with signals.waiting():
+                for uploader in uploaders:
+                    pending = uploader.pending_count
+                    if pending:
+                        logger.info('Waiting for %d upload(s) to %s to finish (at most %.0f s)', pending,
+                                    uploader.storage.uri(self.key_prefix), max(deadline - time.monotonic(), 0.0))
+                    failures += uploader.uploader.wait(deadline - time.monotonic())
+        except WaitCutShort as cut:
+            self._waits_cut_short = True
+            logger.warning('%s: stopped waiting for the uploads of %s', cut, self.dir_path)
         unfinished = [(u, job) for u in uploaders for job in u.uploader.unconfirmed()]
         unfinished_ids = {job.id for _, job in unfinished}
         failed_ids = {f.job_id for u in uploaders for f in u.uploader.failures}
@@ -358,8 +370,10 @@ class Experiment:
         self._reported_unfinished = signature
         lines = [f'  {os.path.relpath(job.local_path, self.dir_path)} -> {u.storage.uri(job.key)}'
                  f'{" (" + job.last_error + ")" if job.last_error else ""}' for u, job in unfinished]
-        message = (f'{len(unfinished)} file(s) of the experiment {self.dir_path} are not in the cloud yet after waiting '
-                   f'{limit:.0f} s (ExperimentUploader.wait_timeout_s):\n' + '\n'.join(lines))
+        waited = 'a stop signal cut the wait short' if self._waits_cut_short else \
+            f'after waiting {limit:.0f} s (ExperimentUploader.wait_timeout_s)'
+        message = (f'{len(unfinished)} file(s) of the experiment {self.dir_path} are not in the cloud yet, {waited}:\n'
+                   + '\n'.join(lines))
         command = sync_command(self.dir_path)
         if unfinished:
             message += (f'\nThe local files are complete and kept, and {self.journal.path} lists them. Upload them '

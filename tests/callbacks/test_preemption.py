@@ -138,6 +138,81 @@ def test_sigint_works_the_same_and_exit_code_signal_reports_143_for_sigterm(tmp_
     assert_same_weights(resumed['weights'], reference['weights'])
 
 
+# ---------------------------------------------------------------------------------------------- every phase
+
+
+def _signal_in_phase(warm_python, out_dir, result, phase, signum=signal.SIGTERM, delay_s=0.3):
+    """Start the script with ``--slow-phase phase``, wait until the phase begins, ``delay_s`` more, send ``signum``;
+    returns the process (its ``returncode`` set) and what it wrote to stderr."""
+    marker = str(result) + '.phase'
+    process = _start(warm_python, out_dir, result, '--slow-phase', phase)
+    deadline = time.monotonic() + 120
+    try:
+        while not os.path.exists(marker) and warm_python.running(process) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert os.path.exists(marker), f'the run never reached its {phase}: {process.output()[1][-3000:]}'
+        time.sleep(delay_s)
+        os.kill(process.pid, signum)
+    finally:
+        # Far less than the phase left (a validation pass of 8 s, waits of 60 s): a stop that waited for its end
+        # is killed here and fails below.
+        warm_python.wait(process, timeout=20)
+    return process, process.output()[1]
+
+
+def _resumes_like_the_uninterrupted_run(warm_python, out, tmp_path, reference, *args):
+    resumed = _run(warm_python, out, tmp_path / 'resumed.pt', '--epochs', 3, '--resume', *args)
+    assert_same_weights(resumed['weights'], reference['weights'])
+    assert resumed['history']['train_history'] == reference['history']['train_history']
+    assert resumed['interrupted'] is None
+
+
+def test_sigterm_1s_into_a_validation_pass_abandons_it_and_the_resume_evaluates_it_again(tmp_path, reference,
+                                                                                         warm_python):
+    """The validation pass of epoch 1 takes 8 s (3 batches of 2.7 s); SIGTERM 1 s into it. The pass is abandoned
+    (no batch of it evaluated, nothing of it in the history), the checkpoint is the one after the epoch's last batch,
+    and the resumed run evaluates the pass again: weights and history equal the uninterrupted run's."""
+    out = tmp_path / 'out'
+    process, stderr = _signal_in_phase(warm_python, out, tmp_path / 'stopped.pt', 'validation', delay_s=1.0)
+    assert process.returncode == 0, stderr[-3000:]
+    stopped = torch.load(tmp_path / 'stopped.pt', weights_only=True)
+    assert stopped['stop_reason'] == 'received SIGTERM' and stopped['interrupted'] == 'received SIGTERM'
+    assert stopped['eval_passes'][-1] == [1, 'validation', 0]          # abandoned in its first batch
+    assert len(stopped['history']['train_history']['val_loss']) == 1  # epoch 0's only
+    assert stopped['total_iteration_idx'] == 13                        # the last batch of epoch 1 (7 an epoch)
+    assert _pointer(_experiment(out)).read_text().endswith('_E1_ITER13.pth')
+    assert stopped['stop_latency_s'] is not None and 'the evaluation was abandoned' in stderr
+    assert 'the checkpoint is durable' in stderr
+    _resumes_like_the_uninterrupted_run(warm_python, out, tmp_path, reference)
+
+
+def test_sigterm_while_the_loader_waits_for_a_batch_abandons_the_wait(tmp_path, reference, warm_python):
+    """The train loader's read of batch 9 stalls for 60 s; SIGTERM during it: the checkpoint is the one after batch
+    8, and the resumed run reads batch 9 again."""
+    out = tmp_path / 'out'
+    process, stderr = _signal_in_phase(warm_python, out, tmp_path / 'stopped.pt', 'loader')
+    assert process.returncode == 0, stderr[-3000:]
+    stopped = torch.load(tmp_path / 'stopped.pt', weights_only=True)
+    assert stopped['total_iteration_idx'] == 8 and 'the fetch was abandoned' in stderr
+    latest = _pointer(_experiment(out)).read_text()
+    assert latest.endswith('_E1_ITER8.pth')
+    assert load_checkpoint(_experiment(out) / latest)['data_position']['batches_done'] == 2
+    _resumes_like_the_uninterrupted_run(warm_python, out, tmp_path, reference)
+
+
+def test_sigint_during_torch_compiles_warm_up_abandons_the_first_step(tmp_path, reference, warm_python):
+    """A compile backend that takes 60 s in the first step; Ctrl-C's SIGINT during it: the step is abandoned (the
+    checkpoint holds the state before it, random-number states included), and the resumed run, compiled again,
+    trains like the uninterrupted eager run."""
+    out = tmp_path / 'out'
+    process, stderr = _signal_in_phase(warm_python, out, tmp_path / 'stopped.pt', 'compile', signal.SIGINT)
+    assert process.returncode == 0, stderr[-3000:]
+    stopped = torch.load(tmp_path / 'stopped.pt', weights_only=True)
+    assert stopped['total_iteration_idx'] == -1 and stopped['stop_reason'] == 'received SIGINT'
+    assert 'the compile was abandoned' in stderr
+    _resumes_like_the_uninterrupted_run(warm_python, out, tmp_path, reference, '--slow-phase', 'compile')
+
+
 # ---------------------------------------------------------------------------------------------- in process
 
 

@@ -196,6 +196,67 @@ def test_with_slow_steps_sigterm_to_torchrun_checkpoints_every_rank_at_the_same_
           f'(steps of {SLOW_STEP_S} s)')
 
 
+def _deadline_run(out_dir, *args, run=0, signal_phase=False):
+    """stop_deadline_fit.py under torchrun with 2 workers (run ``run``: DEADLINE_RUN). With ``signal_phase``, SIGTERM
+    to torchrun's agent (which passes it to its workers) 0.5 s after both workers began their slow phase; the workers
+    must be gone well before a phase of 60 s could have ended. Returns the 'stopped' record of each rank and the
+    output."""
+    command = [sys.executable, '-m', 'torch.distributed.run', '--nnodes=1', '--nproc_per_node=2',
+               '--rdzv-backend=c10d', f'--rdzv-endpoint=127.0.0.1:{find_free_port()}', DEADLINE_SCRIPT,
+               str(out_dir), '--samples', '32', '--epochs', '3', *args]
+    agent = subprocess.Popen(command, env=_env(DEADLINE_RUN=str(run)), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    if signal_phase:
+        began = [out_dir / f'phase_run{run}_rank{rank}' for rank in (0, 1)]
+        deadline = time.monotonic() + 120
+        while not all(path.exists() for path in began) and agent.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not all(path.exists() for path in began):
+            agent.kill()
+            pytest.fail(f'the workers never began their slow phase: {agent.communicate()[0][-3000:]}')
+        time.sleep(0.5)
+        agent.send_signal(signal.SIGTERM)
+    try:
+        output = agent.communicate(timeout=30 if signal_phase else 120)[0]
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        pytest.fail(f'torchrun still running: {agent.communicate()[0][-3000:]}')
+    # The agent itself ends with a SignalException (status 1) after a SIGTERM; its workers ended on their own.
+    assert signal_phase or agent.returncode == 0, output[-3000:]
+    stopped = [out_dir / f'stopped_run{run}_rank{rank}.json' for rank in (0, 1)]
+    assert all(path.exists() for path in stopped), output[-3000:]
+    return [json.loads(path.read_text()) for path in stopped], output
+
+
+@pytest.mark.timeout(300)
+def test_under_torchrun_sigterm_in_a_loader_wait_then_in_a_checkpoint_write_each_stops_with_a_checkpoint(tmp_path):
+    """2 workers, 4 batches each per epoch, 3 epochs. Run 0: the train loader's read of batch 5 stalls (60 s);
+    SIGTERM: both workers abandon the wait and checkpoint after batch 4. Run 1 resumes; the checkpoint write at the
+    end of epoch 1 is slow (3 s more); SIGTERM during it: the workers stop right after it, with that epoch-end
+    checkpoint (not after the next step, with one more). Run 2 resumes to the end: the weights of the uninterrupted run, bit for bit."""
+    reference_dir, out_dir = tmp_path / 'reference', tmp_path / 'out'
+    reference_dir.mkdir(), out_dir.mkdir()
+    _deadline_run(reference_dir)
+
+    stopped, output = _deadline_run(out_dir, '--sleep-loader-at', '5', run=0, signal_phase=True)
+    assert [s['last'] for s in stopped] == [4, 4], output[-3000:]
+    assert [s['stop_reason'] for s in stopped] == ['received SIGTERM'] * 2
+    assert stopped[0]['checkpoint_path'].endswith('_E1_ITER4.pth') and stopped[0]['stop_latency_s'] is not None
+    assert 'the fetch was abandoned' in output and 'the checkpoint is durable' in output
+
+    # The write must end (it is the checkpoint): 3 s of slow storage, the signal 0.5 s into it.
+    stopped, output = _deadline_run(out_dir, '--slow-save-epoch', '1', '--phase-s', '3', run=1, signal_phase=True)
+    assert [s['last'] for s in stopped] == [7, 7], output[-3000:]          # no batch of epoch 2
+    assert [s['epochs_completed'] for s in stopped] == [2, 2]
+    assert stopped[0]['checkpoint_path'].endswith('_E1.pth'), stopped        # the write it came in, no other
+    assert 'saving a checkpoint at the end of epoch 1' in output
+
+    _deadline_run(out_dir, run=2)
+    resumed = torch.load(out_dir / 'final.pt', weights_only=True)['weights']
+    reference = torch.load(reference_dir / 'final.pt', weights_only=True)['weights']
+    assert resumed.keys() == reference.keys() and all(torch.equal(resumed[k], reference[k]) for k in reference)
+
+
 class _Regression(TTBasicModel):
     def __init__(self):
         super().__init__()

@@ -281,6 +281,44 @@ def test_with_slow_steps_the_time_limit_warning_checkpoints_and_requeues_the_job
           f'(steps of {SLOW_STEP_S} s)')
 
 
+@pytest.mark.timeout(300)
+def test_the_time_limit_warning_during_a_validation_pass_abandons_it_checkpoints_and_requeues_the_job(
+        slurm_cluster, tmp_path):
+    """2 srun tasks; the validation pass of epoch 0 takes 8 s (4 batches of 2 s per task); SIGUSR1 1 s into it. The
+    tasks abandon the pass at the next batch they agree on, checkpoint after the epoch's last batch and requeue the
+    job before the simulated time limit; the requeued job evaluates epoch 0 again and trains epoch 1."""
+    script = write_batch_script(tmp_path / 'job.sh', f'srun {sys.executable} {DEADLINE_SCRIPT} {tmp_path} '
+                                f'--epochs 2 --slow-validation-epoch 0 --phase-s 8', '--ntasks=2', '--requeue',
+                                f'--output={tmp_path}/job.out', '--open-mode=append')
+    job_id = slurm_cluster.sbatch(script, env=_job_env())
+    began = [tmp_path / f'phase_run0_rank{rank}' for rank in (0, 1)]
+    slurm_cluster.wait_for(job_id, lambda fields: all(p.exists() for p in began) or fields['JobState'] not in
+                           ('PENDING', 'RUNNING'), 'every rank to begin the validation pass')
+    assert all(p.exists() for p in began), f'job {job_id} ended early:\n{_output(tmp_path)}'
+    time.sleep(1.0)
+    warned = time.time()
+    slurm_cluster.run('scancel', '--signal=USR1', job_id)
+    try:
+        slurm_cluster.wait_for(job_id, lambda fields: int(fields.get('Restarts', 0)) >= 1,
+                               'the job to checkpoint and requeue itself',
+                               timeout=LIMIT_AFTER_WARNING_S - (time.time() - warned))
+    except AssertionError as late:
+        slurm_cluster.run('scancel', job_id, check=False)           # the time limit
+        raise AssertionError(f'{late}: the time limit ({LIMIT_AFTER_WARNING_S} s after the warning) came first\n'
+                             f'{_output(tmp_path)}') from None
+    stopped = _deadline_records(tmp_path, 'stopped')
+    assert [s['last'] for s in stopped] == [7, 7] and [s['val_loss'] for s in stopped] == [[], []], stopped
+    assert [s['stop_reason'] for s in stopped] == ['received SIGUSR1'] * 2, stopped
+    assert stopped[0]['checkpoint_path'].endswith('_E0_ITER7.pth'), stopped
+    assert 'the evaluation was abandoned' in _output(tmp_path)
+
+    slurm_cluster.release(job_id)                                   # the requeued job continues
+    job = slurm_cluster.wait_until_finished(job_id, JOB_TIMEOUT_S)
+    assert job['JobState'] == 'COMPLETED' and job['Restarts'] == '1', _failure(slurm_cluster, job, tmp_path)
+    finished = _deadline_records(tmp_path, 'stopped', run=1)
+    assert [len(s['val_loss']) for s in finished] == [2, 2] and finished[0]['last'] == 15, finished
+
+
 def test_a_job_of_two_tasks_that_runs_the_script_without_srun_fails_before_training_naming_srun(
         slurm_cluster, tmp_path):
     job = submit_and_wait(slurm_cluster, _batch_script(tmp_path, launcher=''), env=_job_env(), timeout=JOB_TIMEOUT_S)

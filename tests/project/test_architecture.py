@@ -24,6 +24,9 @@ ALLOWED_THIRD_PARTY_PRIVATES = {
     # os._exit is public (the documented way to end a process without interpreter clean-up).
     ('aitoolbox_like.distributed.launch', '_exit'),
     ('aitoolbox_like.distributed.slurm', '_exit'),
+    ('aitoolbox_like.callbacks.health', '_exit'),
+    # sys._current_frames() is documented (the sys module's docs) as the way to read another thread's stack.
+    ('aitoolbox_like.callbacks.health', '_current_frames'),
 }
 
 

@@ -157,3 +157,42 @@ def test_stray_temp_files_of_a_killed_save_are_removed_on_resume(tmp_path):
     assert not any(path.exists() for path in strays)
     assert keep.exists()
     assert not [name for name in os.listdir(folder) if name.endswith(('.tmp', '.partial'))]
+
+
+# ---------------------------------------------------------------------------------------------- a stop in the wait
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_during_the_end_of_fit_wait_for_uploads_cuts_it_short_and_the_journal_keeps_them(s3_env, tmp_path,
+                                                                                                caplog):
+    """The server goes down after epoch 0, so the end of fit waits for the uploads (up to 120 s here, 10 minutes by
+    default); a Ctrl-C 1 s into the wait ends it at once: the message lists what is not uploaded with the command
+    that uploads it, the journal keeps it, and the signal then does what it does (KeyboardInterrupt)."""
+    import signal
+    import threading
+
+    from aitoolbox_like.experiment.stop_waiting import SignalsCutWaits
+
+    def ctrl_c_once_waiting():
+        deadline = time.monotonic() + 60
+        while not isinstance(getattr(signal.getsignal(signal.SIGINT), '__self__', None), SignalsCutWaits) \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(1.0)                             # 1 s into the wait
+        os.kill(os.getpid(), signal.SIGINT)
+
+    class CtrlCDuringTheWait(AbstractCallback):
+        def __init__(self):
+            super().__init__('ctrl-c during the wait', execution_order=10 ** 6)
+
+        def on_train_end(self):
+            threading.Thread(target=ctrl_c_once_waiting, daemon=True).start()
+
+    bucket = make_bucket(s3_env)
+    loop = _loop(tmp_path, bucket)
+    with pytest.raises(KeyboardInterrupt):
+        loop.fit(num_epochs=1, callbacks=[Outage(s3_env, down_after=0), CtrlCDuringTheWait()])
+    assert 'SIGINT: stopped waiting for the uploads' in caplog.text
+    assert 'a stop signal cut the wait short' in caplog.text and 'aitoolbox_like.experiment.sync' in caplog.text
+    assert '_E0.pth' in _journal_path(loop.experiment.dir_path).read_text()
+    loop.experiment_uploader.uploader.close(timeout=0)

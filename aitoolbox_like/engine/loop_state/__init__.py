@@ -32,7 +32,7 @@ Their public names are all importable from here, and from ``aitoolbox_like.loop_
 
 from .auto_resume import AUTO, check_auto_resume, find_auto_checkpoint
 from .build import CHECKPOINT_KIND, LossesOverRanks, begin_checkpoint, build_checkpoint, optimizer_class_names
-from .build import samples_done_in_epoch
+from .build import build_snapshot, copy_tree, samples_done_in_epoch
 from .locate import find_checkpoint_in_dir, find_latest_local, load_resume_checkpoint
 from .locate import remove_unfinished_writes_of_dead_runs
 from .restore import apply_checkpoint, validate_checkpoint
@@ -40,7 +40,7 @@ from .resume import ResumePlan, adopt_experiment, prepare_fit, remaining_epoch_l
 from .rng import capture_rng_state, restore_rng_state
 
 __all__ = ['AUTO', 'CHECKPOINT_KIND', 'LossesOverRanks', 'ResumePlan', 'adopt_experiment', 'apply_checkpoint',
-           'begin_checkpoint', 'build_checkpoint', 'capture_rng_state', 'check_auto_resume', 'find_auto_checkpoint',
+           'begin_checkpoint', 'build_checkpoint', 'build_snapshot', 'capture_rng_state', 'copy_tree', 'check_auto_resume', 'find_auto_checkpoint',
            'find_checkpoint_in_dir', 'find_latest_local', 'load_resume_checkpoint', 'optimizer_class_names',
            'prepare_fit', 'remaining_epoch_loader', 'remove_unfinished_writes_of_dead_runs', 'restore_rng_state',
            'samples_done_in_epoch', 'validate_checkpoint']

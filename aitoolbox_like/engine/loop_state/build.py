@@ -1,6 +1,7 @@
 """The loop's full state as a checkpoint dict (the layout is in the package's docstring): weights, optimizer,
 counters, history, callback state, RNG states and the position inside an epoch, with the epoch's running losses
 (averaged over the ranks of a distributed fit) packed so that a checkpoint late in a long epoch stays small."""
+import copy
 import json
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
@@ -267,3 +268,53 @@ def _copy_but_rng_states(checkpoint: Dict[str, Any], snapshot: Callable[[Any], A
     copied.update({key: checkpoint[key] for key in _RNG_KEYS if key in checkpoint})
     copied['data_position'].update({key: position[key] for key in _POSITION_RNG_KEYS if key in position})
     return copied
+
+def copy_tree(value: Any, copy_tensor: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` (dicts, lists and tuples of tensors and plain values) with every tensor copied by ``copy_tensor``
+    and everything else deep-copied."""
+    if isinstance(value, torch.Tensor):
+        return copy_tensor(value.detach())
+    if isinstance(value, dict):
+        return type(value)((k, copy_tree(v, copy_tensor)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(copy_tree(v, copy_tensor) for v in value)
+    return copy.deepcopy(value)
+
+def build_snapshot(loop: 'TrainLoop', copy_tensor: Callable[[torch.Tensor], torch.Tensor]) -> Dict[str, Any]:
+    """The loop's state after this batch as a mid-epoch checkpoint dict kept in memory (for
+    ``TrainLoop.restart_from``): :func:`build_checkpoint`'s layout, with every tensor of the weights, the optimizer
+    state and the callbacks' state copied by ``copy_tensor`` (a clone on the device, or a copy into pinned host memory
+    that does not wait), and nothing read from the device on the host (only the fp16 GradScaler's state is, when it is
+    on). Taken between two optimizer updates (no accumulated gradients); not for a sharded (FSDP) model."""
+    model, optimizer = loop.model, loop.optimizer
+    model_state = {k: copy_tensor(v.detach()) if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                   for k, v in model.state_dict().items()}
+    optimizer_state = copy_tree(optimizer.state_dict(), copy_tensor) \
+        if callable(getattr(optimizer, 'state_dict', None)) else None
+    handler = loop.callbacks_handler
+    return {
+        'format_version': FORMAT_VERSION,
+        'kind': CHECKPOINT_KIND,
+        'model_state_dict': model_state,
+        'optimizer_state_dict': optimizer_state,
+        'optimizer_class': optimizer_class_names(loop),
+        'schedulers_state_dict': [copy_tree(cb.state_dict(), copy_tensor) for cb in loop.get_schedulers()],
+        'amp': loop.amp_scaler.state_dict() if loop.amp_scaler.is_enabled() else {},
+        'epoch': loop.epoch,
+        'iteration_idx': loop.total_iteration_idx,
+        'hyperparams': {}, 'hyperparams_json': '{}',
+        'loop': {'epochs_completed': loop.epoch, 'epoch': loop.epoch, 'iteration': loop.iteration,
+                 'total_iteration_idx': loop.total_iteration_idx, 'grad_accumulation': loop.grad_accumulation,
+                 'world_size': loop.world_size, 'batch_size': train_batch_size(loop),
+                 'train_sampler_seed': _train_sampler_seed(loop)},
+        'train_history': loop.train_history.state_dict(),
+        'callbacks': copy_tree(handler.callbacks_state_dict(), copy_tensor),
+        'rng': capture_rng_state(loop),
+        # The running losses are detached tensors the loop never changes: kept as they are.
+        'data_position': {'epoch': loop.epoch, 'batches_done': loop.iteration + 1,
+                          'epoch_start_rng': loop.epoch_start_rng, 'loss_batch_accum': list(loop.loss_batch_accum),
+                          'grads': None, 'samples_done': samples_done_in_epoch(loop),
+                          'sample_offset': loop.epoch_samples_offset},
+        'experiment': {'project_name': None, 'experiment_name': None,
+                       'experiment_timestamp': loop.experiment_timestamp},
+    }

@@ -143,7 +143,10 @@ class ResumePlan:
                     raise CheckpointError(f'the checkpoint was taken after {start} batches of epoch {loop.epoch}, '
                                           f'but the train loader now has only {done}; resume with the same data and '
                                           f'batch size') from None
-        restore_rng_state(loop, resume['rng'])
+        if resume['batches_done'] > 0:
+            restore_rng_state(loop, resume['rng'])
+        # else: a checkpoint from before the epoch's first batch (a stop abandoned its fetch or its step): the
+        # loader draws its data order when the first batch is fetched, from the state iter() left, as it did then.
         loop.train_history.load_state_dict(resume['history'])
         loop.callbacks_handler.load_callbacks_state_dict(resume['callbacks'])
         loop.loss_batch_accum = [loss.to(loop.device) if isinstance(loss, torch.Tensor) else loss

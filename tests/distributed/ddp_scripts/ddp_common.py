@@ -118,3 +118,33 @@ class SaveMicroBatchGradients(AbstractCallback):
 
     def on_train_end(self):
         torch.save(self.gradients, os.path.join(self.out_dir, f'gradients_rank{rank()}.pt'))
+
+
+class SkipAndEndOnRanks(AbstractCallback):
+    """Calls skip_update() in on_after_backward of the batches ``skip_at`` and end_epoch() in on_after_backward of
+    ``end_at`` ({epoch: batch index}), on the ranks ``ranks`` (None: every rank it runs on)."""
+    may_skip_updates = True
+    may_end_epochs = True
+
+    def __init__(self, skip_at, end_at, ranks=None, device_idx_execution=None):
+        super().__init__('skip and end on ranks', device_idx_execution=device_idx_execution)
+        self.skip_at, self.end_at, self.ranks = set(skip_at), dict(end_at), ranks
+
+    def on_after_backward(self):
+        loop = self.train_loop_obj
+        if self.ranks is not None and rank() not in self.ranks:
+            return
+        if loop.total_iteration_idx in self.skip_at:
+            loop.skip_update()
+        if self.end_at.get(loop.epoch) == loop.iteration:
+            loop.end_epoch()
+
+
+def spiking_setup():
+    """equivalence_setup's run with one sample whose target is 1000 times too large: read by rank 0 alone, in the
+    third batch of every epoch (two ranks, batches of 4, no shuffling)."""
+    model, train, val, optimizer = equivalence_setup()
+    x, y = train.dataset.tensors
+    y = y.clone()
+    y[18] *= 1000
+    return model, DataLoader(TensorDataset(x, y), batch_size=4, shuffle=False), val, optimizer
