@@ -209,6 +209,9 @@ class MaxstepsCallback(Callback):
         max_step (int): training batches.
     """
 
+    #: It ends an epoch during a batch (runner.stop): in a fit of several processes every rank ends it there.
+    may_end_epochs = True
+
     def __init__(self, max_step: int) -> None:
         super().__init__()
         self.max_step = max_step

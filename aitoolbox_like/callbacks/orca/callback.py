@@ -33,12 +33,13 @@ import tempfile
 import types
 import weakref
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from ..abstract import AbstractCallback
+from ...engine.steering import StepRequestError
 from ...model import PlainModuleFeed
 from ..foreign_state import Encoder, ForeignState, decode, loop_references, unsaveable
 from .metrics import metric_accumulators
@@ -165,40 +166,6 @@ class _Meter:
         return stats
 
 
-class _StoppableLoader:
-    """The train loader for one epoch: the loader's batches until ``runner.stop`` is set, checked after each batch
-    (Orca breaks out of the epoch right after the batch that set it). Everything else is the loader's."""
-
-    def __init__(self, loader: Any, runner: 'Runner') -> None:
-        self.loader = loader
-        self.runner = runner
-        self.armed = True
-
-    def __iter__(self) -> Iterator[Any]:
-        if not self.armed:
-            return iter(self.loader)
-        self.armed = False      # only the epoch's training pass stops early; other passes read the whole loader
-        return self._until_stop(iter(self.loader))
-
-    def _until_stop(self, iterator: Iterator[Any]) -> Iterator[Any]:
-        first = True
-        while first or not self.runner.stop:
-            first = False
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            yield batch
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ('loader', 'runner', 'armed'):
-            raise AttributeError(name)
-        return getattr(self.loader, name)
-
-
 class _RunnerState:
     """The adapter's bookkeeping of one runner (kept apart from the runner's own attributes)."""
 
@@ -215,7 +182,6 @@ class _RunnerState:
         self.val_stats: Dict[str, Any] = {}
         self.eval_kind: Optional[str] = None
         self.eval_batch_idx = -1
-        self.loader: Optional[_StoppableLoader] = None
         self.last_train_batch_idx: Optional[int] = None
         # a training iteration's attributes and metrics window, kept aside during a validation pass inside it
         self.suspended: Optional[Tuple[Dict[str, Any], bool]] = None
@@ -248,9 +214,11 @@ class Runner:
     Attributes:
         epochs (int): completed epochs.
         global_step (int): trained batches.
-        stop (bool): set True to end training: the current epoch ends after the batch being trained (its remaining
-            batches are skipped), is still validated and ends with ``after_train_epoch``, then training stops
-            (``loop.early_stop``).
+        stop (bool): set True to end training: set during a training batch, the epoch ends after it
+            (``loop.end_epoch()``: its remaining batches are skipped), is still validated and ends with
+            ``after_train_epoch``; then training stops (``loop.early_stop``). In a fit of several processes the callback
+            setting it during a batch declares ``may_end_epochs = True`` (every rank then ends the epoch there;
+            ``MaxstepsCallback`` does).
         schedulers (list): the learning-rate schedulers the runner owns, which MainCallback's default
             ``on_lr_adjust`` steps once per epoch and checkpoints save (empty by default; the scheduler callbacks of
             ``callbacks.train_schedule`` step themselves and are not in it).
@@ -281,7 +249,7 @@ class Runner:
         self._adapter_pocket: Dict[str, Any] = {}
         self.epochs = 0
         self.global_step = 0
-        self.stop = False
+        self._adapter_stop = False
         self.schedulers: List[Any] = []
         self.config: Dict[str, Any] = {}
         self.sync_stats = True
@@ -355,8 +323,7 @@ class Runner:
     @property
     def train_loader(self) -> Any:
         """``loop.train_loader`` (assigning it sets the loop's; used from the next epoch)."""
-        loader = self.loop.train_loader
-        return loader.loader if isinstance(loader, _StoppableLoader) else loader
+        return self.loop.train_loader
 
     @train_loader.setter
     def train_loader(self, value: Any) -> None:
@@ -372,6 +339,27 @@ class Runner:
         self.loop.validation_loader = value
 
     validation_loader = val_loader
+
+    @property
+    def stop(self) -> bool:
+        """Orca's flag that ends training (see the class's attributes)."""
+        return self._adapter_stop
+
+    @stop.setter
+    def stop(self, value: bool) -> None:
+        self._adapter_stop = bool(value)
+        state = self._adapter
+        if value and state.iteration == 'train' and state.suspended is None:
+            # Orca breaks out of the epoch right after the batch that set it: the loop's end_epoch()
+            loop = self.loop
+            try:
+                loop.end_epoch()
+            except StepRequestError as error:
+                raise StepRequestError(f'runner.stop = True during a training batch of a fit of {loop.world_size} '
+                                       f'processes ends the epoch on every rank, which they agree on only when a '
+                                       f'callback declares it: set the class attribute may_end_epochs = True on the '
+                                       f'Orca callback that sets runner.stop (aitoolbox_like.callbacks.orca\'s '
+                                       f'MaxstepsCallback has it)') from error
 
     @property
     def num_epochs(self) -> Optional[int]:
@@ -588,7 +576,7 @@ class Runner:
         state = self._adapter
         state.in_fit = True
         state.mode = 'val'
-        self.stop = False
+        self._adapter_stop = False
         self.epochs = loop.epochs_completed
         self.global_step = loop.total_iteration_idx + 1
         self.epoch_stats = None
@@ -604,9 +592,6 @@ class Runner:
         state.train_records = []
         state.val_stats = {}
         state.last_train_batch_idx = None
-        self._adapter_restore_loader()
-        state.loader = _StoppableLoader(loop.train_loader, self)
-        loop.train_loader = state.loader
 
     def _adapter_at_on_batch_begin(self, loop: 'TrainLoop', info: Any, batch: Any) -> None:
         state = self._adapter
@@ -628,7 +613,6 @@ class Runner:
 
     def _adapter_at_on_train_epoch_end(self, loop: 'TrainLoop', info: Any, batch: Any) -> None:
         state = self._adapter
-        self._adapter_restore_loader()
         state.mode = 'val'
         if state.last_train_batch_idx is not None:
             # Orca deletes batch_idx before on_lr_adjust; the tutorial's on_lr_adjust example reads it, so it is the
@@ -708,7 +692,6 @@ class Runner:
 
     def _adapter_at_on_train_end(self, loop: 'TrainLoop', info: Any, batch: Any) -> None:
         state = self._adapter
-        self._adapter_restore_loader()
         self.__dict__.pop('batch_idx', None)
         self.epochs = loop.epochs_completed
         state.mode = 'val'
@@ -763,14 +746,6 @@ class Runner:
                 for name, value in zip(names, (values / loop.world_size).tolist()):
                     stats[name] = value
         return stats
-
-    def _adapter_restore_loader(self) -> None:
-        state = self._adapter
-        wrapper, state.loader = state.loader, None
-        if wrapper is not None:
-            loop = self.loop
-            if loop.train_loader is wrapper:
-                loop.train_loader = wrapper.loader
 
     def _adapter_on_device(self, data: Any) -> Any:
         device = self.loop.device
