@@ -435,8 +435,37 @@ def _resolve_plain(model: Any) -> tuple[nn.Module, BatchFeed]:
         return model, cast(BatchFeed, model)
     name = type(model).__qualname__
     if isinstance(model, nn.Module):
-        raise TypeError(f'model is a plain torch.nn.Module ({name}); the TrainLoop needs to know how to get a loss '
-                        f'from a batch: subclass aitoolbox_like.TTModel (define get_loss and get_predictions), '
-                        f'subclass aitoolbox_like.TTBasicModel (the last batch element is the target), or wrap it '
-                        f'with aitoolbox_like.ModelWrap(model, feed_definition)')
+        # Constructed freely: a callback may own the step and the evaluation's forward (Orca's MainCallback);
+        # otherwise the loop says what is missing when it first needs a loss (fit checks it before the first step).
+        return model, PlainModuleFeed(model)
     raise TypeError(f'model must be a TTModel, TTBasicModel or ModelWrap, got {name}')
+
+
+class PlainModuleFeed:
+    """The feed of a plain ``torch.nn.Module`` (no TTModel methods, no ModelWrap): nothing says how a batch becomes
+    a loss, so each method raises the TypeError naming the ways to say it. A callback that owns the training step
+    and gives the evaluation its feed (``loop.evaluation.feed``: Orca's MainCallback) trains such a model."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def error(self) -> TypeError:
+        """What to do about it."""
+        return TypeError(f'model is a plain torch.nn.Module ({type(self.model).__qualname__}); the TrainLoop needs to '
+                         f'know how to get a loss from a batch: subclass aitoolbox_like.TTModel (define get_loss and '
+                         f'get_predictions), subclass aitoolbox_like.TTBasicModel (the last batch element is the '
+                         f'target), wrap it with aitoolbox_like.ModelWrap(model, feed_definition), or give fit a '
+                         f'callback that computes the loss (BigDL Orca\'s MainCallback: '
+                         f'aitoolbox_like.callbacks.orca.MainCallback)')
+
+    def get_loss(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
+        """Raises :meth:`error`."""
+        raise self.error()
+
+    def get_loss_eval(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
+        """Raises :meth:`error`."""
+        raise self.error()
+
+    def get_predictions(self, batch_data: Any, device: torch.device) -> tuple[Any, Any, dict[str, Any] | None]:
+        """Raises :meth:`error`."""
+        raise self.error()

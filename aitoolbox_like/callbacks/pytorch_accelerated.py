@@ -45,6 +45,8 @@ from .. import distributed
 from ..predictions import batch_size_of
 from ..engine.handler import foreign_library
 from .abstract import AbstractCallback, AbstractScheduler, StopTraining
+from .foreign_state import Encoder, ForeignState, loop_references, unsaveable
+from .preemption import find_checkpoint_callback
 
 if TYPE_CHECKING:
     from ..engine.train_loop import TrainLoop
@@ -250,6 +252,10 @@ class AcceleratedTrainer:
         self._model: Any = None
         self._loaders: Optional[Tuple[Any, Any]] = None     # the loop's own, while a callback replaced them
         self._state_saver: Optional[Tuple[Any, Any, Any]] = None      # model, optimizer, their Accelerator
+        # While the loop evaluates (its passes leave the global RNG as they found it) PTA's evaluation epochs run by
+        # callbacks draw nothing that lasts; the draws PTA's Trainer would have made are owed, and made after it.
+        self.in_loop_evaluation = False
+        self.draws_owed = 0
 
     # ---- what PTA's Trainer holds -----------------------------------------------------------------------------
 
@@ -425,6 +431,8 @@ class AcceleratedTrainer:
         """An evaluation epoch as PTA's Trainer runs one: the events, ``eval_loss_epoch`` (``intermediate_eval_loss``
         for an intermediate one, ``evaluation_loss`` outside training), with the trainer's current ``model``. The
         model's training mode is put back afterwards (the loop may be inside an epoch)."""
+        if self.in_loop_evaluation:
+            self.draws_owed += global_draws_of_iterating(valid_dl)
         model = self.model
         was_training = model.training
         model.eval()
@@ -461,6 +469,16 @@ class AcceleratedTrainer:
         self.run_history.update_metric(metric_name, (total.sum() / count.sum()).item())
 
 
+def global_draws_of_iterating(loader: Any) -> int:
+    """How many numbers iterating ``loader`` once draws from the global torch RNG: a DataLoader's iterator draws
+    its base seed (unless the loader has its own generator), and a RandomSampler without a generator one more."""
+    loader = loader.loader if isinstance(loader, PreparedLoader) else loader
+    if not isinstance(loader, torch.utils.data.DataLoader) or loader.generator is not None:
+        return 0
+    sampler = loader.sampler
+    return 1 + (isinstance(sampler, torch.utils.data.RandomSampler) and sampler.generator is None)
+
+
 def _loss_tracker() -> Any:
     from pytorch_accelerated.tracking import LossTracker
     return LossTracker()
@@ -495,20 +513,32 @@ class AcceleratedCallbacks(AbstractCallback):
             the fit, as PTA's ``Trainer.train(create_scheduler_fn=...)``: the scheduler is ``trainer.scheduler`` and
             steps after every applied optimizer update. None: ``trainer.scheduler`` is the first scheduler callback's
             scheduler, or None.
+        trainer_rng (bool): draw random numbers as PTA's Trainer does, so that shuffled data gives PTA's numbers:
+            a fit starting from scratch is seeded as PTA's ``train()`` seeds a run (42 plus the process's rank), and
+            each epoch draws what PTA's evaluation epochs draw from the global RNG (the loop's evaluation draws
+            nothing that lasts). False: the loop's own RNG use.
+
+    Its ``state_dict`` holds the PTA side of the run (the trainer's run history, each PTA callback's attributes, the
+    scheduler, the epoch's step losses), restored in a resumed fit after the callbacks' ``on_training_run_start``.
     """
 
     def __init__(self, callbacks: Sequence[Any] = (),
-                 create_scheduler_fn: Optional[Callable[..., Any]] = None) -> None:
+                 create_scheduler_fn: Optional[Callable[..., Any]] = None, trainer_rng: bool = True) -> None:
         super().__init__('pytorch-accelerated callbacks')
+        make_picklable()        # a DDP fit pickles this callback, and the PTA callbacks it holds, to its processes
         self.handler = _pta().CallbackHandler([])
         self.create_scheduler_fn = create_scheduler_fn
+        self.trainer_rng = trainer_rng
         self.trainer: Optional[AcceleratedTrainer] = None
         self._train_losses: List[Tuple[torch.Tensor, int]] = []
         self._outputs: Optional[_OutputCatcher] = None
         self._eval_outputs: Optional[_OutputCatcher] = None
         self._in_validation = False
         self._initialised = False
+        self._running = False           # between on_training_run_start and the end of the run
         self._pending_scheduler_state: Optional[Dict[str, Any]] = None
+        self._pending_state: Optional[Dict[str, Any]] = None
+        self._states: List[ForeignState] = []      # per PTA callback, in handler order
         limit = os.environ.get(_pta_utils().LIMIT_BATCHES_ENV_VAR)
         if limit is not None and limit.lower() != 'none':
             # What PTA's Trainer does when it is made with PT_ACC_LIMIT_BATCHES set (utils.LimitBatches sets it).
@@ -530,8 +560,11 @@ class AcceleratedCallbacks(AbstractCallback):
             if any(callback is existing for existing in self.handler.callbacks):
                 continue
             self.handler.add_callback(callback)
+            added = self.handler.callbacks[-1]
+            self._states.append(ForeignState(type(added).__name__))
             if self._initialised and self.trainer is not None:
-                self.handler.callbacks[-1].on_init_end(self.trainer)
+                added.on_init_end(self.trainer)
+                self._states[-1].record_initial(added, self._encoder())
 
     def _call(self, event: str, **kwargs: Any) -> None:
         """Call ``event`` on the PTA callbacks through the trainer's handler (a callback may have swapped it); PTA's
@@ -545,9 +578,13 @@ class AcceleratedCallbacks(AbstractCallback):
     # ---- the loop's hooks -> PTA's events -----------------------------------------------------------------------
 
     def on_train_loop_registration(self) -> None:
-        """PTA's ``on_init_end``."""
+        """PTA's ``on_init_end``; each PTA callback's attributes as the script built them are recorded (a setting
+        changed for a resumed run is told from the saved run's state by them)."""
         self.trainer = AcceleratedTrainer(self.train_loop_obj, self)
         self._initialised = True
+        encoder = self._encoder()
+        for callback, state in zip(self.handler.callbacks, self._states):
+            state.record_initial(callback, encoder)
         self._call('on_init_end')
 
     def on_train_begin(self) -> None:
@@ -555,6 +592,11 @@ class AcceleratedCallbacks(AbstractCallback):
         ``on_training_run_start``."""
         trainer, loop = self.trainer, self.train_loop_obj
         assert trainer is not None
+        if self.trainer_rng and loop.total_iteration_idx < 0:
+            # PTA's train() seeds every run (accelerate's set_seed(42, device_specific=True): 42 plus the process's
+            # rank); a resumed or continued fit keeps the RNG state its checkpoint or the run before left.
+            from accelerate.utils import set_seed
+            set_seed(42 + loop.global_rank)
         trainer.run_history.reset()
         # PTA's RunHistory moves its epoch only by _set_epoch / _increment_epoch, as PTA's Trainer does.
         trainer.run_history._set_epoch(loop.epochs_completed + 1)
@@ -571,6 +613,16 @@ class AcceleratedCallbacks(AbstractCallback):
                 group[field] = saved[field]
         self._outputs = _OutputCatcher(loop.model)
         self._call('on_training_run_start')
+        self._running = True
+        # A resumed fit: the PTA callbacks have reset themselves (reset_on_train) and built what they build at the
+        # start of a run (ModelEmaCallback's average); now the state they had when the checkpoint was taken.
+        if self._pending_state is not None:
+            state, self._pending_state = self._pending_state, None
+            self._apply_state(state)
+        if find_checkpoint_callback(loop) is not None or loop.resume_plan is not None:
+            encoder = self._encoder()
+            for callback, foreign in zip(self.handler.callbacks, self._states):
+                foreign.name_unsaveable(unsaveable(callback, encoder))
 
     def _build_scheduler(self, trainer: AcceleratedTrainer) -> Any:
         from pytorch_accelerated.trainer import replace_trainer_placeholder_values
@@ -635,12 +687,12 @@ class AcceleratedCallbacks(AbstractCallback):
             assert self.trainer is not None
             self.trainer._loss_tracker.reset()
             self._eval_outputs = _OutputCatcher(loop.model)
-            self._call('on_eval_epoch_start', is_intermediate=False)
+            self._call_in_evaluation('on_eval_epoch_start', is_intermediate=False)
 
     def on_eval_batch_begin(self, batch: Any, dataset_info: Dict[str, Any]) -> None:
         """``on_eval_step_start``."""
         if self._in_validation:
-            self._call('on_eval_step_start')
+            self._call_in_evaluation('on_eval_step_start')
 
     def on_eval_batch_end(self, batch: Any, outputs: Any, dataset_info: Dict[str, Any]) -> None:
         """``on_eval_step_end`` with PTA's ``batch_output``."""
@@ -649,7 +701,7 @@ class AcceleratedCallbacks(AbstractCallback):
             batch_output = {'loss': outputs, 'model_outputs': self._eval_outputs.last if self._eval_outputs else None,
                             'batch_size': batch_size_of(batch)}
             self.trainer._loss_tracker.update(outputs.detach().mean().item(), batch_output['batch_size'])
-            self._call('on_eval_step_end', batch_output=batch_output, batch=batch)
+            self._call_in_evaluation('on_eval_step_end', batch_output=batch_output, batch=batch)
 
     def on_eval_end(self, dataset_info: Dict[str, Any]) -> None:
         """``eval_loss_epoch`` into the run history, then ``on_eval_epoch_end``."""
@@ -661,13 +713,32 @@ class AcceleratedCallbacks(AbstractCallback):
             assert self.trainer is not None
             if 'loss' in dataset_info:      # the pass completed
                 self.trainer._add_epoch_loss_to_run_history('eval_loss_epoch')
-                self._call('on_eval_epoch_end', is_intermediate=False)
+                # PTA's evaluation epoch iterated its loader outside any fork of the RNG: its draws are owed
+                self.trainer.draws_owed += global_draws_of_iterating(self.train_loop_obj.validation_loader)
+                self._call_in_evaluation('on_eval_epoch_end', is_intermediate=False)
+
+    def _call_in_evaluation(self, event: str, **kwargs: Any) -> None:
+        assert self.trainer is not None
+        self.trainer.in_loop_evaluation = True
+        try:
+            self._call(event, **kwargs)
+        finally:
+            self.trainer.in_loop_evaluation = False
 
     def on_epoch_end(self) -> None:
-        """``on_training_run_epoch_end``; then the run history's epoch goes up, as in PTA."""
-        assert self.trainer is not None
+        """The random numbers PTA's evaluation epochs drew (with ``trainer_rng``), ``on_training_run_epoch_end``;
+        then the run history's epoch goes up, as in PTA."""
+        trainer = self.trainer
+        assert trainer is not None
+        owed, trainer.draws_owed = trainer.draws_owed, 0
+        if self.trainer_rng:
+            # The loop's evaluation leaves the global RNG as it found it (its passes run under fork_rng); PTA's
+            # iterates its loaders in the open, and each iteration draws from the global generator, so PTA's next
+            # epoch shuffles from a later state: the same numbers are drawn here, before PTA's epoch end.
+            for _ in range(owed):
+                torch.empty((), dtype=torch.int64).random_()
         self._call('on_training_run_epoch_end')
-        self.trainer.run_history._increment_epoch()
+        trainer.run_history._increment_epoch()
 
     def on_train_stopped(self, reason: BaseException) -> None:
         """After a ``StopTrainingError`` of a PTA callback: its message, then ``on_stop_training_error``."""
@@ -692,6 +763,7 @@ class AcceleratedCallbacks(AbstractCallback):
             self._end_run(self.trainer)
 
     def _end_run(self, trainer: AcceleratedTrainer) -> None:
+        self._running = False
         for catcher in (self._outputs, self._eval_outputs):
             if catcher is not None:
                 catcher.remove()
@@ -715,16 +787,63 @@ class AcceleratedCallbacks(AbstractCallback):
             self._call(name, **kwargs)
         return call_event
 
+    def _encoder(self) -> Encoder:
+        """What is never saved from the PTA callbacks: the loop's objects, the trainer and its pieces (saved here
+        apart), other callbacks."""
+        trainer = self.trainer
+        references: List[Any] = loop_references(self.train_loop_obj) + [self, self.handler]
+        if trainer is not None:
+            references += [trainer, trainer.callback_handler, trainer.run_history, trainer.scheduler,
+                           trainer._accelerator, trainer._loss_tracker, trainer.run_config]
+        callback_types = (AbstractCallback, _pta().TrainerCallback)
+        return Encoder(references, lambda value: isinstance(value, callback_types))
+
     def state_dict(self) -> Optional[Dict[str, Any]]:
-        """The PTA scheduler's state (when ``create_scheduler_fn`` built one), for the loop's checkpoints."""
-        scheduler = self.trainer.scheduler if self.trainer is not None else None
-        if self.create_scheduler_fn is None or scheduler is None:
+        """What the PTA side of the run holds, for the loop's checkpoints: the trainer's run history, the PTA
+        scheduler's state (when ``create_scheduler_fn`` built one), each PTA callback's attributes (its counters,
+        best values, EMA model, ...; see ``foreign_state``) and the epoch's step losses so far."""
+        trainer = self.trainer
+        if trainer is None:
             return None
-        return {'scheduler': scheduler.state_dict()}
+        encoder = self._encoder()
+        state: Dict[str, Any] = {
+            'run_history': Encoder().encode(trainer.run_history, 0, set()),
+            'callbacks': [{'class': type(callback).__qualname__, 'state': foreign.state(callback, encoder)}
+                          for callback, foreign in zip(self.handler.callbacks, self._states)],
+            'train_losses': [[loss.detach().to('cpu', copy=True), size] for loss, size in self._train_losses],
+        }
+        if self.create_scheduler_fn is not None and trainer.scheduler is not None:
+            state['scheduler'] = trainer.scheduler.state_dict()
+        return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Restore the PTA scheduler's state at the start of the resumed fit."""
-        self._pending_scheduler_state = state_dict.get('scheduler')
+        """Restore the PTA side of a resumed run: the scheduler's state when the fit builds it, the rest once the
+        PTA callbacks have run ``on_training_run_start`` (where they reset themselves), or at once inside a run (a
+        mid-epoch resume restores the epoch's state after its start)."""
+        if self._running:
+            self._apply_state(state_dict)
+        else:
+            self._pending_scheduler_state = state_dict.get('scheduler')
+            self._pending_state = state_dict
+
+    def _apply_state(self, state: Dict[str, Any]) -> None:
+        from .foreign_state import decode
+        trainer = self.trainer
+        assert trainer is not None
+        if 'run_history' in state:
+            decode(state['run_history'], trainer.run_history)
+        saved = state.get('callbacks', [])
+        callbacks = self.handler.callbacks
+        if [entry['class'] for entry in saved] != [type(callback).__qualname__ for callback in callbacks]:
+            logger.warning('The checkpoint holds the state of the PTA callbacks %s, this fit has %s: the state of '
+                           'those at the same place with the same class is restored',
+                           [entry['class'] for entry in saved], [type(cb).__qualname__ for cb in callbacks])
+        for entry, callback, foreign in zip(saved, callbacks, self._states):
+            if entry['class'] == type(callback).__qualname__:
+                foreign.apply(callback, entry['state'])
+        if self._running:
+            device = self.train_loop_obj.device
+            self._train_losses = [(loss.to(device), int(size)) for loss, size in state.get('train_losses', [])]
 
 
 def _defines(callback: Any, name: str) -> bool:

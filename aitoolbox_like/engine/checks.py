@@ -8,17 +8,20 @@
   per step.
 """
 import difflib
+import functools
 import inspect
 import numbers
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, ParamSpec
 
 import torch
 
-from ..model import TTBasicModel
+from ..model import PlainModuleFeed, TTBasicModel
 from .callback import AbstractCallback
 
 if TYPE_CHECKING:
     from .train_loop import TrainLoop
+
+P = ParamSpec('P')
 
 
 def launcher_parameters(launcher: Callable[..., Any]) -> List[str]:
@@ -27,9 +30,91 @@ def launcher_parameters(launcher: Callable[..., Any]) -> List[str]:
     return [name for name in inspect.signature(launcher).parameters if name not in skip and not name.startswith('_')]
 
 
+# Where each is imported from, for the messages (the engine itself imports none of them).
+_PTA_ADAPTER = 'from aitoolbox_like.callbacks.pytorch_accelerated'
+_SG_ADAPTER = 'from aitoolbox_like.callbacks.supergradients'
+_ORCA_ADAPTER = 'from aitoolbox_like.callbacks.orca'
+_LOADER = ("the data and the batch size are the DataLoaders' (DataLoader(dataset, batch_size=..., shuffle=True) "
+           "given to TrainLoop(model, train_loader, validation_loader, ...))")
+
+#: Keyword arguments of other libraries' trainers given to fit, and where each belongs here.
+FOREIGN_FIT_KEYWORDS: Dict[str, str] = {
+    'create_scheduler_fn': f"pytorch-accelerated's scheduler factory is AcceleratedCallbacks' argument: "
+                           f"fit(callbacks=[AcceleratedCallbacks(create_scheduler_fn=...), ...]) ({_PTA_ADAPTER})",
+    'per_device_batch_size': f"pytorch-accelerated's per_device_batch_size: {_LOADER}",
+    'train_dataset': f"pytorch-accelerated's train_dataset: {_LOADER}",
+    'eval_dataset': f"pytorch-accelerated's eval_dataset: {_LOADER}",
+    'train_dataloader_kwargs': f"pytorch-accelerated's train_dataloader_kwargs: {_LOADER}",
+    'eval_dataloader_kwargs': f"pytorch-accelerated's eval_dataloader_kwargs: {_LOADER}",
+    'collate_fn': "the collate function is the DataLoader's: DataLoader(dataset, collate_fn=...)",
+    'gradient_accumulation_steps': "pytorch-accelerated's gradient_accumulation_steps is fit(grad_accumulation=...)",
+    'max_num_train_steps': "pytorch-accelerated's max_num_train_steps is fit(num_iterations=...) (in batches)",
+    'gradient_clip_value': "gradient clipping is a callback: fit(callbacks=[GradValueClip(max_grad_value)]) "
+                           "(aitoolbox_like.callbacks.gradient)",
+    'reset_run_history': "pytorch-accelerated's run history starts anew at every fit (a resumed fit continues it)",
+    'training_params': f"SuperGradients' training_params go to TrainingParamsCallback: "
+                       f"fit(num_epochs=training_params['max_epochs'], callbacks=[TrainingParamsCallback("
+                       f"training_params), ...]) ({_SG_ADAPTER})",
+    'data': f"Orca's fit(data=..., epochs=..., batch_size=...) is Estimator's: Estimator.from_torch(model=..., "
+            f"optimizer=..., loss=...).fit(data=..., epochs=...) ({_ORCA_ADAPTER}); TrainLoop.fit trains the loaders "
+            f"the TrainLoop was given",
+    'validation_data': f"Orca's validation_data is Estimator.fit's ({_ORCA_ADAPTER}); TrainLoop validates on its "
+                       f"validation_loader",
+    'max_steps': f"Orca's max_steps is Estimator.fit's ({_ORCA_ADAPTER}); TrainLoop.fit(num_iterations=...) counts "
+                 f"batches",
+}
+
+#: Keyword arguments of other libraries' trainer constructors given to TrainLoop, and where each belongs.
+FOREIGN_INIT_KEYWORDS: Dict[str, str] = {
+    'callbacks': "callbacks are fit's: loop.fit(num_epochs=..., callbacks=[...]) (pytorch-accelerated's "
+                 "Trainer(callbacks=...) and SuperGradients' phase_callbacks included)",
+    'loss_func': "pytorch-accelerated's loss_func is the criterion: TrainLoop(model, train_loader, validation_loader, "
+                 "test_loader, optimizer, criterion)",
+    'run_history': "pytorch-accelerated's run history is the PTA callbacks' trainer.run_history; the loop's is "
+                   "loop.train_history",
+}
+
+#: Methods of other libraries' trainers called on a TrainLoop, and what they are here.
+FOREIGN_METHODS: Dict[str, str] = {
+    'train': "TrainLoop trains with fit(num_epochs=..., callbacks=[...]) over the loaders it was given "
+             "(pytorch-accelerated's Trainer.train(train_dataset, num_epochs, eval_dataset, per_device_batch_size, "
+             "create_scheduler_fn): " + _LOADER + f"; create_scheduler_fn goes to AcceleratedCallbacks, {_PTA_ADAPTER})",
+    'evaluate': "TrainLoop evaluates with evaluate_loss_on_validation_set() / evaluate_loss_on_test_set(), "
+                "predict_on_validation_set(), or evaluate_model_loss(loader) for any loader (pytorch-accelerated's "
+                "Trainer.evaluate(dataset))",
+}
+
+
+def foreign_method_error(owner: str, name: str) -> AttributeError:
+    """The AttributeError for ``name`` missing on a TrainLoop: what it is here when another library's trainer
+    has it (:data:`FOREIGN_METHODS`)."""
+    hint = FOREIGN_METHODS.get(name)
+    if hint is None:
+        return AttributeError(f'{owner!r} object has no attribute {name!r}')
+    return AttributeError(f'{owner!r} object has no attribute {name!r}: {hint}')
+
+
+def names_foreign_keywords(init: Callable[P, None]) -> Callable[P, None]:
+    """Wrap a loop's ``__init__`` so that a keyword another library's trainer takes and the loop does not
+    (:data:`FOREIGN_INIT_KEYWORDS`) is refused by name, with where it belongs; the signature seen by ``inspect``
+    (and by the tracking loops, the recipes and the docs' checks) stays ``init``'s."""
+    own = set(inspect.signature(init).parameters)
+
+    @functools.wraps(init)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> None:
+        foreign = [name for name in kwargs if name in FOREIGN_INIT_KEYWORDS and name not in own]
+        if foreign:
+            owner = type(args[0]).__name__ if args else 'TrainLoop'
+            raise TypeError(f'{owner}() got unexpected keyword argument(s) ' + '; '.join(
+                f'{name!r}: {FOREIGN_INIT_KEYWORDS[name]}' for name in foreign))
+        init(*args, **kwargs)
+    return checked
+
+
 def check_fit_keywords(loop: 'TrainLoop', kwargs: Dict[str, Any]) -> None:
     """Unknown keyword arguments first (a misspelt ``epochs=1`` must not be reported as a missing num_epochs),
-    each with the closest accepted name; then the callbacks a distributed fit builds its data with."""
+    each with the closest accepted name, or where it belongs when another library's trainer takes it; then the
+    callbacks a distributed fit builds its data with."""
     if not kwargs:
         return
     from ..distributed.launch import fit_ddp, fit_fsdp      # the launchers' own signatures say what they accept
@@ -43,7 +128,10 @@ def check_fit_keywords(loop: 'TrainLoop', kwargs: Dict[str, Any]) -> None:
         hints = []
         for name in unknown:
             close = difflib.get_close_matches(name, accepted, n=1, cutoff=0.6)
-            hints.append(f'{name!r} (did you mean {close[0]!r}?)' if close else repr(name))
+            if name in FOREIGN_FIT_KEYWORDS:
+                hints.append(f'{name!r} ({FOREIGN_FIT_KEYWORDS[name]})')
+            else:
+                hints.append(f'{name!r} (did you mean {close[0]!r}?)' if close else repr(name))
         raise TypeError(f'fit() got unexpected keyword argument(s) {", ".join(hints)}; fit accepts '
                         f'{", ".join(accepted)}')
     elsewhere = sorted(name for name in kwargs if name not in accepted)
@@ -83,6 +171,9 @@ def check_fit_inputs(loop: 'TrainLoop', amp_unavailable: Optional[str], final: b
                         f'{criterion.__qualname__}() (note the parentheses)')
     if amp_unavailable is not None:
         raise ValueError(amp_unavailable)
+    feed = loop.batch_feed
+    if final and isinstance(getattr(feed, 'plain_feed', feed), PlainModuleFeed) and loop.train_step_owner is None:
+        raise PlainModuleFeed(loop.model).error()
     if need_train_loader and loop.train_loader is None:
         raise ValueError("fit() needs a train_loader, but the TrainLoop was given train_loader=None: pass a "
                          "DataLoader as the TrainLoop's second argument (with gpu_mode='ddp' it may instead be "

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from .. import distributed
 from ..host_copy import to_host
-from ..model import one_pass_evaluation
+from ..model import BatchFeed, one_pass_evaluation
 from ..multi_loss_optim import MultiLoss
 from ..predictions import batch_size_of, combine_prediction_metadata_batches
 from .handler import CollectiveInRankRestrictedCallbackError
@@ -52,6 +52,9 @@ class Evaluation:
 
     def __init__(self, loop: 'TrainLoop') -> None:
         self.loop = loop
+        #: What the passes turn batches into losses and predictions with, when a callback owns that forward (Orca's
+        #: MainCallback, whose ``on_val_forward`` is the evaluation's forward); None: the loop's ``batch_feed``.
+        self.feed: Optional[BatchFeed] = None
         # (kind, dataset type[, weighting]) -> (training position, result)
         self._cache: Dict[Any, Tuple[Tuple[int, int], Any]] = {}
         # dataset type -> the training position at which its predictions will be asked for (expect_predictions)
@@ -158,6 +161,11 @@ class Evaluation:
         self._cache.clear()
 
     @property
+    def batch_feed(self) -> BatchFeed:
+        """The feed the passes use: :attr:`feed` when a callback set one, else the loop's ``batch_feed``."""
+        return self.feed if self.feed is not None else self.loop.batch_feed
+
+    @property
     def position(self) -> Tuple[int, int]:
         """The training position results are cached for: ``(epoch, total_iteration_idx)``."""
         return self.loop.epoch, self.loop.total_iteration_idx
@@ -168,7 +176,7 @@ class Evaluation:
         hit = self._cache.get(('predictions', dataset_type))
         if hit is not None and hit[0] == self.position:
             return None
-        return one_pass_evaluation(self.loop.batch_feed)
+        return one_pass_evaluation(self.batch_feed)
 
     def _loader(self, dataset_type: str) -> Any:
         loader = {'train': self.loop.train_loader, 'validation': self.loop.validation_loader,
@@ -214,7 +222,7 @@ class Evaluation:
         self.check_collective_allowed('evaluate_model_loss' if kind == 'loss' else 'predict_with_model')
         losses = _BatchLosses(loop.eval_loss_weighting) if kind == 'loss' else None
         collected = _Predictions(loop) if kind == 'predictions' or one_pass is not None else None
-        feed, criterion, device = loop.batch_feed, loop.criterion, loop.device
+        feed, criterion, device = self.batch_feed, loop.criterion, loop.device
         dispatch = loop.callbacks_handler.dispatch
         result: Any = None
         with self._eval_pass(kind, dataset_info, with_predictions=one_pass is not None) as info:

@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 #: Named by path and imported only when such a callback is given, so the core imports no callback library.
 FOREIGN_CALLBACK_ADAPTERS: Dict[str, str] = {
     'pytorch_accelerated': 'aitoolbox_like.callbacks.pytorch_accelerated:adopt_callbacks',
+    'bigdl': 'aitoolbox_like.callbacks.orca.callback:adopt_bigdl_callbacks',
 }
 
 
@@ -167,6 +168,13 @@ class CallbacksHandler:
         # Stable sort before registering so on_train_loop_registration also follows execution_order.
         new_callbacks.sort(key=lambda cb: cb.execution_order)
         for callback in new_callbacks:
+            if any(callback is registered for registered in loop.callbacks):
+                # Registered meanwhile by a callback before it that registers others (SuperGradients'
+                # phase_callbacks): one registration, or it would run twice per event.
+                logger.warning('%s (%s) is given here and was also registered by another callback of this fit (e.g. '
+                               'in SuperGradients\' training_params["phase_callbacks"]); it is registered once',
+                               callback.callback_name, type(callback).__name__)
+                continue
             loop.callbacks.append(callback)
             loop.callbacks.sort(key=lambda cb: cb.execution_order)
             self._add_to_dispatch_lists(callback)

@@ -35,7 +35,8 @@ from ..predictions import append_predictions, torch_cat_transf
 from ..prefetch import DevicePrefetcher, prefetch_applies
 from . import loop_state
 from .callback import AbstractCallback, AbstractScheduler, StopTraining, TrainingInterrupted
-from .checks import check_fit_inputs, check_fit_keywords, explain_step_failure, loss_to_record
+from .checks import (check_fit_inputs, check_fit_keywords, explain_step_failure, foreign_method_error,
+                     loss_to_record, names_foreign_keywords)
 from .evaluation import EVAL_LOSS_WEIGHTINGS, Evaluation
 from .handler import CallbacksHandler, import_object
 from .steering import RunSteering, StepRequestError, close_window_across_ranks
@@ -125,6 +126,9 @@ class TrainLoop:
     #: The class of ``callbacks_handler`` (AIToolbox's loops give theirs AIToolbox's ``execute_*`` names).
     callbacks_handler_class: Type[CallbacksHandler] = CallbacksHandler
 
+    # Other libraries' trainers take keywords a TrainLoop does not (pytorch-accelerated's callbacks=): each is named
+    # with where it belongs here, and the signature stays this one (the decorator keeps it).
+    @names_foreign_keywords
     def __init__(self, model: Any, train_loader: Any, validation_loader: Any, test_loader: Any, optimizer: Any,
                  criterion: Any, collate_batch_pred_fn: Callable[[Any, List[Any]], List[Any]] = append_predictions,
                  pred_transform_fn: Callable[[List[Any]], Any] = torch_cat_transf,
@@ -249,6 +253,11 @@ class TrainLoop:
         self.callbacks: List[AbstractCallback] = []
         self.callbacks_handler = self.callbacks_handler_class(self)
         self.message_service = MessageService()     # callbacks pass data to each other through it (AIToolbox's)
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for a name the loop does not have: another library's trainer method (pytorch-accelerated's
+        # train, evaluate) is named with what it is here.
+        raise foreign_method_error(type(self).__name__, name)
 
     # ---------------------------------------------------------------------------------------- devices and ranks
 

@@ -251,7 +251,9 @@ def test_every_n_iter_and_every_n_epoch_are_orca_s():
     assert cb.every_n_epoch(runner, 3) and not cb.every_n_epoch(runner, 4) and not cb.every_n_epoch(runner, -1)
 
 
-def test_the_tutorial_s_names_run_at_orca_s_points_just_before_them():
+def test_the_tutorial_s_names_are_not_called_as_on_orca_2_4_and_a_warning_names_orca_s(caplog):
+    """Orca 2.4.0's runner never calls the names of its callback tutorial (on_run_begin, on_epoch_begin(runner),
+    ...): neither does the adapter; registering such a callback names Orca 2.4.0's method for each point."""
     log = []
 
     class Both(Callback):
@@ -264,52 +266,67 @@ def test_the_tutorial_s_names_run_at_orca_s_points_just_before_them():
         def on_epoch_begin(self, runner):
             log.append(('on_epoch_begin', runner.epochs))
 
-        def before_train_epoch(self, runner):
-            log.append('before_train_epoch')
-
-        def on_iter_begin(self, runner):
-            log.append(('on_iter_begin', runner.batch_idx))
-
-        def before_train_iter(self, runner):
-            log.append('before_train_iter')
-
         def on_iter_end(self, runner):
-            log.append(('on_iter_end', runner.global_step))
-
-        def after_train_iter(self, runner):
-            log.append('after_train_iter')
-
-        def on_epoch_end(self, runner):
-            log.append(('on_epoch_end', runner.epochs))
+            log.append('on_iter_end')
 
         def after_train_epoch(self, runner):
             log.append('after_train_epoch')
 
-        def on_run_end(self, runner):
-            log.append('on_run_end')
-
-        def after_run(self, runner):
-            log.append('after_run')
-
-    class Child(Both):
         def on_epoch_end(self, runner):
-            log.append('child')
-            super().on_epoch_end(runner)
+            log.append('on_epoch_end')
 
     loop = make_loop(train=1, val=0)
     loop.fit(num_epochs=1, callbacks=[Both()])
-    assert log == ['on_run_begin', 'before_run', ('on_epoch_begin', 0), 'before_train_epoch', ('on_iter_begin', 0),
-                   'before_train_iter', ('on_iter_end', 1), 'after_train_iter', ('on_epoch_end', 1),
-                   'after_train_epoch', 'on_run_end', 'after_run']
+    assert log == ['before_run', 'after_train_epoch']
+    warning = next(r.getMessage() for r in caplog.records if 'tutorial' in r.getMessage())
+    assert 'on_run_begin' in warning and 'before_run' in warning and 'after_train_epoch' in warning
     assert [TUTORIAL_HOOKS[name] for name in ('on_run_begin', 'on_epoch_begin', 'on_epoch_end')] == \
         ['before_run', 'before_train_epoch', 'after_train_epoch']
-    # Called with a runner, the tutorial's method is the user's; a subclass's super() call reaches its parent's.
+    # the user's own code may still call its method with a runner
     log.clear()
-    Child().on_epoch_end(runner_for(loop))
-    assert log == ['child', ('on_epoch_end', 1)]
-    log.clear()
-    make_loop(train=1, val=0).fit(num_epochs=1, callbacks=[Child()])
-    assert log[-5:] == ['child', ('on_epoch_end', 1), 'after_train_epoch', 'on_run_end', 'after_run']
+    Both().on_epoch_end(runner_for(loop))
+    assert log == ['on_epoch_end']
+
+
+def test_orca_2_2_keras_style_callbacks_get_orca_2_2_s_calls_without_clashing_with_the_loop_s_hooks():
+    """Orca <= 2.2's Keras-style methods share their names with the loop's hooks: they are called where Orca 2.2's
+    runner called them, with its arguments, and the callback's 2.4-style methods still run."""
+    log = []
+
+    class Keras(Callback):
+        def on_train_begin(self):
+            log.append(('on_train_begin', type(self.model).__name__, self.trainer.epochs))
+
+        def before_run(self, runner):
+            log.append('before_run')
+
+        def on_epoch_begin(self, epoch):
+            log.append(('on_epoch_begin', epoch))
+
+        def on_batch_begin(self, batch):
+            log.append(('on_batch_begin', batch))
+
+        def on_batch_end(self, batch, logs=None):
+            log.append(('on_batch_end', batch, sorted(logs)))
+            super().on_batch_end(batch, logs)       # Orca 2.2's base method: a no-op
+
+        def on_epoch_end(self, epoch, logs=None):
+            log.append(('on_epoch_end', epoch, logs['train_loss'] == logs['train_loss'], 'val_loss' in logs))
+
+        def on_train_end(self, logs=None):
+            log.append(('on_train_end', logs['epoch']))
+
+        def set_trainer(self, trainer):
+            self.trainer = trainer
+
+    loop = make_loop(train=2, val=1)
+    loop.fit(num_epochs=2, callbacks=[MainCallback(), Keras()])
+    assert log == [('on_train_begin', 'list', 0), 'before_run',
+                   ('on_epoch_begin', 0), ('on_batch_begin', 0), ('on_batch_end', 0, ['train_loss']),
+                   ('on_batch_begin', 1), ('on_batch_end', 1, ['train_loss']), ('on_epoch_end', 1, True, True),
+                   ('on_epoch_begin', 1), ('on_batch_begin', 0), ('on_batch_end', 0, ['train_loss']),
+                   ('on_batch_begin', 1), ('on_batch_end', 1, ['train_loss']), ('on_epoch_end', 2, True, True),
+                   ('on_train_end', 2)]
 
 
 # ---- the runner ---------------------------------------------------------------------------------------------
@@ -791,3 +808,140 @@ def test_a_validation_pass_inside_a_training_batch_keeps_the_batch_s_attributes(
                          'before_val_iter', 'after_val_iter']
     assert log[7] == ('after_train_iter', 0, 1, 0, ('batch', 'loss', 'output', 'target'))
     assert runner_for(loop).epoch_stats['batch_count'] == 2
+
+
+# ---- a user's whole Orca setup -------------------------------------------------------------------------------
+
+class Plain(nn.Module):
+    """A plain nn.Module (no TTModel methods), counting its forwards."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.forwards = 0
+
+    def forward(self, x):
+        self.forwards += 1
+        return self.fc(x)
+
+
+def test_a_plain_module_trains_with_a_main_callback_validated_in_one_forward_with_orca_s_metrics():
+    from aitoolbox_like.callbacks.basic import EarlyStopping
+    from aitoolbox_like.callbacks.orca import Accuracy
+    stats = []
+
+    class Stats(Callback):
+        def after_train_epoch(self, runner):
+            stats.append(dict(runner.epoch_stats))
+
+    torch.manual_seed(0)
+    model = Plain()
+    loop = TrainLoop(model, batches(3, 1), batches(2, 2, last=3), None, torch.optim.SGD(model.parameters(), lr=0.1),
+                     nn.CrossEntropyLoss(), progress_bar=False, eval_loss_weighting='sample')
+    runner_for(loop).metrics = [Accuracy()]
+    early = EarlyStopping(monitor='val_loss', patience=5)
+    loop.fit(num_epochs=2, callbacks=[Stats(), MainCallback(), early])
+    # one forward per training batch and per validation batch (Orca's on_val_forward is the evaluation's forward)
+    assert model.forwards == 2 * (3 + 2)
+    history = loop.train_history
+    # the history's val_loss is Orca's (its batch losses weighted by samples), its metrics under Orca's names
+    assert history['val_loss'] == [s['val_loss'] for s in stats]
+    assert history['val_accuracy'] == [s['val_accuracy'] for s in stats]
+    model.eval()
+    x = torch.cat([b[0] for b in batches(2, 2, last=3)])
+    y = torch.cat([b[1] for b in batches(2, 2, last=3)])
+    assert stats[-1]['val_accuracy'] == pytest.approx(float((model(x).argmax(1) == y).float().mean()))
+
+
+def test_the_main_callback_runs_first_as_orca_s_estimator_puts_it():
+    order = []
+
+    class Other(Callback):
+        def before_run(self, runner):
+            order.append('other')
+
+    class Main(MainCallback):
+        def before_run(self, runner):
+            order.append('main')
+
+    make_loop().fit(num_epochs=1, callbacks=[Other(), Main()])
+    assert order == ['main', 'other']
+
+
+def test_loading_an_orca_checkpoint_continues_the_epoch_count(tmp_path):
+    seen = []
+
+    class Epochs(Callback):
+        def after_train_epoch(self, runner):
+            seen.append(runner.epochs)
+
+    loop = make_loop()
+    loop.fit(num_epochs=2, callbacks=[MainCallback()])
+    path = runner_for(loop).save_checkpoint(str(tmp_path / 'epoch2.ckpt'))
+    fresh = make_loop()
+    runner_for(fresh).load_checkpoint(path)
+    fresh.fit(num_epochs=3, callbacks=[MainCallback(), Epochs()])
+    assert seen == [3] and fresh.epochs_completed == 3
+
+
+def test_orca_callbacks_and_the_runner_continue_after_a_resume(tmp_path):
+    """Attributes of Orca callbacks (no state_dict) and what they keep on the runner are in the loop's checkpoints,
+    restored after before_run: a run interrupted after epoch 2 and resumed ends as the one never interrupted."""
+    from aitoolbox_like.tracking import TrainLoopCheckpoint
+
+    class Patience(Callback):
+        def before_run(self, runner):
+            self.best, self.wait = float('inf'), 0       # set up for every run, as Orca callbacks do
+
+        def after_train_epoch(self, runner):
+            if runner.epoch_stats['val_loss'] < self.best - 0.05:
+                self.best, self.wait = runner.epoch_stats['val_loss'], 0
+            else:
+                self.wait += 1
+            runner.put('epochs_seen', runner.get('epochs_seen') + 1) if runner.epochs > 1 else \
+                runner.put('epochs_seen', 1)
+
+    class Interrupt(AbstractCallback):
+        def on_epoch_end(self):
+            if self.train_loop_obj.epoch == 1:
+                raise KeyboardInterrupt
+
+    def run(folder, extra=()):
+        torch.manual_seed(0)
+        model = Net()
+        loop = TrainLoopCheckpoint(model, batches(3, 1), batches(2, 2), None,
+                                   torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(),
+                                   'proj', 'orca', str(folder), {}, cloud_save_mode='local', progress_bar=False)
+        runner_for(loop).scheduler = torch.optim.lr_scheduler.StepLR(loop.optimizer, step_size=1, gamma=0.5)
+        patience = Patience()
+        return loop, patience, [MainCallback(), patience, *extra]
+
+    whole, whole_patience, callbacks = run(tmp_path / 'whole')
+    whole.fit(num_epochs=4, callbacks=callbacks)
+    first, _, callbacks = run(tmp_path / 'resumed', [Interrupt('interrupt')])
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(num_epochs=4, callbacks=callbacks)
+    resumed, patience, callbacks = run(tmp_path / 'resumed')
+    resumed.fit(num_epochs=4, callbacks=callbacks, resume_from='latest')
+    assert (patience.best, patience.wait) == (whole_patience.best, whole_patience.wait)
+    assert runner_for(resumed).get('epochs_seen') == runner_for(whole).get('epochs_seen') == 4
+    assert runner_for(resumed).scheduler.state_dict() == runner_for(whole).scheduler.state_dict()
+    assert all(torch.equal(a, b) for a, b in zip(resumed.model.parameters(), whole.model.parameters()))
+
+
+def test_a_bigdl_callback_kept_on_its_bigdl_import_is_refused_naming_the_import_to_change(tmp_path, monkeypatch):
+    package = tmp_path / 'bigdl' / 'orca' / 'learn' / 'pytorch' / 'callbacks'
+    package.mkdir(parents=True)
+    for folder in [tmp_path / 'bigdl', *package.parents][:5]:
+        (folder / '__init__.py').touch()
+    (package / '__init__.py').write_text('class Callback:\n    pass\n\n\nclass MainCallback(Callback):\n    pass\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from bigdl.orca.learn.pytorch.callbacks import MainCallback as BigDLMainCallback
+
+    class Mine(BigDLMainCallback):
+        pass
+
+    with pytest.raises(TypeError, match=r'derive Mine from aitoolbox_like\.callbacks\.orca'):
+        make_loop().fit(num_epochs=1, callbacks=[Mine()])
+    with pytest.raises(TypeError, match=r'from aitoolbox_like\.callbacks\.orca import MainCallback'):
+        make_loop().fit(num_epochs=1, callbacks=[BigDLMainCallback()])

@@ -354,19 +354,29 @@ def test_a_non_pta_object_given_to_the_adapter_is_refused_by_name():
         AcceleratedCallbacks([nn.Linear(2, 2)])
 
 
-def test_a_resumed_fit_continues_ptas_scheduler_to_the_uninterrupted_weights(tmp_path):
+def test_a_resumed_fit_continues_ptas_scheduler_and_callbacks_state_to_the_uninterrupted_run(tmp_path):
+    """PTA's callbacks have no state_dict and reset themselves in on_training_run_start: the adapter saves their
+    attributes and the run history with the loop's checkpoint and restores them after that reset."""
     from aitoolbox_like.tracking import TrainLoopCheckpoint
     scheduler = CosineLrScheduler.create_scheduler_fn(num_warmup_epochs=1, warmup_starting_lr=0.01)
 
     def loop(folder, seed=0):
         torch.manual_seed(seed)
         model = Net()
-        return TrainLoopCheckpoint(model, DataLoader(TRAIN, batch_size=8), DataLoader(VAL, batch_size=8), None,
+        return TrainLoopCheckpoint(model, DataLoader(TRAIN, batch_size=8, shuffle=True),
+                                   DataLoader(VAL, batch_size=8), None,
                                    torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), nn.CrossEntropyLoss(),
                                    'proj', 'run', str(folder), {}, cloud_save_mode='local', progress_bar=False)
 
+    def pta(folder):
+        return [AcceleratedCallbacks(create_scheduler_fn=scheduler),
+                EarlyStoppingCallback(early_stopping_patience=3, early_stopping_threshold=0.3),
+                SaveBestModelCallback(save_path=str(folder / 'best.pt'), load_saved_checkpoint=False)]
+
     reference = loop(tmp_path / 'reference')
-    reference.fit(num_epochs=4, callbacks=[AcceleratedCallbacks(create_scheduler_fn=scheduler)])
+    reference_callbacks = pta(tmp_path)
+    reference.fit(num_epochs=4, callbacks=reference_callbacks)
+
     class Killed(AbstractCallback):        # the process dies at the start of the third epoch
         def on_epoch_begin(self):
             if self.train_loop_obj.epoch == 2:
@@ -374,15 +384,35 @@ def test_a_resumed_fit_continues_ptas_scheduler_to_the_uninterrupted_weights(tmp
 
     first = loop(tmp_path / 'interrupted')
     with pytest.raises(KeyboardInterrupt):
-        first.fit(num_epochs=4, callbacks=[AcceleratedCallbacks(create_scheduler_fn=scheduler), Killed('killed')])
+        first.fit(num_epochs=4, callbacks=[*pta(tmp_path / 'interrupted'), Killed('killed')])
     folder = os.path.join(first.experiment.dir_path, 'checkpoint_model')
     [last] = [name for name in os.listdir(folder) if name.endswith('_E1.pth')]
 
     resumed = loop(tmp_path / 'interrupted', seed=5)
-    adapter = AcceleratedCallbacks(create_scheduler_fn=scheduler)
-    resumed.fit(num_epochs=4, callbacks=[adapter], resume_from=os.path.join(folder, last))
+    adapter, early, best = pta(tmp_path / 'interrupted')
+    resumed.fit(num_epochs=4, callbacks=[adapter, early, best], resume_from=os.path.join(folder, last))
     assert state_equal(resumed.model.state_dict(), reference.model.state_dict())
     assert resumed.optimizer.param_groups[0]['lr'] == reference.optimizer.param_groups[0]['lr']
-    # PTA's run history, as after PTA's own resume: this run's epochs, counted on from the checkpoint's.
-    assert adapter.trainer.run_history.current_epoch == 5
+    # PTA's run history, the early-stopping counter and best value, the best model's value and epoch: as never killed
+    history, expected = adapter.trainer.run_history, reference_callbacks[0].trainer.run_history
+    assert history.current_epoch == expected.current_epoch == 5
+    assert history.get_metric_values('eval_loss_epoch') == expected.get_metric_values('eval_loss_epoch')
+    _, early_reference, best_reference = reference_callbacks
+    assert early.early_stopping_patience_counter == early_reference.early_stopping_patience_counter > 0
+    assert early.best_metric == early_reference.best_metric
+    assert (best.best_metric, best.best_metric_epoch) == (best_reference.best_metric, best_reference.best_metric_epoch)
     assert resumed.train_history['train_loss_epoch'] == reference.train_history['train_loss_epoch']
+
+
+def test_ptas_trainer_habits_get_errors_naming_the_fix():
+    loop = make_loop(Net())
+    with pytest.raises(TypeError, match=r"callbacks are fit's: loop.fit\(num_epochs=\.\.\., callbacks="):
+        TrainLoop(Net(), None, None, None, None, None, callbacks=[LogMetricsCallback()])
+    with pytest.raises(AttributeError, match=r"'train'.*fit\(num_epochs="):
+        loop.train(TRAIN, num_epochs=2)
+    with pytest.raises(AttributeError, match=r"'evaluate'.*evaluate_loss_on_validation_set"):
+        loop.evaluate(VAL)
+    with pytest.raises(TypeError, match=r"AcceleratedCallbacks\(create_scheduler_fn=\.\.\.\)"):
+        loop.fit(num_epochs=1, create_scheduler_fn=CosineLrScheduler.create_scheduler_fn())
+    with pytest.raises(TypeError, match=r"per_device_batch_size.*DataLoader\(dataset, batch_size="):
+        loop.fit(num_epochs=1, per_device_batch_size=8)

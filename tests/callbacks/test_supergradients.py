@@ -498,7 +498,13 @@ def test_validation_predictions_give_preds_and_the_best_epoch_follows_metric_to_
     loop = make_loop(train=2, val=1, test=None)
     loop.fit(num_epochs=3, callbacks=[Accuracy(), best])
     assert best.best_epochs == [0]          # val_acc 0, -1, -2: only the first epoch is the best
-    assert best.state_dict() == {'best_metric': 0.0}
+    state = best.state_dict()
+    assert state['best_metric'] == 0.0
+    # its own attributes are its state too (SG callbacks have no state_dict): a fresh one continues from them
+    again = Best()
+    again.register_train_loop_object(make_loop())
+    again.load_state_dict(state)
+    assert again.best_epochs == [0] and len(again.preds) == len(best.preds)
     preds, target = best.preds[-1]
     assert preds.shape == (4, 10) and target is loop.validation_loader[0][1]
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from aitoolbox_like import TrainLoop
 from aitoolbox_like.callbacks.abstract import AbstractCallback
+from aitoolbox_like.callbacks.model_save import ModelCheckpoint
 from aitoolbox_like.callbacks.supergradients import (Callback, LRCallbackBase, Phase, PhaseCallback,
                                                      TrainingParams, TrainingParamsCallback)
 from aitoolbox_like.tracking import TrainLoopCheckpoint
@@ -454,3 +455,81 @@ def test_sg_logger_writes_scalars_to_history_and_images_to_the_experiment_folder
     assert sorted(os.listdir(folder)) == ['step_0_0.png', 'step_0_1.png', 'step_1_0.png', 'step_1_1.png']
     step, images = logs.logger.images['valid/batch']
     assert step == 1 and images.shape == (2, 4, 4, 3)
+
+
+# ---- SG's run folder, results and resume, as an SG user's setup meets them -----------------------------------------
+
+class SaveMyBest(Callback):
+    """Plain SG code: the best epoch's weights into the run's checkpoint folder."""
+
+    def on_training_start(self, context):
+        self.listed = os.listdir(context.ckpt_dir)      # SG's trainer made the folder before training
+
+    def on_validation_end_best_epoch(self, context):
+        torch.save(context.net.state_dict(), os.path.join(context.ckpt_dir, 'my_best.pth'))
+
+
+def test_sgs_run_folder_results_and_checkpoint_ranking(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    valid_metric, saver = MulticlassAccuracy(), SaveMyBest()
+    loop = make_loop(train=3, val=3, lr=0.5)
+    saving = ModelCheckpoint('proj', 'sg', str(tmp_path), {}, cloud_save_mode='local')
+    loop.fit(num_epochs=4, callbacks=[saving, TrainingParamsCallback(
+        {'max_epochs': 4, 'train_metrics_list': [MulticlassAccuracy()], 'valid_metrics_list': [valid_metric],
+         'metric_to_watch': 'MulticlassAccuracy', 'greater_metric_to_watch_is_better': True,
+         'phase_callbacks': [saver]}), saver])
+    history = loop.train_history
+    # SG's results in the history as SG keys them: validation by name, training under SG's log tag
+    assert len(history['MulticlassAccuracy']) == len(history['Train_MulticlassAccuracy']) == 4
+    assert 'CrossEntropyLoss' in history.keys()
+    assert any('MulticlassAccuracy=' in record.getMessage() for record in caplog.records
+               if record.getMessage().startswith('Epoch 3:'))
+    folder = os.path.join(loop.experiment.dir_path, 'checkpoint_model')
+    assert saver.listed == [] and os.path.exists(os.path.join(folder, 'my_best.pth'))
+    # metric_to_watch ranks the loop's checkpoints: the best is SG's best epoch (the highest accuracy, first)
+    accuracies = history['MulticlassAccuracy']
+    best_epoch = accuracies.index(max(accuracies))
+    assert (saving.monitor, saving.mode) == ('MulticlassAccuracy', 'max')
+    assert max(saving.scored, key=lambda entry: entry[0])[1] == best_epoch
+    # listed both in phase_callbacks and in the fit's callbacks: registered once, with a warning
+    assert sum(cb is saver for cb in loop.callbacks) == 1
+    assert any('registered once' in r.getMessage() and 'SaveMyBest' in r.getMessage() for r in caplog.records)
+
+
+def test_fit_given_training_params_names_training_params_callback():
+    with pytest.raises(TypeError, match=r"TrainingParamsCallback\(training_params\)"):
+        make_loop().fit(num_epochs=1, training_params=params())
+
+
+def test_a_torch_scheduler_lr_mode_resumes_at_the_uninterrupted_rate(tmp_path):
+    def loop_and_params(folder):
+        loop = TrainLoopCheckpoint(Net(), batches(2, 1), batches(1, 2), None, None, nn.CrossEntropyLoss(),
+                                   'proj', 'steps', str(folder), {}, cloud_save_mode='local', progress_bar=False)
+        loop.optimizer = torch.optim.SGD(loop.model.parameters(), lr=0.1)
+        return loop, TrainingParamsCallback(params(max_epochs=5, initial_lr=None, lr_mode={
+            'StepLR': {'step_size': 2, 'gamma': 0.1, 'phase': Phase.TRAIN_EPOCH_END}}))
+
+    torch.manual_seed(0)
+    whole, callback = loop_and_params(tmp_path / 'whole')
+    whole.fit(num_epochs=5, callbacks=[callback])
+
+    torch.manual_seed(0)
+    first, callback = loop_and_params(tmp_path / 'resumed')
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(num_epochs=5, callbacks=[callback, StopAfter(3)])
+    resumed, callback = loop_and_params(tmp_path / 'resumed')
+    resumed.fit(num_epochs=5, callbacks=[callback], resume_from='latest')
+    assert resumed.optimizer.param_groups[0]['lr'] == whole.optimizer.param_groups[0]['lr']
+    assert all(torch.equal(a, b) for a, b in zip(resumed.model.parameters(), whole.model.parameters()))
+
+
+class StopAfter(AbstractCallback):
+    """The run ends (as a killed one) after ``epochs`` epochs, its checkpoint written."""
+
+    def __init__(self, epochs):
+        super().__init__('stop after', execution_order=1000)
+        self.epochs = epochs
+
+    def on_epoch_end(self):
+        if self.train_loop_obj.epoch + 1 == self.epochs:
+            raise KeyboardInterrupt

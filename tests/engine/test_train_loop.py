@@ -32,8 +32,12 @@ def test_import_does_not_load_optional_heavy_packages():
 def test_plain_module_gets_a_type_error_that_says_what_to_do():
     model = PlainMLP()
     train, val, test = loaders()
+    # constructed freely (a callback may compute its loss: Orca's MainCallback); fit and evaluation say what to do
+    loop = TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss())
+    with pytest.raises(TypeError, match='subclass aitoolbox_like.TTModel.*ModelWrap.*MainCallback'):
+        loop.fit(num_epochs=1)
     with pytest.raises(TypeError, match='subclass aitoolbox_like.TTModel.*ModelWrap'):
-        TrainLoop(model, train, val, test, sgd(model), nn.CrossEntropyLoss())
+        loop.evaluate_loss_on_validation_set()
     with pytest.raises(TypeError, match='must be a TTModel'):
         TrainLoop('not a model', train, val, test, sgd(model), nn.CrossEntropyLoss())
 

@@ -130,10 +130,12 @@ def test_the_engine_lies_below_the_callback_library_and_names_it_only_by_the_pat
     named = [(module, node.value) for module, path in MODULES.items() if module.startswith('aitoolbox_like.engine')
              for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant)
              and isinstance(node.value, str) and node.value.startswith('aitoolbox_like.callbacks')]
-    assert sorted(named) == [('aitoolbox_like.engine.handler', handler.FOREIGN_CALLBACK_ADAPTERS['pytorch_accelerated']),
-                             ('aitoolbox_like.engine.train_loop', train_loop.DEFAULT_CALLBACKS)]
+    assert sorted(named) == sorted([('aitoolbox_like.engine.handler', path)
+                                    for path in handler.FOREIGN_CALLBACK_ADAPTERS.values()]
+                                   + [('aitoolbox_like.engine.train_loop', train_loop.DEFAULT_CALLBACKS)])
     assert handler.import_object(train_loop.DEFAULT_CALLBACKS) is add_default_callbacks
     assert handler.import_object(handler.FOREIGN_CALLBACK_ADAPTERS['pytorch_accelerated']) is adopt_callbacks
+    assert all(callable(handler.import_object(path)) for path in handler.FOREIGN_CALLBACK_ADAPTERS.values())
 
 
 def test_importing_the_loop_loads_the_engine_and_no_callback_library():

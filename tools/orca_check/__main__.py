@@ -17,12 +17,12 @@ import tempfile
 import time
 import types
 from pathlib import Path
-from typing import List
+from typing import Any, List
 
 from .. import callback_check
 from . import wheel as wheel_files
 from .rewrite import Rewriter
-from .scenarios import NOT_RUN, Scenarios
+from .scenarios import NOT_RUN, Scenarios, builtins_against_the_wheel, kill_and_resume, orca22_callbacks
 from .tally import Tally
 
 PACKAGE = 'orca_callbacks'
@@ -32,19 +32,30 @@ def dotted(path: str) -> str:
     return path[:-len('.py')].replace('/', '.')
 
 
-def write_copies(modules: List[wheel_files.CallbackModule], folder: Path) -> List[str]:
-    """The rewritten callback modules as the package ``orca_callbacks`` in ``folder``; returns a report line per
-    rewritten import."""
-    package = folder / PACKAGE
+def write_copies(modules: List[wheel_files.CallbackModule], folder: Path, name: str = PACKAGE) -> List[str]:
+    """The rewritten callback modules as the package ``name`` (``orca_callbacks``) in ``folder``; returns a report
+    line per rewritten import."""
+    package = folder / name
     package.mkdir()
     (package / '__init__.py').write_text('')
-    rewriter = Rewriter({dotted(module.path): f'{PACKAGE}.{module.stem}' for module in modules})
+    rewriter = Rewriter({dotted(module.path): f'{name}.{module.stem}' for module in modules})
     report = []
     for module in modules:
         text, edits = rewriter.rewrite(module.source)
         (package / f'{module.stem}.py').write_text(text)
         report += [f'  {module.path}:{line}: {new}' for line, new in edits]
     return report
+
+
+def _orca22(cache: Path, folder: Path) -> Any:
+    """Orca 2.2.0's callback modules, rewritten as Orca 2.4.0's are, imported (``orca22_callbacks``)."""
+    wheel = wheel_files.fetch_wheel22(cache)
+    modules = wheel_files.find_callback_modules(wheel_files.read_sources(wheel))
+    write_copies(modules, folder, 'orca22_callbacks')
+    imported = {}
+    for module in modules:
+        imported[module.stem] = importlib.import_module(f'orca22_callbacks.{module.stem}')
+    return types.SimpleNamespace(**imported)
 
 
 def main() -> int:
@@ -83,7 +94,11 @@ def main() -> int:
         tally = Tally({f'{PACKAGE}.{module.stem}' for module in modules})
         if 'maincallback' in imported:
             work = tempfile.mkdtemp(prefix='runs-', dir=folder)
-            Scenarios(types.SimpleNamespace(**imported), adapter, tally, work).run_all()
+            scenarios = Scenarios(types.SimpleNamespace(**imported), adapter, tally, work)
+            scenarios.run_all()
+            builtins_against_the_wheel(scenarios)
+            orca22_callbacks(scenarios, _orca22(args.cache, folder))
+            kill_and_resume(scenarios, folder)
         return callback_check.report('Orca', 'orca-check', "Orca tests' expectations (check: the check's own)",
                                      classes, tally, NOT_RUN, import_errors, args.min_classes,
                                      args.min_expectations, started)

@@ -17,7 +17,7 @@ import io
 import os
 import shutil
 import tempfile
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -217,3 +217,203 @@ class Scenarios:
                         os.environ[name] = value
             written.actual = bool(glob.glob(os.path.join(folder, 'wandb', 'offline-run-*')))
         self.attempt(['MainCallback', 'WandbLoggerCallback'], [written], body)
+
+
+# ---- the adapter's built-in callbacks beside the wheel's own ------------------------------------------------------
+
+def _scalars(folder: str) -> Dict[str, List[Any]]:
+    """TensorBoard scalars of every event file under ``folder``: tag -> [(step, value)], in write order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    scalars: Dict[str, List[Any]] = {}
+    for path in sorted(glob.glob(os.path.join(folder, '**', 'events.out.tfevents.*'), recursive=True)):
+        events = EventAccumulator(path)
+        events.Reload()
+        for tag in events.Tags()['scalars']:
+            scalars.setdefault(tag, []).extend((event.step, event.value) for event in events.Scalars(tag))
+    return {tag: sorted(values) for tag, values in scalars.items()}
+
+
+def _checkpoint_files(folder: str) -> Dict[str, Any]:
+    """name -> content of Orca's checkpoint files (tensors compared by value through ``same``)."""
+    return {name: torch.load(os.path.join(folder, name), weights_only=True) for name in sorted(os.listdir(folder))}
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and bool(torch.equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def probe_class(adapter: Any) -> type:
+    class BarProbe(adapter.Callback):
+        def __init__(self) -> None:
+            self.seen: List[Any] = []
+
+        def _record(self, runner: Any) -> None:
+            bar = runner._progress_bar
+            self.seen.append((bar.desc, bar.n, bar.total, bar.postfix))
+
+        def after_train_iter(self, runner: Any) -> None:
+            self._record(runner)
+
+        def after_val_iter(self, runner: Any) -> None:
+            self._record(runner)
+    return BarProbe
+
+
+def builtins_against_the_wheel(scenarios: Any) -> None:
+    """Each of Orca 2.4.0's built-in callbacks importable from the adapter (``aitoolbox_like.callbacks.orca``), run
+    in the same fit as the wheel's own class: the same files with the same contents, the same TensorBoard scalars,
+    the same steps, the same progress bars, the same W&B calls."""
+    orca, adapter = scenarios.orca, scenarios.adapter
+
+    def pair(make: Callable[[Any, str], List[Any]], epochs: int = 2) -> List[Any]:
+        results = []
+        for side in (orca, adapter):
+            folder = scenarios.folder('pair')
+            loop = make_loop(seed=0)
+            callbacks = make(side, folder)
+            loop.fit(num_epochs=epochs, callbacks=[scenarios.main()] + callbacks)
+            results.append((loop, folder, callbacks))
+        return results
+
+    def checkpoints() -> Any:
+        out = []
+        for by_epoch in (True, False):
+            make = lambda side, folder, by_epoch=by_epoch: [  # noqa: E731
+                _module(side, 'model_checkpoint').ModelCheckpoint(
+                    filepath=os.path.join(folder, 'test-{epoch}' if by_epoch else 'test-{iter}'), by_epoch=by_epoch,
+                    interval=-1 if by_epoch else 5)]
+            (_, theirs, _), (_, ours, _) = pair(make)
+            a, b = _checkpoint_files(theirs), _checkpoint_files(ours)
+            out.append(same(a, b) and len(a) > 1)
+        return out
+
+    def tensorboard() -> Any:
+        out = []
+        for freq in ('epoch', 'batch', 3):
+            make = lambda side, folder, freq=freq: [  # noqa: E731
+                _module(side, 'tensorboard').TensorBoardCallback(log_dir=os.path.join(folder, 'runs'), freq=freq)]
+            (_, theirs, _), (_, ours, _) = pair(make)
+            a, b = _scalars(os.path.join(theirs, 'runs')), _scalars(os.path.join(ours, 'runs'))
+            out.append(bool(a) and a == b)
+        return out
+
+    def max_steps() -> Any:
+        (theirs, _, _), (ours, _, _) = pair(lambda side, folder: [_module(side, 'maxsteps').MaxstepsCallback(37)])
+        return (theirs.total_iteration_idx, ours.total_iteration_idx, same(theirs.model.state_dict(),
+                                                                           ours.model.state_dict()))
+
+    def bars() -> Any:
+        probe = probe_class(adapter)
+        with contextlib.redirect_stderr(io.StringIO()):
+            (_, _, a), (_, _, b) = pair(lambda side, folder: [_module(side, 'tqdm').TqdmCallback(), probe()])
+        return a[1].seen == b[1].seen and len(a[1].seen) > 0
+
+    def wandb_calls() -> Any:
+        import wandb
+        calls: List[Any] = []
+
+        class Run:
+            def log(self, values: Any) -> None:
+                calls[-1].append(('log', dict(values)))
+
+            def finish(self) -> None:
+                calls[-1].append(('finish',))
+
+        real = wandb.init
+        wandb.init = lambda **kwargs: (calls.append([('init', kwargs)]), Run())[1]
+        try:
+            pair(lambda side, folder: [_module(side, 'wandb').WandbLoggerCallback(project='orca-check',
+                                                                                 log_config=True)])
+        finally:
+            wandb.init = real
+        return len(calls) == 2 and calls[0] == calls[1] and len(calls[0]) == 4
+
+    checks = [
+        ('ModelCheckpoint (by epoch; by_epoch=False, interval=5): the same files, the same contents',
+         checkpoints, [True, True], ['ModelCheckpoint']),
+        ("TensorBoardCallback (freq 'epoch', 'batch', 3): the same scalars at the same steps", tensorboard,
+         [True, True, True], ['TensorBoardCallback']),
+        ('MaxstepsCallback(37): the same 37 steps and weights', max_steps, (36, 36, True), ['MaxstepsCallback']),
+        ("TqdmCallback: the same bars (description, position, total, loss)", bars, True, ['TqdmCallback']),
+        ('WandbLoggerCallback(log_config=True): the same wandb.init arguments, logs and finish', wandb_calls, True,
+         ['WandbLoggerCallback']),
+    ]
+    for name, check, expected, subjects in checks:
+        expectation = Expectation(f"check: aitoolbox_like.callbacks.orca's {name} as the wheel's", expected)
+
+        def body(watch: Watch, check: Callable[[], Any] = check, expectation: Expectation = expectation) -> None:
+            expectation.actual = check()
+        scenarios.attempt([], [expectation], body)
+
+
+def _module(side: Any, stem: str) -> Any:
+    """The wheel's rewritten module ``stem``, or the adapter (whose package has every built-in class)."""
+    return getattr(side, stem) if hasattr(side, 'model_checkpoint') else side
+
+
+# ---- Orca 2.2's own Keras-style callbacks --------------------------------------------------------------------------
+
+def orca22_callbacks(scenarios: Any, orca22: Any) -> None:
+    """Orca 2.2.0's own ModelCheckpoint and TensorBoardCallback (Keras-style: on_train_begin(), on_epoch_end(epoch,
+    logs), on_batch_end(batch, logs), set_trainer), from its published wheel with only their imports changed, give
+    what Orca 2.4.0's give in the same fit."""
+    adapter = scenarios.adapter
+
+    def run(callback: Any) -> Tuple[str, Any]:
+        loop = make_loop(seed=0)
+        loop.fit(num_epochs=2, callbacks=[scenarios.main(), callback])
+        return loop
+
+    files = Expectation("check: Orca 2.2's ModelCheckpoint (Keras-style, from bigdl-orca 2.2.0): test-epoch=1.ckpt, "
+                        "test-epoch=2.ckpt, last.ckpt, with the contents 2.4.0's writes", True)
+    scalars = Expectation("check: Orca 2.2's TensorBoardCallback (freq 'epoch' and 'batch'): the scalars 2.4.0's "
+                          "writes", [True, True])
+
+    def body_files(watch: Watch) -> None:
+        folder22, folder24 = scenarios.folder('orca22'), scenarios.folder('orca24')
+        run(orca22.model_checkpoint.ModelCheckpoint(filepath=os.path.join(folder22, 'test-{epoch}')))
+        run(adapter.ModelCheckpoint(filepath=os.path.join(folder24, 'test-{epoch}')))
+        a, b = _checkpoint_files(folder22), _checkpoint_files(folder24)
+        files.actual = sorted(a) == ['last.ckpt', 'test-epoch=1.ckpt', 'test-epoch=2.ckpt'] and same(a, b)
+
+    def body_scalars(watch: Watch) -> None:
+        out = []
+        for freq in ('epoch', 'batch'):
+            folder22, folder24 = scenarios.folder('tb22'), scenarios.folder('tb24')
+            run(orca22.tensorboard.TensorBoardCallback(log_dir=os.path.join(folder22, 'runs'), freq=freq))
+            run(adapter.TensorBoardCallback(log_dir=os.path.join(folder24, 'runs'), freq=freq))
+            a, b = _scalars(os.path.join(folder22, 'runs')), _scalars(os.path.join(folder24, 'runs'))
+            out.append(bool(a) and a == b)
+        scalars.actual = out
+    scenarios.attempt([], [files], body_files)
+    scenarios.attempt([], [scalars], body_scalars)
+
+
+# ---- kill -9 and resume --------------------------------------------------------------------------------------------
+
+def kill_and_resume(scenarios: Any, rewritten: Any) -> None:
+    """tools/orca_check/resumed.py (Orca's own MainCallback with a StepLR scheduler on the runner, a user's Orca
+    early stop keeping its best value and patience in attributes, values stored on the runner, an Orca 2.2-style
+    counter, Orca's metrics; Orca's shuffling sampler; the loop's checkpoint every epoch) killed with SIGKILL inside
+    epoch 6 and resumed in a new process, against the same script run to its end."""
+    from pathlib import Path
+    from .. import kill_resume
+    from . import resumed
+    expectation = Expectation("check: kill -9 inside epoch 6 and fit(resume_from='auto') in a new process: the "
+                              "weights, epoch_stats, history, stop epoch, the callbacks' and the runner's state and "
+                              'the scheduler of the run never killed, to the bit', 'the same')
+
+    def body(watch: Watch) -> None:
+        whole, again, _ = kill_resume.uninterrupted_and_resumed(
+            'tools.orca_check.resumed', Path(scenarios.folder('kill-resume')), resumed.KILL_AT, [str(rewritten)])
+        if whole['epochs'] >= resumed.EPOCHS:
+            expectation.actual = f'the run never stopped early ({whole["epochs"]} epochs): the scenario shows nothing'
+        else:
+            expectation.actual = kill_resume.first_difference(again, whole) or 'the same'
+    scenarios.attempt([], [expectation], body)

@@ -30,6 +30,13 @@ _WHEEL = PublishedWheel('orca-check', 'bigdl-orca', ORCA_VERSION, WHEEL_NAME, WH
 default_cache = _WHEEL.default_cache
 fetch_wheel = _WHEEL.fetch
 
+# Orca 2.2.0: its callbacks were Keras-style (on_epoch_end(epoch, logs), ...); the check runs its own ones too.
+ORCA22_VERSION = '2.2.0'
+_WHEEL22 = PublishedWheel('orca-check', 'bigdl-orca', ORCA22_VERSION,
+                          f'bigdl_orca-{ORCA22_VERSION}-py3-none-manylinux1_x86_64.whl',
+                          '2f922fbb1ba9af7462fa0d39d067728a32815765b811c4e0b3bdcf38a4ed683f', platform='manylinux1_x86_64')
+fetch_wheel22 = _WHEEL22.fetch
+
 
 def read_sources(wheel: Path) -> Dict[str, str]:
     """path -> source of every .py file of the callbacks package."""

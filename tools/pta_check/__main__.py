@@ -49,7 +49,8 @@ def main() -> int:
     tally = scenarios.Tally()
     try:
         for part in (scenarios.side_by_side, scenarios.save_training_state, scenarios.wsd_checkpoints,
-                     scenarios.checkpoint_round_trips, scenarios.run_history_and_losses, scenarios.trainer_behaviour):
+                     scenarios.checkpoint_round_trips, scenarios.run_history_and_losses, scenarios.trainer_behaviour,
+                     scenarios.trainer_subclass, scenarios.kill_and_resume):
             part(tally, work)
         seed.seed_examples(tally, args.seeds, work)
     finally:

@@ -87,7 +87,7 @@ def _finish(run: Run, folder: Path, printed: io.StringIO, model: nn.Module) -> R
 
 def on_ptas_trainer(folder: Path, callbacks: Sequence[Any], num_epochs: int, model_kwargs: Optional[dict] = None,
                     create_scheduler_fn: Optional[Callable[..., Any]] = None, accumulation: int = 1,
-                    env: Optional[Dict[str, str]] = None, trainer_class: Any = None) -> Run:
+                    env: Optional[Dict[str, str]] = None, trainer_class: Any = None, shuffle: bool = False) -> Run:
     from pytorch_accelerated import Trainer
     torch.manual_seed(0)
     model = Net(**(model_kwargs or {}))
@@ -97,7 +97,7 @@ def on_ptas_trainer(folder: Path, callbacks: Sequence[Any], num_epochs: int, mod
         run.trainer = trainer
         try:
             trainer.train(train_dataset=TRAIN, eval_dataset=VAL, num_epochs=num_epochs, per_device_batch_size=BATCH,
-                          train_dataloader_kwargs={'shuffle': False, 'num_workers': 0},
+                          train_dataloader_kwargs={'shuffle': shuffle, 'num_workers': 0},
                           eval_dataloader_kwargs={'num_workers': 0}, create_scheduler_fn=create_scheduler_fn,
                           gradient_accumulation_steps=accumulation)
         except SystemExit as stop:
@@ -107,11 +107,12 @@ def on_ptas_trainer(folder: Path, callbacks: Sequence[Any], num_epochs: int, mod
 
 def on_the_loop(folder: Path, callbacks: Sequence[Any], num_epochs: int, model_kwargs: Optional[dict] = None,
                 create_scheduler_fn: Optional[Callable[..., Any]] = None, accumulation: int = 1,
-                env: Optional[Dict[str, str]] = None, extra: Sequence[Any] = ()) -> Run:
+                env: Optional[Dict[str, str]] = None, extra: Sequence[Any] = (), shuffle: bool = False,
+                model_class: Any = None) -> Run:
     torch.manual_seed(0)
-    model = Net(**(model_kwargs or {}))
+    model = (model_class or Net)(**(model_kwargs or {}))
     run, printed = Run(), io.StringIO()
-    loop = TrainLoop(model, DataLoader(TRAIN, batch_size=BATCH), DataLoader(VAL, batch_size=BATCH), None,
+    loop = TrainLoop(model, DataLoader(TRAIN, batch_size=BATCH, shuffle=shuffle), DataLoader(VAL, batch_size=BATCH), None,
                      _optimizer(model), nn.CrossEntropyLoss(), progress_bar=False)
     with _in(folder, env), contextlib.redirect_stdout(printed):
         given = list(callbacks) + list(extra)

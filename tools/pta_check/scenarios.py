@@ -69,6 +69,12 @@ def side_by_side(tally: Tally, work: Path) -> None:
                                 cb.SaveBestModelCallback()],
              num_epochs=8, create_scheduler_fn=cosine,
              classes={'PrintProgressCallback', 'LogMetricsCallback', 'EarlyStoppingCallback', 'SaveBestModelCallback'}),
+        dict(name='the same on shuffled data, as PTA users train (PTA seeds its run and its evaluation draws a seed)',
+             callbacks=lambda: [cb.PrintProgressCallback, cb.LogMetricsCallback(),
+                                cb.EarlyStoppingCallback(early_stopping_patience=2, early_stopping_threshold=0.001),
+                                cb.SaveBestModelCallback(), cb.ModelEmaCallback(decay=0.8)],
+             num_epochs=10, create_scheduler_fn=cosine, shuffle=True,
+             classes={'EarlyStoppingCallback', 'SaveBestModelCallback', 'ModelEmaCallback'}),
         dict(name="PTA's default callbacks, PT_ACC_LIMIT_BATCHES=3 and SyncBatchNorm conversion, a BatchNorm model",
              callbacks=lambda: [cb.MoveModulesToDeviceCallback, cb.TerminateOnNaNCallback, cb.PrintProgressCallback,
                                 cb.ProgressBarCallback, cb.LogMetricsCallback, cb.ConvertSyncBatchNormCallback],
@@ -97,8 +103,8 @@ def side_by_side(tally: Tally, work: Path) -> None:
     ]
     for index, scenario in enumerate(scenarios):
         folder = work / f'side_by_side_{index}'
-        kwargs = {k: scenario[k] for k in ('num_epochs', 'model_kwargs', 'create_scheduler_fn', 'accumulation', 'env')
-                  if k in scenario}
+        kwargs = {k: scenario[k] for k in ('num_epochs', 'model_kwargs', 'create_scheduler_fn', 'accumulation', 'env',
+                                           'shuffle') if k in scenario}
 
         def compare(scenario: Dict[str, Any] = scenario, folder: Path = folder,
                     kwargs: Dict[str, Any] = kwargs) -> Optional[str]:
@@ -573,3 +579,65 @@ class UpdateCounter(AbstractCallback):
 
     def on_after_optimizer_step(self) -> None:
         self.updates.append(self.train_loop_obj.iteration)
+
+
+# ---- a Trainer subclass, ported as the PTA page maps its overrides ----------------------------------------------
+
+L2 = 1e-3
+
+
+def _l2(model: nn.Module) -> torch.Tensor:
+    return L2 * sum(p.pow(2).sum() for p in model.parameters())
+
+
+def trainer_subclass(tally: Tally, work: Path) -> None:
+    """A PTA Trainer subclass whose calculate_train_batch_loss adds an L2 term (its evaluation loss is PTA's default,
+    the plain loss), against its port as docs/callbacks/pytorch_accelerated.md maps the overrides:
+    calculate_train_batch_loss -> get_loss, calculate_eval_batch_loss (here PTA's default) -> get_loss_eval."""
+    from pytorch_accelerated import Trainer
+    cb = _pta()
+
+    class L2Trainer(Trainer):
+        def calculate_train_batch_loss(self, batch: Any) -> Dict[str, Any]:
+            xb, yb = batch
+            outputs = self.model(xb)
+            return {'loss': self.loss_func(outputs, yb) + _l2(self.model), 'model_outputs': outputs,
+                    'batch_size': yb.size(0)}
+
+    class L2Net(runs.Net):
+        def get_loss(self, batch: Any, criterion: Any, device: Any) -> torch.Tensor:
+            return super().get_loss(batch, criterion, device) + _l2(self)
+
+        def get_loss_eval(self, batch: Any, criterion: Any, device: Any) -> torch.Tensor:
+            return super().get_loss(batch, criterion, device)      # PTA's default calculate_eval_batch_loss
+
+    def compare() -> Optional[str]:
+        make = lambda: [cb.PrintProgressCallback, cb.LogMetricsCallback(),  # noqa: E731
+                        cb.EarlyStoppingCallback(early_stopping_patience=1), cb.SaveBestModelCallback()]
+        theirs = runs.on_ptas_trainer(work / 'subclass' / 'pta', make(), 4, trainer_class=L2Trainer, shuffle=True)
+        ours = runs.on_the_loop(work / 'subclass' / 'loop', make(), 4, model_class=L2Net, shuffle=True)
+        return runs.first_difference(ours, theirs)
+    tally.expect("a Trainer subclass (calculate_train_batch_loss adds an L2 term) ported as the PTA page says: "
+                 "get_loss, and get_loss_eval the plain loss as PTA's default calculate_eval_batch_loss; the same "
+                 "run as PTA's Trainer", compare)
+
+
+# ---- kill -9 and resume -------------------------------------------------------------------------------------------
+
+def kill_and_resume(tally: Tally, work: Path) -> None:
+    """tools/pta_check/resumed.py (PTA's early stopping, best model, EMA model, run history and cosine schedule,
+    shuffled data, a checkpoint every 5 batches) killed with SIGKILL inside epoch 5 and resumed in a new process,
+    against the same script run to its end."""
+    from .. import kill_resume
+    from . import resumed
+
+    def compare() -> Optional[str]:
+        whole, again, _ = kill_resume.uninterrupted_and_resumed('tools.pta_check.resumed', work / 'kill_resume',
+                                                               resumed.KILL_AT)
+        if whole['epochs'] >= resumed.EPOCHS:
+            return f'the uninterrupted run did not stop early ({whole["epochs"]} epochs): the scenario shows nothing'
+        return kill_resume.first_difference(again, whole)
+    if tally.expect('kill -9 inside epoch 5 and fit(resume_from=\'auto\') in a new process: the same weights, run '
+                    'history, early-stopping counter and stop, best model (value, epoch, file), EMA model and '
+                    'learning rate as the run never killed, to the bit', compare):
+        tally.ran.update({'EarlyStoppingCallback', 'SaveBestModelCallback', 'ModelEmaCallback'})

@@ -22,7 +22,7 @@ from typing import Dict, List
 from .. import callback_check
 from . import wheel as wheel_files
 from .rewrite import Rewriter
-from .scenarios import NOT_RUN, Scenarios
+from .scenarios import NOT_RUN, Scenarios, kill_and_resume
 from .tally import Tally
 from .trainer import Trainer, sg_default_training_params
 
@@ -117,7 +117,9 @@ def main() -> int:
         if 'callbacks' in imported:
             sg = types.SimpleNamespace(**imported)
             trainer = Trainer(sg, adapter, sg_default_training_params(sources))
-            Scenarios(sg, adapter, trainer, tally).run_all()
+            scenarios = Scenarios(sg, adapter, trainer, tally, rewritten=folder)
+            scenarios.run_all()
+            kill_and_resume(scenarios)
         return callback_check.report('SG', 'sg-check', "SG unit tests' expectations", classes, tally,
                                      NOT_RUN, import_errors, args.min_classes, args.min_expectations, started)
     finally:

@@ -56,7 +56,8 @@ class Scenarios(DrawingScenarios):
 
     SGD = {'weight_decay': 1e-4, 'momentum': 0.9}
 
-    def __init__(self, sg: Any, adapter: Any, trainer: Trainer, tally: Tally) -> None:
+    def __init__(self, sg: Any, adapter: Any, trainer: Trainer, tally: Tally, rewritten: Any = None) -> None:
+        self.rewritten = rewritten      # the folder of the rewritten modules (the kill-and-resume runs import them)
         self.sg = sg
         self.cb = sg.callbacks
         self.adapter = adapter
@@ -554,3 +555,41 @@ KDOutput = namedtuple('KDOutput', ['student_output', 'teacher_output'])
 
 def _half_lr(initial_lr: float, epoch: int, iter: int, max_epoch: int, iters_per_epoch: int) -> float:
     return initial_lr / 2
+
+
+def kill_and_resume(scenarios: Scenarios) -> None:
+    """tools/sg_check/resumed.py (SG's EarlyStop and LRSchedulerCallback over StepLR, a warm-up, a user's callback
+    saving into ckpt_dir at the best epoch, SG's metrics; shuffled data; the loop's checkpoint every epoch) killed with
+    SIGKILL inside epoch 5 and resumed in a new process, against the same script run to its end: built as SG's
+    trainer builds it (SG's own classes), and through TrainingParamsCallback."""
+    import os
+    import tempfile
+    from pathlib import Path
+    from .. import kill_resume
+    from . import resumed
+    work = Path(tempfile.mkdtemp(prefix='kill-resume-', dir=scenarios.rewritten))
+    # The classes run in the scripts' own processes: the expectations count, the classes are counted where they run
+    # in this process (the other scenarios).
+    for via, label in (('trainer', "SG's own EarlyStop and LRSchedulerCallback over a StepLR, built as SG's trainer "
+                                   "builds them"),
+                       ('params', 'the same training params through TrainingParamsCallback')):
+        expectation = Expectation(f'check: kill -9 inside epoch 5 and fit(resume_from=\'auto\') in a new process '
+                                  f'({label}): the weights, history, early-stop state, learning rate and scheduler, '
+                                  f'ckpt_dir/my_best.pth and the checkpoints\' ranking of the run never killed, to '
+                                  f'the bit', None)
+
+        def body(watch: Any, via: str = via, expectation: Expectation = expectation) -> None:
+            os.environ['SG_CHECK_RESUME_VIA'] = via
+            try:
+                whole, again, _ = kill_resume.uninterrupted_and_resumed('tools.sg_check.resumed', work / via,
+                                                                       resumed.KILL_AT, [str(scenarios.rewritten)])
+            finally:
+                os.environ.pop('SG_CHECK_RESUME_VIA', None)
+            if whole['epochs'] >= resumed.EPOCHS:
+                expectation.actual = f'the run never stopped early ({whole["epochs"]} epochs): the scenario shows nothing'
+            else:
+                expectation.actual = kill_resume.first_difference(again, whole)
+            if expectation.actual is None:
+                expectation.actual = 'the same'
+        expectation.expected = 'the same'
+        scenarios.attempt([], [expectation], body)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Optional, Union
 import torch
 
 from ..abstract import AbstractCallback
+from ..foreign_state import Encoder, ForeignState, loop_references, unsaveable
 from .context import EVAL_PREFIXES, PhaseContext, context_for, epoch_metrics
 from .params import name_param_groups
 from .phases import (EVAL_BATCH_METHODS, EVAL_METHODS, NEVER_CALLED, PHASE_METHODS, SG_METHOD_HOOKS,
@@ -20,6 +21,13 @@ if TYPE_CHECKING:
     from ...engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
+
+
+# The adapter's own attributes of an SG callback (and AbstractCallback's), never saved as the callback's state.
+ADAPTER_ATTRIBUTES = ('callback_name', '_callback_name', 'execution_order', 'device_idx_execution', 'train_loop_obj',
+                      '_message_service', '_sg_methods', '_sg_context', '_sg_best', '_sg_preds_handle',
+                      '_sg_training_ended', '_sg_eval_batch_idx', '_sg_preds', '_sg_eval_preds', '_sg_state',
+                      '_sg_pending', 'context')
 
 
 def loss_entries(name: str, loss: Any) -> Dict[str, float]:
@@ -81,6 +89,8 @@ class Callback(AbstractCallback):
     _sg_eval_batch_idx: int = -1     # index of the current evaluation batch
     _sg_preds: Any = None            # the model's output in the current training batch
     _sg_eval_preds: Any = None       # ... in the current evaluation batch
+    _sg_state: Optional[ForeignState] = None         # its attributes in the loop's checkpoints
+    _sg_pending: Optional[Dict[str, Any]] = None     # restored once on_training_start has run
 
     def __init__(self) -> None:
         # the class's execution_order / device_idx_execution (SG-style class attributes) stay in force
@@ -197,11 +207,17 @@ class Callback(AbstractCallback):
         self._sg_training_ended = False
         self._sg_eval_batch_idx = -1
         name_loop_param_groups(train_loop_obj)
+        if self._sg_state is None:
+            self._sg_state = ForeignState(type(self).__name__, ADAPTER_ATTRIBUTES)
         never = sorted(methods & NEVER_CALLED)
         if never:
             logger.warning('%s: %s never run here: the loop does not average the best models', type(self).__name__,
                            ' and '.join(never))
-        return super().register_train_loop_object(train_loop_obj)
+        registered = super().register_train_loop_object(train_loop_obj)
+        encoder = self._sg_encoder()
+        self._sg_state.record_initial(self, encoder)
+        self._sg_state.name_unsaveable(unsaveable(self, encoder, ADAPTER_ATTRIBUTES))     # said when the fit starts
+        return registered
 
     @property
     def context(self) -> PhaseContext:
@@ -238,6 +254,11 @@ class Callback(AbstractCallback):
             context = self._adapter_context()
             context.set_batch(None, None)
             self.on_training_start(context)
+        if self._sg_pending is not None:
+            # SG's callbacks set themselves up for a run in on_training_start; a resumed fit then continues the
+            # state they had when the checkpoint was taken
+            pending, self._sg_pending = self._sg_pending, None
+            self._sg_restore(pending)
 
     def _keep_preds(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if module.training:
@@ -440,17 +461,39 @@ class Callback(AbstractCallback):
             context.metrics_dict = {**ours, **context.final_sg_metrics(ours)}
             self.on_training_end(context)
 
-    # ---- checkpoints: the best value of metric_to_watch survives a resume -----------------------------------
+    # ---- checkpoints: the callback's state survives a resume ----------------------------------------------------
+
+    def _sg_encoder(self) -> Encoder:
+        context = self._sg_context
+        references: List[Any] = loop_references(self.train_loop_obj) + [context]
+        return Encoder(references, lambda value: isinstance(value, AbstractCallback))
 
     def state_dict(self) -> Optional[Dict[str, Any]]:
-        """``{'best_metric': value}`` when on_validation_end_best_epoch is used, else None."""
-        if 'on_validation_end_best_epoch' not in self.sg_methods_in_use():
+        """The callback's state for the loop's checkpoints: its attributes as SG keeps them (counters, best values,
+        a torch scheduler's state, ...; see ``aitoolbox_like.callbacks.foreign_state``) and the best value of
+        ``metric_to_watch``. None before registration."""
+        if self._sg_state is None or self.train_loop_obj is None:
             return None
-        return {'best_metric': self._sg_best}
+        state = self._sg_state.state(self, self._sg_encoder())
+        state['best_metric'] = self._sg_best
+        return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Restore the best value of ``metric_to_watch``."""
+        """Restore what :meth:`state_dict` gave: the best value of ``metric_to_watch``, and the attributes (for a
+        callback that uses ``on_training_start``, once the resumed fit has run it; at once inside a fit: a mid-epoch
+        resume)."""
         self._sg_best = state_dict.get('best_metric')
+        if 'attributes' not in state_dict:
+            return
+        running = self.train_loop_obj is not None and self.train_loop_obj.epochs_running
+        if self._uses('on_training_start') and not running:
+            self._sg_pending = state_dict       # on_training_start sets the callback up for the run: restored after
+        else:
+            self._sg_restore(state_dict)
+
+    def _sg_restore(self, state: Dict[str, Any]) -> None:
+        if self._sg_state is not None:
+            self._sg_state.apply(self, state)
 
     def __repr__(self) -> str:
         return type(self).__name__

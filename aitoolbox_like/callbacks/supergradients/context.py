@@ -61,7 +61,13 @@ class _Unavailable:
 
 
 def _ckpt_dir(context: 'PhaseContext') -> str:
-    return os.path.join(experiment_folder(context.loop, 'PhaseContext.ckpt_dir'), 'checkpoint_model')
+    # As SG's run folder: the folder exists when a callback first reads its name (SG's trainer makes it before
+    # training), so code that writes into it, os.path.join(context.ckpt_dir, 'my_best.pth'), works from the first
+    # hook on.
+    folder = os.path.join(experiment_folder(context.loop, 'PhaseContext.ckpt_dir'), 'checkpoint_model')
+    if context.loop.is_main_process():
+        os.makedirs(folder, exist_ok=True)
+    return folder
 
 
 def _held_training_params(loop: 'TrainLoop') -> Optional[TrainingParams]:

@@ -11,6 +11,7 @@ agrees with the params, and says once which params nothing acts on.
 """
 import difflib
 import logging
+import os
 import random
 import re
 from collections.abc import Mapping
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     from ...engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
+
+# The loop's own history names: an SG result of one of these names stays in metrics_dict only.
+LOOP_HISTORY_NAMES = frozenset({'loss', 'accumulated_loss', 'val_loss', 'train_end_test_loss'})
 
 # The execution_order of the callbacks SG's trainer adds itself (warm-up, metrics updates, schedule, clipping): after
 # the user's SG callbacks (order 0), as SG runs its own after the phase_callbacks.
@@ -169,6 +173,8 @@ class TrainingParamsCallback(Callback):
         self._results: Optional[Tuple[int, Dict[str, Any]]] = None
         self._warned = False
         self._registered_on: Any = None
+        self._clashes: Set[str] = set()     # SG names that are the loop's own history names (warned once)
+        self._driven: Set[int] = set()      # the checkpoint callbacks metric_to_watch ranks
 
     # ---- registration: the checks, then the callbacks -------------------------------------------------------
 
@@ -196,6 +202,11 @@ class TrainingParamsCallback(Callback):
             raise
         self._registered_on = loop
         self._warn_unused()
+        for callback in phase_callbacks:
+            if any(callback is registered for registered in loop.callbacks):
+                logger.warning('%s is both in training_params["phase_callbacks"] and among the callbacks already '
+                               'given to the fit; it is registered once and runs once per event (list it in one '
+                               'place)', type(callback).__name__)
         loop.callbacks_handler.register_callbacks(phase_callbacks + self.built)
         return self
 
@@ -316,10 +327,63 @@ class TrainingParamsCallback(Callback):
         else:
             self.watched = None     # the loss item names are known for sure once a batch has run
         context.metric_to_watch = self.watched if self.watched is not None else name
+        self._drive_checkpoints()
 
     def on_batch_end(self) -> None:
         if self.watched is None:
             self._resolve_watch(final=True, loss=self.train_loop_obj.loss)
+
+    # ---- SG's results in the history and in the checkpoints' ranking ------------------------------------------
+
+    def history_result_names(self) -> List[str]:
+        """The history names of SG's results, as SG keys them: the validation results under their own names (the
+        loss items and the titles of ``valid_metrics_list``: what ``metric_to_watch`` names, and SG's checkpoints'
+        ``metrics['valid']``), the training results under SG's log tag ``Train_<name>``."""
+        context = self._adapter_context()
+        train = loss_names(self.train_loop_obj) + context.metric_collection('train').titles()
+        return self.sg_result_names() + [f'Train_{name}' for name in train]
+
+    def _record(self, values: Dict[str, Any], names: List[str], prefix: str) -> None:
+        loop = self.train_loop_obj
+        for name in names:
+            value = values.get(name)
+            if value is None:
+                continue
+            key = prefix + name
+            if key in LOOP_HISTORY_NAMES:
+                if key not in self._clashes:
+                    self._clashes.add(key)
+                    logger.warning('TrainingParamsCallback: SG\'s result %r has the name of the loop\'s own %r; it is '
+                                   'in metrics_dict, not recorded in the history', name, key)
+                continue
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    continue
+                value = value.item()
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                loop.insert_metric_result_into_history(key, float(value))
+
+    def on_train_loader_end(self, context: PhaseContext) -> None:
+        """SG's training results of the epoch into the history, as ``Train_<name>`` (SG's log tag)."""
+        names = loss_names(self.train_loop_obj) + context.metric_collection('train').titles()
+        self._record(context.metrics_dict or {}, names, 'Train_')
+
+    def _drive_checkpoints(self) -> None:
+        """``metric_to_watch`` ranks the loop's checkpoints (best_checkpoint.txt, the kept ones), as it chooses SG's
+        best checkpoint: a checkpoint callback given no ``monitor`` of its own watches it, in SG's direction."""
+        if self.watched is None:
+            return
+        from ..model_save import ModelCheckpoint
+        mode = 'max' if self.training_params.greater_metric_to_watch_is_better else 'min'
+        for callback in self.train_loop_obj.callbacks:
+            if not isinstance(callback, ModelCheckpoint) or (callback.monitor is not None
+                                                              and id(callback) not in self._driven):
+                continue        # a checkpoint callback given its own monitor keeps it
+            if id(callback) not in self._driven:
+                logger.info('TrainingParamsCallback: %s ranks its checkpoints by metric_to_watch=%r (mode %r), as '
+                            'SG chooses its best checkpoint', type(callback).__name__, self.watched, mode)
+            callback.monitor, callback.mode = self.watched, mode
+            self._driven.add(id(callback))
 
     def watched_value(self, epoch: int) -> Optional[Tuple[float, Dict[str, Any]]]:
         """(the value of ``metric_to_watch``, SG's validation results) of ``epoch``'s validation, or None when that
@@ -340,14 +404,21 @@ class TrainingParamsCallback(Callback):
         name_loop_param_groups(self.train_loop_obj)
         for split in ('train', 'validation'):
             context.metric_collection(split).to(self.train_loop_obj.device)
+        if self.train_loop_obj.experiment is not None and self.train_loop_obj.is_main_process():
+            os.makedirs(context.ckpt_dir, exist_ok=True)        # SG's trainer makes it before training
+        self._drive_checkpoints()       # every callback of the fit is registered now
         if self.train_loop_obj.validation_loader is None:
             logger.warning('TrainingParamsCallback: the TrainLoop has no validation_loader, so metric_to_watch=%r '
                            'never has a value and on_validation_end_best_epoch never runs',
                            self.training_params.metric_to_watch)
 
     def on_validation_loader_end(self, context: PhaseContext) -> None:
-        """Keep SG's validation results of the epoch (the best epoch is decided on them)."""
+        """Keep SG's validation results of the epoch (the best epoch is decided on them) and record them in the
+        history under SG's names (so the epoch's log line, the checkpoints' ranking, EarlyStopping and the reports
+        have them)."""
         self._results = (context.epoch, dict(context.metrics_dict or {}))
+        if self.train_loop_obj.epochs_running:
+            self._record(self._results[1], self.sg_result_names(), '')
 
     def _warn_unused(self) -> None:
         if self._warned:

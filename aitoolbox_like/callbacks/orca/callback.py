@@ -1,27 +1,26 @@
-"""BigDL Orca 2.4.0's PyTorch callbacks on the TrainLoop: Orca's ``Callback`` and ``MainCallback`` and the
-``runner`` their methods receive. Change ``from bigdl.orca.learn.pytorch.callbacks import ...`` (and
-``...callbacks.base`` / ``...callbacks.maincallback``) to ``from aitoolbox_like.callbacks.orca import ...`` and pass
-the callbacks to ``TrainLoop.fit(callbacks=[...])`` beside any other callback.
+"""BigDL Orca's PyTorch callbacks on the TrainLoop: Orca's ``Callback`` and ``MainCallback`` and the ``runner`` their
+methods receive (the package's other modules: Orca's built-in callbacks, its metrics, its Estimator).
 
 This is an adapter, not a second dispatch system: every Orca callback is an :class:`AbstractCallback` whose loop
 hooks call its Orca methods, with the loop's one :class:`Runner` (Orca's ``TorchRunner`` as its callbacks see it).
 Which Orca method runs on which loop hook (docs/callbacks/orca.md has the full table):
 
-    before_run / on_run_begin                        on_train_begin
-    before_train_epoch / on_epoch_begin              on_epoch_begin
-    before_train_iter / on_iter_begin                on_batch_begin
-    on_train_forward, on_iter_backward (MainCallback)  train_step (the MainCallback owns the step)
-    after_train_iter / on_iter_end                   on_batch_end (runner.global_step already counts the batch)
-    on_lr_adjust                                     on_train_epoch_end (after the batches, before the evaluation)
-    before_val_epoch ... after_val_epoch             the evaluation hooks of the validation loss pass
-    after_train_epoch / on_epoch_end                 on_epoch_end (after the validation; runner.epochs counts it)
-    after_run / on_run_end                           on_train_end
-    before_pred_epoch ... after_pred_epoch           the evaluation hooks of prediction passes outside fit
+    [2.2: set_model, set_trainer, on_train_begin()] before_run        on_train_begin
+    [2.2: on_epoch_begin(epoch)] before_train_epoch                   on_epoch_begin
+    [2.2: on_batch_begin(batch_idx)] before_train_iter                on_batch_begin
+    on_train_forward, on_iter_backward (MainCallback)                 train_step (the MainCallback owns the step)
+    after_train_iter [2.2: on_batch_end(batch_idx, logs)]             on_batch_end (global_step counts the batch)
+    on_lr_adjust                                                      on_train_epoch_end (before the evaluation)
+    before_val_epoch ... after_val_epoch, on_val_forward              the validation loss pass (on_val_forward is
+                                                                      its forward, when a MainCallback is registered)
+    after_train_epoch [2.2: on_epoch_end(epoch, logs)]                on_epoch_end (after the validation)
+    [2.2: on_train_end(logs)] after_run                               on_train_end
+    before_pred_epoch ... after_pred_epoch                            the evaluation hooks of prediction passes outside fit
 
 Orca's generic hooks chain as in Orca's base class: ``before_train_epoch``, ``before_val_epoch`` and
 ``before_pred_epoch`` call ``before_epoch``; the ``after_*_epoch`` ones ``after_epoch``; the ``*_iter`` ones
-``before_iter`` / ``after_iter``. The tutorial's names (``on_run_begin``, ``on_epoch_begin``, ...) run at the same
-points as their Orca 2.4.0 counterparts, just before them.
+``before_iter`` / ``after_iter``. The names of Orca's callback tutorial (``on_run_begin``, ``on_iter_begin``, ...),
+which Orca 2.4.0 never calls, are not called here either (a warning names them).
 """
 import contextlib
 import functools
@@ -31,24 +30,27 @@ import math
 import os
 import shutil
 import tempfile
+import types
 import weakref
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from .abstract import AbstractCallback
+from ..abstract import AbstractCallback
+from ...engine.steering import StepRequestError
+from ...model import PlainModuleFeed
+from ..foreign_state import Encoder, ForeignState, decode, loop_references, unsaveable
+from .metrics import metric_accumulators
 
 if TYPE_CHECKING:
-    from ..engine.train_loop import TrainLoop
+    from ...engine.train_loop import TrainLoop
 
 logger = logging.getLogger(__name__)
 
-__all__ = ['Callback', 'MainCallback', 'MainCallBack', 'Runner', 'runner_for', 'ORCA_HOOKS', 'TUTORIAL_HOOKS',
-           'MAIN_CALLBACK_HOOKS']
 
-#: Every Orca method the adapter calls, and the loop hook it runs on (Orca 2.4.0's names, then the tutorial's).
+#: Every Orca 2.4.0 method the adapter calls, and the loop hook it runs on (Orca 2.2's Keras-style ones: KERAS_HOOKS).
 ORCA_HOOKS: Dict[str, str] = {
     'before_run': 'on_train_begin',
     'before_train_epoch': 'on_epoch_begin',
@@ -69,15 +71,10 @@ ORCA_HOOKS: Dict[str, str] = {
     'before_pred_iter': 'on_eval_batch_begin',
     'after_pred_iter': 'on_eval_batch_end',
     'after_pred_epoch': 'on_eval_end',
-    'on_run_begin': 'on_train_begin',
-    'on_epoch_begin': 'on_epoch_begin',
-    'on_iter_begin': 'on_batch_begin',
-    'on_iter_end': 'on_batch_end',
-    'on_epoch_end': 'on_epoch_end',
-    'on_run_end': 'on_train_end',
 }
 
-#: The tutorial's name of each point -> Orca 2.4.0's name of the same point (both are called, the tutorial's first).
+#: The name Orca's callback tutorial gives a point -> Orca 2.4.0's name of it. Orca 2.4.0 never calls the tutorial's
+#: names, and neither does the adapter: a callback defining one is warned at registration, with the 2.4.0 name.
 TUTORIAL_HOOKS: Dict[str, str] = {
     'on_run_begin': 'before_run',
     'on_epoch_begin': 'before_train_epoch',
@@ -108,6 +105,10 @@ _WHEN_SET = {
     'epoch_stats': 'from after_train_epoch until the next before_train_epoch',
 }
 NUM_SAMPLES = 'num_samples'
+# The runner's own attributes (not what callbacks store on it) and the per-iteration ones.
+_RUNNER_OWN = frozenset({'epochs', 'global_step', 'stop', 'schedulers', 'config', 'sync_stats', 'epoch_stats', 'logger',
+                         'metrics', 'validation_results'})
+_ITERATION_NAMES = frozenset(name for names in _ITERATION_ATTRIBUTES.values() for name in names) | {'target'}
 
 
 def _batch_size(data: Any) -> int:
@@ -165,40 +166,6 @@ class _Meter:
         return stats
 
 
-class _StoppableLoader:
-    """The train loader for one epoch: the loader's batches until ``runner.stop`` is set, checked after each batch
-    (Orca breaks out of the epoch right after the batch that set it). Everything else is the loader's."""
-
-    def __init__(self, loader: Any, runner: 'Runner') -> None:
-        self.loader = loader
-        self.runner = runner
-        self.armed = True
-
-    def __iter__(self) -> Iterator[Any]:
-        if not self.armed:
-            return iter(self.loader)
-        self.armed = False      # only the epoch's training pass stops early; other passes read the whole loader
-        return self._until_stop(iter(self.loader))
-
-    def _until_stop(self, iterator: Iterator[Any]) -> Iterator[Any]:
-        first = True
-        while first or not self.runner.stop:
-            first = False
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            yield batch
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ('loader', 'runner', 'armed'):
-            raise AttributeError(name)
-        return getattr(self.loader, name)
-
-
 class _RunnerState:
     """The adapter's bookkeeping of one runner (kept apart from the runner's own attributes)."""
 
@@ -215,10 +182,11 @@ class _RunnerState:
         self.val_stats: Dict[str, Any] = {}
         self.eval_kind: Optional[str] = None
         self.eval_batch_idx = -1
-        self.loader: Optional[_StoppableLoader] = None
         self.last_train_batch_idx: Optional[int] = None
         # a training iteration's attributes and metrics window, kept aside during a validation pass inside it
         self.suspended: Optional[Tuple[Dict[str, Any], bool]] = None
+        self.pass_metrics: Dict[str, Any] = {}  # this validation pass's metric accumulators, by Orca's name
+        self.forwarded = False                  # the MainCallback's on_val_forward ran for this validation batch
 
 
 class Runner:
@@ -246,19 +214,28 @@ class Runner:
     Attributes:
         epochs (int): completed epochs.
         global_step (int): trained batches.
-        stop (bool): set True to end training: the current epoch ends after the batch being trained (its remaining
-            batches are skipped), is still validated and ends with ``after_train_epoch``, then training stops
-            (``loop.early_stop``).
+        stop (bool): set True to end training: set during a training batch, the epoch ends after it
+            (``loop.end_epoch()``: its remaining batches are skipped), is still validated and ends with
+            ``after_train_epoch``; then training stops (``loop.early_stop``). In a fit of several processes the callback
+            setting it during a batch declares ``may_end_epochs = True`` (every rank then ends the epoch there;
+            ``MaxstepsCallback`` does).
         schedulers (list): the learning-rate schedulers the runner owns, which MainCallback's default
             ``on_lr_adjust`` steps once per epoch and checkpoints save (empty by default; the scheduler callbacks of
             ``callbacks.train_schedule`` step themselves and are not in it).
         config (dict): Orca's ``config`` (read by WandbLoggerCallback with ``log_config=True``); empty by default.
-        sync_stats (bool): average ``epoch_stats``' training means over the processes of a DDP fit (Orca's default).
+        sync_stats (bool): average ``epoch_stats``' training means over the processes of a DDP fit (TorchRunner's
+            default; Orca's ``Estimator.from_torch`` sets False: each process's own, which :class:`Estimator` does).
         epoch_stats (dict or None): see above.
+        metrics (list): Orca's metrics (``aitoolbox_like.callbacks.orca.Accuracy``, ...), computed on the validation
+            pass from ``runner.output`` and ``runner.target`` as Orca's runner does: in ``epoch_stats`` and the loop's
+            history as ``val_<name, lower case>`` (``val_accuracy``), in ``validation_results`` under their names.
+        validation_results (dict or None): Orca's ``validate`` result of the last validation pass: each metric under
+            its name, ``val_loss`` (the batch losses weighted by samples) and ``num_samples``.
         logger (logging.Logger): where the runner logs.
     """
 
     # Set for one iteration and deleted after it (declared for the type checker; not class attributes).
+    _progress_bar: Any      # Orca's TqdmCallback keeps its bar here
     batch: Any
     batch_idx: int
     output: Any
@@ -272,12 +249,14 @@ class Runner:
         self._adapter_pocket: Dict[str, Any] = {}
         self.epochs = 0
         self.global_step = 0
-        self.stop = False
+        self._adapter_stop = False
         self.schedulers: List[Any] = []
         self.config: Dict[str, Any] = {}
         self.sync_stats = True
         self.epoch_stats: Optional[Dict[str, Any]] = None
         self.logger = logger
+        self.metrics: List[Any] = []
+        self.validation_results: Optional[Dict[str, Any]] = None
 
     # ---- read from the loop --------------------------------------------------------------------------------
 
@@ -344,8 +323,7 @@ class Runner:
     @property
     def train_loader(self) -> Any:
         """``loop.train_loader`` (assigning it sets the loop's; used from the next epoch)."""
-        loader = self.loop.train_loader
-        return loader.loader if isinstance(loader, _StoppableLoader) else loader
+        return self.loop.train_loader
 
     @train_loader.setter
     def train_loader(self, value: Any) -> None:
@@ -361,6 +339,27 @@ class Runner:
         self.loop.validation_loader = value
 
     validation_loader = val_loader
+
+    @property
+    def stop(self) -> bool:
+        """Orca's flag that ends training (see the class's attributes)."""
+        return self._adapter_stop
+
+    @stop.setter
+    def stop(self, value: bool) -> None:
+        self._adapter_stop = bool(value)
+        state = self._adapter
+        if value and state.iteration == 'train' and state.suspended is None:
+            # Orca breaks out of the epoch right after the batch that set it: the loop's end_epoch()
+            loop = self.loop
+            try:
+                loop.end_epoch()
+            except StepRequestError as error:
+                raise StepRequestError(f'runner.stop = True during a training batch of a fit of {loop.world_size} '
+                                       f'processes ends the epoch on every rank, which they agree on only when a '
+                                       f'callback declares it: set the class attribute may_end_epochs = True on the '
+                                       f'Orca callback that sets runner.stop (aitoolbox_like.callbacks.orca\'s '
+                                       f'MaxstepsCallback has it)') from error
 
     @property
     def num_epochs(self) -> Optional[int]:
@@ -463,7 +462,8 @@ class Runner:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Load what ``get_state_dict`` returned (or a model's bare state dict, or a list of them) into the
-        models, optimizers and schedulers; ``epochs`` becomes the saved epoch (the loop's position is unchanged)."""
+        models, optimizers and schedulers; ``epochs`` becomes the saved epoch, and outside a fit the loop continues
+        from it (``loop.epoch``: the next fit's epochs count on, as Orca's do after loading a checkpoint)."""
         if isinstance(state, OrderedDict):
             self.models[0].load_state_dict(state)
             return
@@ -476,6 +476,10 @@ class Runner:
             scheduler.load_state_dict(scheduler_state)
         if 'epoch' in state:
             self.epochs = state['epoch']
+            loop = self.loop
+            if not loop.epochs_running:
+                # Outside a fit the loop continues from the loaded epoch, as Orca's runner counts on from it
+                loop.epoch = self.epochs
 
     def save_checkpoint(self, filepath: str, save_weights_only: bool = False) -> str:
         """Write Orca's checkpoint to ``filepath`` in the main process (a local path; written to a temporary file
@@ -513,6 +517,34 @@ class Runner:
         """Load a checkpoint file written by ``save_checkpoint`` (``load_state_dict``)."""
         self.load_state_dict(torch.load(filepath, map_location=self.device, weights_only=True))
 
+    # ---- the runner's state in the loop's checkpoints ------------------------------------------------------------
+
+    def _adapter_state_dict(self) -> Dict[str, Any]:
+        """What callbacks stored on the runner (``put`` and free attributes), its schedulers' states and the epoch's
+        training statistics so far (a mid-epoch checkpoint)."""
+        encoder = Encoder(loop_references(self.loop), lambda value: isinstance(value, AbstractCallback))
+        free = {name: value for name, value in self.__dict__.items()
+                if not name.startswith('_adapter') and name not in _RUNNER_OWN}
+        state = self._adapter
+        records = [[n, encoder.encode(metrics, 0, set()), loss.detach().to('cpu', copy=True)
+                    if isinstance(loss, torch.Tensor) else loss] for n, metrics, loss in state.train_records]
+        return {'pocket': encoder.encode(self._adapter_pocket, 0, set()),
+                'free': encoder.encode(free, 0, set()),
+                'schedulers': [scheduler.state_dict() for scheduler in self.schedulers],
+                'train_records': records if self.loop.epochs_running else []}
+
+    def _adapter_load_state(self, saved: Dict[str, Any]) -> None:
+        decode(saved['pocket'], self._adapter_pocket)
+        free = decode(saved['free'], {})
+        self.__dict__.update({name: value for name, value in free.items() if name not in _ITERATION_NAMES})
+        for scheduler, scheduler_state in zip(self.schedulers, saved.get('schedulers', [])):
+            scheduler.load_state_dict(scheduler_state)
+        if self.loop.epochs_running:
+            device = self.device
+            self._adapter.train_records = [
+                (n, decode(metrics, None), loss.to(device) if isinstance(loss, torch.Tensor) else loss)
+                for n, metrics, loss in saved.get('train_records', [])]
+
     # ---- the adapter's bookkeeping: what Orca's runner sets between its hooks ------------------------------------
 
     def _adapter_sync(self, hook: str, info: Optional[Dict[str, Any]] = None, batch: Any = None,
@@ -544,7 +576,7 @@ class Runner:
         state = self._adapter
         state.in_fit = True
         state.mode = 'val'
-        self.stop = False
+        self._adapter_stop = False
         self.epochs = loop.epochs_completed
         self.global_step = loop.total_iteration_idx + 1
         self.epoch_stats = None
@@ -560,9 +592,6 @@ class Runner:
         state.train_records = []
         state.val_stats = {}
         state.last_train_batch_idx = None
-        self._adapter_restore_loader()
-        state.loader = _StoppableLoader(loop.train_loader, self)
-        loop.train_loader = state.loader
 
     def _adapter_at_on_batch_begin(self, loop: 'TrainLoop', info: Any, batch: Any) -> None:
         state = self._adapter
@@ -584,7 +613,6 @@ class Runner:
 
     def _adapter_at_on_train_epoch_end(self, loop: 'TrainLoop', info: Any, batch: Any) -> None:
         state = self._adapter
-        self._adapter_restore_loader()
         state.mode = 'val'
         if state.last_train_batch_idx is not None:
             # Orca deletes batch_idx before on_lr_adjust; the tutorial's on_lr_adjust example reads it, so it is the
@@ -597,6 +625,8 @@ class Runner:
         state.eval_batch_idx = -1
         state.eval_kind = _pass_kind(self, info)
         state.val_records = []
+        # Orca's _validate converts its metrics anew for each pass (Metric.convert_metrics_dict): fresh accumulators
+        state.pass_metrics = metric_accumulators(self.metrics) if state.eval_kind == 'val' else {}
         state.mode = 'val' if state.eval_kind == 'val' else 'predict'
 
     def _adapter_at_on_eval_batch_begin(self, loop: 'TrainLoop', info: Any, batch: Any) -> None:
@@ -613,11 +643,19 @@ class Runner:
             return
         if state.eval_kind != 'val':
             return
-        self.loss = outputs
-        forward = getattr(_main_callback(self.loop), 'on_val_forward', None)
-        if callable(forward):
-            forward(self)
+        forwarded, state.forwarded = state.forwarded, False
+        if not forwarded:
+            # No MainCallback gave the pass its forward (its on_val_forward is the evaluation's forward when one
+            # is registered): the loop's own batch loss.
+            self.loss = outputs
         output = self.__dict__.get('output')
+        if state.pass_metrics:
+            if output is None or 'target' not in self.__dict__:
+                raise RuntimeError(f'Orca metrics {sorted(state.pass_metrics)} are computed from runner.output and '
+                                   f'runner.target of each validation batch, which the MainCallback\'s forward sets '
+                                   f'(on_val_forward / on_iter_forward): set both there')
+            for metric in state.pass_metrics.values():
+                metric(output, self.__dict__['target'])
         state.val_records.append((_batch_size(output if output is not None else self.__dict__.get('batch')),
                                   self.__dict__.get('loss')))
 
@@ -626,7 +664,16 @@ class Runner:
         if state.eval_kind == 'val' and state.val_records:
             total = sum(n for n, _ in state.val_records)
             weighted = sum(_as_float(loss) * n for n, loss in state.val_records if loss is not None)
-            state.val_stats = {'val_loss': weighted / total if total else math.nan, 'val_num_samples': total}
+            val_loss = weighted / total if total else math.nan
+            results = {name: _as_number(metric.compute()) for name, metric in state.pass_metrics.items()}
+            self.validation_results = {**results, 'val_loss': val_loss, 'num_samples': total}
+            # Orca's fit prefixes them as its train_epoch does: 'val_' + the name in lower case
+            state.val_stats = {**{'val_' + name.lower(): value for name, value in results.items()},
+                               'val_loss': val_loss, 'val_num_samples': total}
+            if loop.epochs_running:
+                for name, value in results.items():
+                    if isinstance(value, float):
+                        loop.insert_metric_result_into_history('val_' + name.lower(), value)
         state.mode = 'val'
         if state.suspended is not None:
             attributes, state.metrics_window = state.suspended
@@ -645,7 +692,6 @@ class Runner:
 
     def _adapter_at_on_train_end(self, loop: 'TrainLoop', info: Any, batch: Any) -> None:
         state = self._adapter
-        self._adapter_restore_loader()
         self.__dict__.pop('batch_idx', None)
         self.epochs = loop.epochs_completed
         state.mode = 'val'
@@ -701,14 +747,6 @@ class Runner:
                     stats[name] = value
         return stats
 
-    def _adapter_restore_loader(self) -> None:
-        state = self._adapter
-        wrapper, state.loader = state.loader, None
-        if wrapper is not None:
-            loop = self.loop
-            if loop.train_loader is wrapper:
-                loop.train_loader = wrapper.loader
-
     def _adapter_on_device(self, data: Any) -> Any:
         device = self.loop.device
         return data if device.type == 'cpu' else _to_device(data, device)
@@ -728,6 +766,14 @@ def _pass_kind(runner: Runner, info: Dict[str, Any]) -> Optional[str]:
 
 def _as_float(value: Any) -> float:
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def _as_number(value: Any) -> Any:
+    """A metric's result: a one-element tensor as a float (Orca's estimator averages them as numbers), anything else
+    as it is."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.item())
+    return value
 
 
 _RUNNERS: 'weakref.WeakKeyDictionary[TrainLoop, Runner]' = weakref.WeakKeyDictionary()
@@ -754,29 +800,119 @@ def _main_callback(loop: 'TrainLoop') -> Optional['Callback']:
     return None
 
 
-def _takes_runner(function: Callable[..., Any]) -> bool:
-    """Whether an override has Orca's signature (self, runner) rather than the loop hook's (self)."""
+class MainCallbackFeed:
+    """The loop's evaluation feed while a MainCallback is registered (``loop.evaluation.feed``): its
+    ``on_val_forward`` is the forward of every evaluation pass, as Orca's runner validates with it, so a validation
+    batch is run through the model once and the history's ``val_loss`` comes from the same ``runner.loss`` as Orca's
+    ``epoch_stats['val_loss']``. A plain ``nn.Module``'s predictions are ``runner.output`` (with ``runner.target``)
+    from the same forward; a TTModel's are its own ``get_predictions``.
+
+    Args:
+        loop: the TrainLoop.
+        main: the MainCallback.
+        inner: the loop's own feed (a TTModel's methods, or the plain module's, which only say what is missing).
+    """
+
+    def __init__(self, loop: 'TrainLoop', main: 'Callback', inner: Any) -> None:
+        self.loop = loop
+        self.main = main
+        self.inner = inner
+        self.plain = isinstance(getattr(inner, 'plain_feed', inner), PlainModuleFeed)
+
+    def forward(self, batch: Any) -> Tuple[Any, Any, Any]:
+        """``(loss, output, target)`` of ``on_val_forward`` on ``batch``: inside Orca's validation iteration on the
+        runner as it is (its attributes live until the iteration ends); in any other pass (the training set's or the
+        test set's loss) on the batch alone, the runner's attributes put back afterwards."""
+        runner = runner_for(self.loop)
+        state = runner._adapter
+        forward = getattr(self.main, 'on_val_forward')
+        if state.iteration == 'val':
+            forward(runner)
+            state.forwarded = True
+            values = runner.__dict__
+        else:
+            names = ('batch', 'output', 'loss', 'target')
+            kept = {name: runner.__dict__.pop(name) for name in names if name in runner.__dict__}
+            runner.batch = runner._adapter_on_device(batch)
+            try:
+                forward(runner)
+                values = {name: runner.__dict__.get(name) for name in names}
+            finally:
+                for name in names:
+                    runner.__dict__.pop(name, None)
+                runner.__dict__.update(kept)
+        if values.get('loss') is None:
+            raise RuntimeError(f'{type(self.main).__name__}: on_val_forward (by default on_iter_forward) must set '
+                               f'runner.loss (and runner.output), as Orca\'s MainCallback requires')
+        return values['loss'], values.get('output'), values.get('target')
+
+    def get_loss(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
+        """The training loss of a step the MainCallback does not own (a custom step's ``forward_loss``): the
+        loop's own feed."""
+        return self.inner.get_loss(batch_data, criterion, device)
+
+    def get_loss_eval(self, batch_data: Any, criterion: Any, device: torch.device) -> Any:
+        """``runner.loss`` of ``on_val_forward``."""
+        return self.forward(batch_data)[0]
+
+    def get_predictions(self, batch_data: Any, device: torch.device) -> Tuple[Any, Any, Any]:
+        """A plain module's ``(runner.output, runner.target, None)`` of ``on_val_forward``; a TTModel's own."""
+        if not self.plain:
+            return self.inner.get_predictions(batch_data, device)
+        _, output, target = self.forward(batch_data)
+        return (output.detach() if isinstance(output, torch.Tensor) else output), target, None
+
+    def one_pass_evaluation(self) -> Optional[Callable[..., Any]]:
+        """For a plain module the loss and the predictions come from one ``on_val_forward``; a TTModel's
+        predictions are its own, so it gets none."""
+        return self.loss_and_predictions if self.plain else None
+
+    def loss_and_predictions(self, batch_data: Any, criterion: Any, device: torch.device) -> Tuple[Any, Any, Any, Any]:
+        """``(loss, output, target, None)`` of one ``on_val_forward``."""
+        loss, output, target = self.forward(batch_data)
+        return loss, (output.detach() if isinstance(output, torch.Tensor) else output), target, None
+
+
+def install_main_feed(loop: 'TrainLoop', main: 'Callback') -> None:
+    """Make ``main``'s ``on_val_forward`` the forward of the loop's evaluation passes."""
+    current = loop.evaluation.feed
+    inner = current.inner if isinstance(current, MainCallbackFeed) else loop.batch_feed
+    loop.evaluation.feed = MainCallbackFeed(loop, main, inner)
+
+
+#: Orca 2.2's Keras-style callback methods (its runner called them beside the 2.4 names, which 2.2 had too), each
+#: with the arguments Orca 2.2 passed: on_train_begin(), on_epoch_begin(epoch=), on_batch_begin(batch_idx),
+#: on_batch_end(batch_idx, logs=), on_epoch_end(epoch=, logs=), on_train_end(logs=). Their names are also the loop's
+#: hooks: on an Orca Callback they are Orca's (the loop's hooks of an Orca callback are the adapter's).
+KERAS_HOOKS = ('on_train_begin', 'on_epoch_begin', 'on_batch_begin', 'on_batch_end', 'on_epoch_end', 'on_train_end')
+#: The execution_order of a MainCallback: first, as Orca's estimator puts it (make_only_mainCallback).
+MAIN_CALLBACK_ORDER = -1
+
+
+def _first_parameter(function: Callable[..., Any]) -> Optional[str]:
+    """The name of the parameter after ``self``, or None."""
     try:
         parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
-        return False
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+        return None
+    return parameters[1].name if len(parameters) > 1 else None
 
 
-def _dual_hook(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    """A subclass's tutorial-style ``on_epoch_begin(self, runner)`` / ``on_epoch_end(self, runner)``, which share
-    their name with a loop hook: called with a runner it is the subclass's method; called by the loop (no runner)
-    it runs the adapter's dispatch of that hook, which calls the subclass's method at its point."""
-    dispatch = getattr(Callback, f'_orca_{name}')
+def _keras_hook(name: str, function: Callable[..., Any], tutorial: bool = False) -> Callable[..., Any]:
+    """A subclass's Orca 2.2 method ``name`` kept under the name, which is also the loop hook's: called with
+    arguments (Orca's call, the adapter's, or the user's own code) it is the subclass's method; called by the loop
+    (no arguments) it runs the adapter's dispatch of that hook, which calls the subclass's method at Orca 2.2's point
+    with Orca 2.2's arguments. (``on_train_begin()`` takes none: the dispatch marks its own call.)"""
+    dispatch = getattr(Callback, name)
 
     @functools.wraps(function)
-    def hook(self: 'Callback', runner: Optional[Runner] = None) -> Any:
-        if runner is None:
-            return dispatch(self)
-        return function(self, runner)
+    def hook(self: 'Callback', *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs or self.__dict__.get('_orca_keras_call') == name:
+            return function(self, *args, **kwargs)
+        return dispatch(self)
 
-    setattr(hook, '_orca_dual', True)
+    setattr(hook, '_orca_keras', function)
+    setattr(hook, '_orca_tutorial', tutorial)     # the tutorial's on_epoch_begin(runner): never called by the adapter
     return hook
 
 
@@ -784,10 +920,20 @@ class Callback(AbstractCallback):
     """Orca's ``Callback``: override the Orca methods you need; each receives the loop's :class:`Runner`.
 
     Subclasses need not call ``super().__init__()`` (Orca's base has no arguments); the callback is named after its
-    class and runs in every process, in list order (``execution_order`` 0). Orca's hook names and the tutorial's
-    both work; the generic hooks chain as in Orca's base class (``before_train_epoch`` calls ``before_epoch``, and
-    so on). A subclass with ``on_iter_backward`` and a forward (``on_train_forward`` / ``on_iter_forward``) is a
-    MainCallback: it owns the training step (see :class:`MainCallback`); at most one may be registered.
+    class and runs in every process, in list order (``execution_order`` 0; a MainCallback first, -1). The generic
+    hooks chain as in Orca's base class (``before_train_epoch`` calls ``before_epoch``, and so on). A subclass with
+    ``on_iter_backward`` and a forward (``on_train_forward`` / ``on_iter_forward``) is a MainCallback: it owns the
+    training step (see :class:`MainCallback`); at most one may be registered.
+
+    Orca 2.2's Keras-style methods (``on_train_begin()``, ``on_epoch_begin(epoch)``, ``on_batch_begin(batch)``,
+    ``on_batch_end(batch, logs=None)``, ``on_epoch_end(epoch, logs=None)``, ``on_train_end(logs=None)``, with
+    ``set_model`` / ``set_param`` and a subclass's ``set_trainer``) are called where Orca 2.2 called them, with its
+    arguments. The names of Orca's tutorial that Orca 2.4.0 never calls (``on_run_begin``, ``on_run_end``,
+    ``on_iter_begin``, ``on_iter_end``, and ``on_epoch_begin(runner)`` / ``on_epoch_end(runner)``) are not called
+    here either: registering a callback that defines one logs a warning naming Orca 2.4.0's method for that point.
+
+    Whatever such a callback holds in its attributes (``ModelCheckpoint``'s last file, a counter, ...) is in the
+    loop's checkpoints, restored after ``before_run`` of the resumed fit (``aitoolbox_like.callbacks.foreign_state``).
     """
 
     execution_order: float = 0
@@ -796,16 +942,32 @@ class Callback(AbstractCallback):
     #: ``super().on_iter_backward(runner)``, or ``loop.backward`` / ``loop.step_optimizers``): it is then treated as
     #: the default backward, allowed with fp16 and gradient accumulation.
     backward_through_loop: bool = False
+    # Orca 2.2's base attributes (set_model / set_param / set_trainer set them)
+    model: Any = None
+    params: Any = None
+    trainer: Any = None
+    # the adapter's state of the callback
+    _orca_state: Optional[ForeignState] = None
+    _orca_pending: Optional[Dict[str, Any]] = None
 
     def __init__(self) -> None:
-        super().__init__(type(self).__name__)
+        super().__init__(type(self).__name__, type(self).execution_order)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for name in ('on_epoch_begin', 'on_epoch_end'):
+        for name in KERAS_HOOKS:
             function = cls.__dict__.get(name)
-            if callable(function) and not getattr(function, '_orca_dual', False) and _takes_runner(function):
-                setattr(cls, name, _dual_hook(name, function))
+            if not isinstance(function, types.FunctionType) or hasattr(function, '_orca_keras'):
+                continue
+            if name in ('on_epoch_begin', 'on_epoch_end') and _first_parameter(function) == 'runner':
+                # the tutorial's on_epoch_begin(runner): never called by Orca 2.4.0, so not here (warned at
+                # registration); kept callable by its own code
+                setattr(cls, f'_orca_tutorial_{name}', function)
+                setattr(cls, name, _keras_hook(name, function, tutorial=True))
+                continue
+            setattr(cls, name, _keras_hook(name, function))
+        if 'execution_order' not in cls.__dict__ and cls.orca_is_main_class():
+            cls.execution_order = MAIN_CALLBACK_ORDER
 
     @property
     def callback_name(self) -> str:
@@ -894,40 +1056,28 @@ class Callback(AbstractCallback):
         """Orca's test in ``after_train_epoch``: ``runner.epochs % n == 0`` (False for n <= 0)."""
         return runner.epochs % n == 0 if n > 0 else False
 
-    # ---- the tutorial's names (the same points as Orca 2.4.0's) ----------------------------------------------
+    # ---- Orca 2.2's base methods ------------------------------------------------------------------------------
 
-    def on_run_begin(self, runner: Runner) -> None:
-        """The tutorial's name of ``before_run``'s point (called just before ``before_run``)."""
+    def set_model(self, model: Any) -> None:
+        """Orca 2.2's: keep the runner's models (called before ``on_train_begin``)."""
+        self.model = model
 
-    def on_run_end(self, runner: Runner) -> None:
-        """The tutorial's name of ``after_run``'s point (called just before ``after_run``)."""
-
-    def on_iter_begin(self, runner: Runner) -> None:
-        """The tutorial's name of ``before_train_iter``'s point (called just before it)."""
-
-    def on_iter_end(self, runner: Runner) -> None:
-        """The tutorial's name of ``after_train_iter``'s point (called just before it)."""
-
-    def on_epoch_begin(self, runner: Optional[Runner] = None) -> None:
-        """With a runner: the tutorial's name of ``before_train_epoch``'s point (a no-op to override, called just
-        before it). Without one it is the loop hook, which runs both."""
-        if runner is None:
-            self._orca_on_epoch_begin()
-
-    def on_epoch_end(self, runner: Optional[Runner] = None) -> None:
-        """With a runner: the tutorial's name of ``after_train_epoch``'s point (a no-op to override, called just
-        before it). Without one it is the loop hook, which runs both."""
-        if runner is None:
-            self._orca_on_epoch_end()
+    def set_param(self, param: Any) -> None:
+        """Orca 2.2's: keep ``param``."""
+        self.params = param
 
     # ---- the MainCallback ----------------------------------------------------------------------------------
 
-    def orca_is_main(self) -> bool:
-        """Whether this callback is a MainCallback: its class has ``on_iter_backward`` and a forward
-        (``on_train_forward`` or ``on_iter_forward``), as Orca's MainCallback (or a class of the same shape)."""
-        cls = type(self)
+    @classmethod
+    def orca_is_main_class(cls) -> bool:
+        """Whether the class is a MainCallback: it has ``on_iter_backward`` and a forward (``on_train_forward`` or
+        ``on_iter_forward``), as Orca's MainCallback (or a class of the same shape)."""
         return callable(getattr(cls, 'on_iter_backward', None)) and (
             callable(getattr(cls, 'on_train_forward', None)) or callable(getattr(cls, 'on_iter_forward', None)))
+
+    def orca_is_main(self) -> bool:
+        """Whether this callback is a MainCallback (:meth:`orca_is_main_class`)."""
+        return type(self).orca_is_main_class()
 
     def orca_owns_backward(self) -> bool:
         """Whether this MainCallback's ``on_iter_backward`` is its own (it calls backward and the optimizer itself)
@@ -986,17 +1136,31 @@ class Callback(AbstractCallback):
                            'other callbacks do not run (MainCallback\'s own backward runs them)', name,
                            ', '.join(hooks))
 
-    # ---- the adapter: our hooks call the Orca methods -------------------------------------------------------
+    # ---- registration ----------------------------------------------------------------------------------------
 
     def register_train_loop_object(self, train_loop_obj: 'TrainLoop') -> AbstractCallback:
-        """Attach to the loop and its one runner."""
+        """Attach to the loop and its one runner; a MainCallback's validation forward becomes the evaluation's."""
         runner_for(train_loop_obj)
+        name = type(self).__name__
         if not self.orca_is_main():
-            ignored = [name for name in MAIN_CALLBACK_HOOKS if callable(getattr(type(self), name, None))]
+            ignored = [hook for hook in MAIN_CALLBACK_HOOKS if callable(getattr(type(self), hook, None))]
             if ignored:
                 logger.warning('%s defines %s but is not a MainCallback (it needs on_iter_backward and a forward): '
-                               'only the MainCallback\'s are called', type(self).__name__, ', '.join(ignored))
-        return super().register_train_loop_object(train_loop_obj)
+                               'only the MainCallback\'s are called', name, ', '.join(ignored))
+        tutorial = [hook for hook in TUTORIAL_HOOKS if _defined_below(type(self), hook)]
+        if tutorial:
+            logger.warning('%s defines %s: names of Orca\'s callback tutorial that Orca 2.4.0 never calls, and '
+                           'neither does this adapter; Orca 2.4.0 calls %s at those points', name,
+                           ', '.join(tutorial), ', '.join(TUTORIAL_HOOKS[hook] for hook in tutorial))
+        if self.orca_is_main():
+            install_main_feed(train_loop_obj, self)
+        if self._orca_state is None:
+            self._orca_state = ForeignState(name, ADAPTER_ATTRIBUTES)
+        registered = super().register_train_loop_object(train_loop_obj)
+        self._orca_state.record_initial(self, _encoder(train_loop_obj))
+        return registered
+
+    # ---- the adapter: our hooks call the Orca methods -------------------------------------------------------
 
     def _orca_runner(self, hook: str, info: Optional[Dict[str, Any]] = None, batch: Any = None,
                      outputs: Any = None) -> Runner:
@@ -1011,22 +1175,67 @@ class Callback(AbstractCallback):
             if callable(method):
                 method(runner)
 
-    def on_train_begin(self) -> None:
-        """The loop hook of ``on_run_begin`` and ``before_run``."""
-        self._orca_call(self._orca_runner('on_train_begin'), 'on_run_begin', 'before_run')
+    def _orca_keras(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """Orca 2.2's method ``name`` with its arguments, when the subclass defines one."""
+        hook = getattr(type(self), name, None)
+        function = getattr(hook, '_orca_keras', None)
+        if function is None or getattr(hook, '_orca_tutorial', False):
+            return
+        self.__dict__['_orca_keras_call'] = name
+        try:
+            function(self, *args, **kwargs)
+        finally:
+            self.__dict__.pop('_orca_keras_call', None)
 
-    def _orca_on_epoch_begin(self) -> None:
+    def _orca_uses_keras(self) -> bool:
+        return any(getattr(getattr(type(self), name, None), '_orca_keras', None) is not None
+                   and not getattr(getattr(type(self), name), '_orca_tutorial', False) for name in KERAS_HOOKS)
+
+    def on_train_begin(self, *keras_args: Any, **keras_kwargs: Any) -> None:
+        """The loop hook of Orca 2.2's ``set_model`` / ``set_trainer`` / ``on_train_begin()`` and of
+        ``before_run``; then a resumed fit's state of the callback."""
+        if keras_args or keras_kwargs or self.__dict__.get('_orca_keras_call') == 'on_train_begin':
+            return      # Orca 2.2's base method (a no-op), called by a subclass's own
+        runner = self._orca_runner('on_train_begin')
+        if self._orca_uses_keras() or callable(getattr(self, 'set_trainer', None)):
+            self.set_model(runner.models)
+            set_trainer = getattr(self, 'set_trainer', None)
+            if callable(set_trainer):
+                set_trainer(runner)
+            self._orca_keras('on_train_begin')
+        self._orca_call(runner, 'before_run')
+        pending, self._orca_pending = self._orca_pending, None
+        if pending is not None:
+            self._orca_restore(pending)
+        if self._orca_state is not None:       # what a checkpoint of this fit could not hold, said as it starts
+            self._orca_state.name_unsaveable(unsaveable(self, _encoder(self.train_loop_obj), ADAPTER_ATTRIBUTES))
+
+    def on_epoch_begin(self, *keras_args: Any, **keras_kwargs: Any) -> None:
+        """The loop hook of Orca 2.2's ``on_epoch_begin(epoch=)`` and of ``before_train_epoch``."""
+        if keras_args or keras_kwargs or self.__dict__.get('_orca_keras_call') == 'on_epoch_begin':
+            return      # Orca 2.2's base method (a no-op), called by a subclass's own
         runner = self._orca_runner('on_epoch_begin')
-        self.on_epoch_begin(runner)
+        self._orca_keras('on_epoch_begin', epoch=runner.epochs)
         self.before_train_epoch(runner)
 
-    def on_batch_begin(self) -> None:
-        """The loop hook of ``on_iter_begin`` and ``before_train_iter``."""
-        self._orca_call(self._orca_runner('on_batch_begin'), 'on_iter_begin', 'before_train_iter')
+    def on_batch_begin(self, *keras_args: Any, **keras_kwargs: Any) -> None:
+        """The loop hook of Orca 2.2's ``on_batch_begin(batch_idx)`` and of ``before_train_iter``."""
+        if keras_args or keras_kwargs or self.__dict__.get('_orca_keras_call') == 'on_batch_begin':
+            return      # Orca 2.2's base method (a no-op), called by a subclass's own
+        runner = self._orca_runner('on_batch_begin')
+        self._orca_keras('on_batch_begin', runner.batch_idx)
+        self._orca_call(runner, 'before_train_iter')
 
-    def on_batch_end(self) -> None:
-        """The loop hook of ``on_iter_end`` and ``after_train_iter``."""
-        self._orca_call(self._orca_runner('on_batch_end'), 'on_iter_end', 'after_train_iter')
+    def on_batch_end(self, *keras_args: Any, **keras_kwargs: Any) -> None:
+        """The loop hook of ``after_train_iter`` and of Orca 2.2's ``on_batch_end(batch_idx, logs=)`` (the
+        batch's ``metrics_stats`` without ``num_samples``, as Orca 2.2 passed them)."""
+        if keras_args or keras_kwargs or self.__dict__.get('_orca_keras_call') == 'on_batch_end':
+            return      # Orca 2.2's base method (a no-op), called by a subclass's own
+        runner = self._orca_runner('on_batch_end')
+        self._orca_call(runner, 'after_train_iter')
+        if self._orca_uses_keras() and getattr(getattr(type(self), 'on_batch_end'), '_orca_keras', None):
+            logs = {name: value for name, value in runner.metrics_stats.items() if name != NUM_SAMPLES}
+            self._orca_keras('on_batch_end', runner.batch_idx, logs=logs)
 
     def on_train_epoch_end(self) -> None:
         """The loop hook of ``on_lr_adjust`` (called on every Orca callback that has it, as Orca does)."""
@@ -1060,23 +1269,86 @@ class Callback(AbstractCallback):
         if kind is not None:
             self._orca_call(runner, f'after_{kind}_epoch')
 
-    def _orca_on_epoch_end(self) -> None:
+    def on_epoch_end(self, *keras_args: Any, **keras_kwargs: Any) -> None:
+        """The loop hook of ``after_train_epoch`` and of Orca 2.2's ``on_epoch_end(epoch=, logs=)``."""
+        if keras_args or keras_kwargs or self.__dict__.get('_orca_keras_call') == 'on_epoch_end':
+            return      # Orca 2.2's base method (a no-op), called by a subclass's own
         runner = self._orca_runner('on_epoch_end')
-        self.on_epoch_end(runner)
         self.after_train_epoch(runner)
+        self._orca_keras('on_epoch_end', epoch=runner.epochs, logs=runner.epoch_stats)
         if runner.stop:
             self.train_loop_obj.early_stop = True
 
-    def on_train_end(self) -> None:
-        """The loop hook of ``on_run_end`` and ``after_run``."""
-        self._orca_call(self._orca_runner('on_train_end'), 'on_run_end', 'after_run')
+    def on_train_end(self, *keras_args: Any, **keras_kwargs: Any) -> None:
+        """The loop hook of Orca 2.2's ``on_train_end(logs=)`` and of ``after_run``."""
+        if keras_args or keras_kwargs or self.__dict__.get('_orca_keras_call') == 'on_train_end':
+            return      # Orca 2.2's base method (a no-op), called by a subclass's own
+        runner = self._orca_runner('on_train_end')
+        self._orca_keras('on_train_end', logs=runner.epoch_stats)
+        self._orca_call(runner, 'after_run')
 
     def on_exception(self, exception: BaseException) -> None:
         """A failed fit: the runner's state and the train loader are put back; no Orca hook runs (Orca has none)."""
         self._orca_runner('on_exception')
 
+    # ---- checkpoints: the callback's attributes (and the runner's state) survive a resume ----------------------
+
+    def state_dict(self) -> Optional[Dict[str, Any]]:
+        """The callback's state for the loop's checkpoints: its attributes (see
+        ``aitoolbox_like.callbacks.foreign_state``), and for the loop's first Orca callback the runner's (what
+        callbacks stored on it, its schedulers, the epoch's statistics so far). None before registration."""
+        loop = self.train_loop_obj
+        if self._orca_state is None or loop is None:
+            return None
+        state = self._orca_state.state(self, _encoder(loop))
+        if _first_orca_callback(loop) is self:
+            state['runner'] = runner_for(loop)._adapter_state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` gave: after ``before_run`` of the resumed fit (where Orca callbacks set
+        themselves up for a run), or at once inside a fit (a mid-epoch resume)."""
+        loop = self.train_loop_obj
+        if loop is not None and loop.epochs_running:
+            self._orca_restore(state_dict)
+        else:
+            self._orca_pending = state_dict
+
+    def _orca_restore(self, state: Dict[str, Any]) -> None:
+        if self._orca_state is not None:
+            self._orca_state.apply(self, state)
+        if 'runner' in state:
+            runner_for(self.train_loop_obj)._adapter_load_state(state['runner'])
+
     def __repr__(self) -> str:
         return type(self).__name__
+
+
+# The adapter's own attributes of an Orca callback (and AbstractCallback's), never saved as its state.
+ADAPTER_ATTRIBUTES = ('callback_name', '_callback_name', 'execution_order', 'device_idx_execution', 'train_loop_obj',
+                      '_message_service', '_orca_state', '_orca_pending', '_orca_keras_call', 'model', 'trainer')
+
+
+def _encoder(loop: 'TrainLoop') -> Encoder:
+    """What is never saved from an Orca callback: the loop's objects, the runner, other callbacks."""
+    return Encoder(loop_references(loop) + [runner_for(loop)], lambda value: isinstance(value, AbstractCallback))
+
+
+def _first_orca_callback(loop: 'TrainLoop') -> Optional['Callback']:
+    return next((callback for callback in loop.callbacks if isinstance(callback, Callback)), None)
+
+
+def _defined_below(cls: type, name: str) -> bool:
+    """Whether a class below :class:`Callback` defines ``name`` (the tutorial's on_epoch_* only when taking a runner)."""
+    for klass in cls.__mro__:
+        if klass is Callback:
+            return False
+        if name in ('on_epoch_begin', 'on_epoch_end'):
+            if f'_orca_tutorial_{name}' in vars(klass):
+                return True
+        elif name in vars(klass):
+            return True
+    return False
 
 
 class MainCallback(Callback):
@@ -1103,6 +1375,8 @@ class MainCallback(Callback):
       squeezed, a NumPy array). The loop predicts with the model's ``get_predictions``, so the adapter does not call
       it; it is kept for code that calls it.
     """
+
+    execution_order: float = MAIN_CALLBACK_ORDER
 
     def on_iter_forward(self, runner: Runner) -> None:
         """Default forward: ``(*features, target) = runner.batch``; ``runner.output = runner.model(*features)``;
@@ -1148,3 +1422,22 @@ class MainCallback(Callback):
 
 #: The tutorial's spelling of :class:`MainCallback`.
 MainCallBack = MainCallback
+
+
+def adopt_bigdl_callbacks(loop: 'TrainLoop', callbacks: List[Any]) -> List[Any]:
+    """BigDL's own Orca callbacks given to ``fit`` (kept ``bigdl...`` imports, or a class derived from BigDL's
+    ``Callback`` / ``MainCallback``): refused, naming the import to change. Their base classes are BigDL's, which calls
+    them from its own runner; here Orca callbacks derive from this adapter's classes."""
+    for i, callback in enumerate(callbacks):
+        cls = callback if isinstance(callback, type) else type(callback)
+        if not any(klass.__module__.partition('.')[0] == 'bigdl' for klass in cls.__mro__):
+            continue
+        own = cls.__module__.partition('.')[0] == 'bigdl'
+        fix = (f'change the import to `from aitoolbox_like.callbacks.orca import {cls.__name__}`' if own else
+               f'derive {cls.__name__} from aitoolbox_like.callbacks.orca\'s Callback / MainCallback instead of '
+               f'BigDL\'s (change `from bigdl.orca.learn.pytorch.callbacks import ...` to '
+               f'`from aitoolbox_like.callbacks.orca import ...`)')
+        raise TypeError(f'callbacks[{i}] is a BigDL Orca callback ({cls.__module__}.{cls.__qualname__}), whose base '
+                        f'classes are BigDL\'s own; the TrainLoop runs Orca callbacks through '
+                        f'aitoolbox_like.callbacks.orca: {fix} (docs/callbacks/orca.md)')
+    return callbacks
