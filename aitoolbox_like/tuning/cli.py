@@ -8,6 +8,7 @@
 """
 import argparse
 import shlex
+import signal
 import sys
 from typing import Any, Sequence
 
@@ -80,6 +81,8 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
                       study_name=args.study_name, backend=args.backend, concurrent=args.concurrent,
                       command=command, address=args.address)
     except KeyboardInterrupt as interruption:
+        # The command is ending with its checkpoints written: another Ctrl-C must not raise in the exit handlers.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         why = f' ({interruption})' if str(interruption) else ''
         running = 'trials are' if args.concurrent > 1 else 'trial is'
         print(f'search interrupted{why}: the running {running} recorded as FAIL (interrupted) and not counted; run '

@@ -396,7 +396,10 @@ def _work_in_child(settings: StudySettings, log_level: int, threads: int, ready:
             start.wait()
             work(settings, study)
     except KeyboardInterrupt:
-        # Ctrl-C (the terminal's) or the parent's SIGTERM: this worker's trial is FAIL (interrupted), as the parent says
+        # Ctrl-C (the terminal's) or the parent's SIGTERM: this worker's trial is FAIL (interrupted), as the parent says.
+        # The worker is ending: a later signal must not raise in its last steps (the interpreter's exit handlers).
+        for stop_signal in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(stop_signal, signal.SIG_IGN)
         sys.exit(130)
 
 
@@ -422,10 +425,13 @@ def _work_concurrently(settings: StudySettings, study: 'optuna.Study', workers: 
         child.start()
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
+    previous_sigint = None
     try:
         _start_together(children, ready, start)
         work(settings, study)
     except KeyboardInterrupt:
+        # The search is stopping: a second Ctrl-C must not cut short the wait for the workers' checkpoints below.
+        previous_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
         # Only this process may have got it (kill -INT): every worker stops its trial the same way (checkpoint, FAIL).
         # SIGTERM, not SIGINT: after a terminal's Ctrl-C, which reached the workers too, a SIGINT would be their
         # second one, which ends a trial at once, its checkpoint unwritten.
@@ -438,6 +444,8 @@ def _work_concurrently(settings: StudySettings, study: 'optuna.Study', workers: 
         torch.set_num_threads(previous_threads)
         for child in children:
             child.join()
+        if previous_sigint is not None:
+            signal.signal(signal.SIGINT, previous_sigint)
     failed = [child for child in children if child.exitcode != 0]
     if failed:
         raise RuntimeError(f'{", ".join(c.name for c in failed)} of the search failed (exit status '

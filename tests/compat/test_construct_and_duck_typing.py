@@ -47,7 +47,9 @@ class Recorder(AbstractCallback):
 
 
 def test_a_loop_of_none_pieces_drives_callbacks_without_fitting():
-    loop = TrainLoop(MLP(), None, None, None, None, None)
+    # AIToolbox code drives the hooks by hand with its handler's execute_* names, on AIToolbox's TrainLoop.
+    from aitoolbox_like.torchtrain.train_loop import TrainLoop as AIToolboxTrainLoop
+    loop = AIToolboxTrainLoop(MLP(), None, None, None, None, None)
     recorder = Recorder()
     loop.callbacks_handler.register_callbacks([recorder])
     loop.callbacks_handler.execute_epoch_end()
