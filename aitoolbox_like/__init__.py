@@ -8,9 +8,9 @@ from typing import Any, List
 from . import compat as _compat       # also makes aitoolbox_like.torchtrain / .experiment.* paths importable
 from ._version import __version__
 from .engine.callback import AbstractCallback, StopTraining
-from .history import TrainingHistory
-from .model import AbstractModelFeedDefinition, ModelWrap, TTBasicModel, TTModel
-from .multi_loss_optim import MultiLoss, MultiOptimizer
+from .engine.history import TrainingHistory
+from .model.feeds import AbstractModelFeedDefinition, ModelWrap, TTBasicModel, TTModel
+from .model.multi_loss_optim import MultiLoss, MultiOptimizer
 from .engine.train_loop import TrainLoop
 
 _OWN_NAMES = ['__version__', 'AbstractCallback', 'StopTraining', 'TrainingHistory', 'AbstractModelFeedDefinition',

@@ -12,9 +12,9 @@ import torch
 
 from .callbacks.abstract import AbstractCallback
 from .experiment import Experiment, ExperimentUploader, is_cloud_mode, normalize_cloud_save_mode
-from .experiment.savers import write_experiment_results
-from .history import TrainingHistory
-from .multi_loss_optim import MultiLoss
+from .results.savers import write_experiment_results
+from .engine.history import TrainingHistory
+from .model.multi_loss_optim import MultiLoss
 from .storage.base import StorageError
 from .engine.train_loop import TrainLoop
 

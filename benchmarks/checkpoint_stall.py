@@ -33,7 +33,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from aitoolbox_like import TrainLoop, TTBasicModel, sharded_checkpoint
+from aitoolbox_like import TrainLoop, TTBasicModel
+from aitoolbox_like.checkpoint import sharded as sharded_checkpoint
 from aitoolbox_like.callbacks.model_save import ModelIterationCheckpoint
 from aitoolbox_like.checkpoint import atomic_torch_save
 

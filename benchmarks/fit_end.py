@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / 'tests' / 'support'))
 from aitoolbox_like import AbstractCallback, TTBasicModel  # noqa: E402
 from aitoolbox_like.callbacks.performance_eval import ModelPerformanceEvaluation  # noqa: E402
-from aitoolbox_like.result_package import ClassificationResultPackage  # noqa: E402
+from aitoolbox_like.results import ClassificationResultPackage  # noqa: E402
 from aitoolbox_like.train_loop import TrainLoopCheckpointEndSave  # noqa: E402
 
 

@@ -45,8 +45,8 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 from aitoolbox_like import TrainLoop  # noqa: E402
 from aitoolbox_like.callbacks.abstract import AbstractCallback  # noqa: E402
 from aitoolbox_like.callbacks.performance_eval import ModelPerformanceEvaluation  # noqa: E402
-from aitoolbox_like.huggingface import HFModelWrap  # noqa: E402
-from aitoolbox_like.result_package import ClassificationResultPackage  # noqa: E402
+from aitoolbox_like.model.huggingface import HFModelWrap  # noqa: E402
+from aitoolbox_like.results import ClassificationResultPackage  # noqa: E402
 from aitoolbox_like.tracking import TrainLoopCheckpoint  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

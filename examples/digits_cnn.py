@@ -24,7 +24,7 @@ from aitoolbox_like.callbacks.performance_eval import (ModelPerformanceEvaluatio
                                                        ModelTrainHistoryFileWriter, ModelTrainHistoryPlot)
 from aitoolbox_like.callbacks.tensorboard import TensorboardFullTracking
 from aitoolbox_like.recipes import register_callback, register_data, register_model
-from aitoolbox_like.result_package import ClassificationResultPackage
+from aitoolbox_like.results import ClassificationResultPackage
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 
 

@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from aitoolbox_like import TrainLoop, TTBasicModel
 from aitoolbox_like.callbacks.performance_eval import ModelPerformanceEvaluation
-from aitoolbox_like.integrations.ray import QUIET_WORKER_LOGS_HOOK, RayTrainReport
-from aitoolbox_like.result_package import ClassificationResultPackage
+from aitoolbox_like.adapters.ray import QUIET_WORKER_LOGS_HOOK, RayTrainReport
+from aitoolbox_like.results import ClassificationResultPackage
 
 
 class DigitsMLP(TTBasicModel):

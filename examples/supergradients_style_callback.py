@@ -3,7 +3,7 @@
     python examples/supergradients_style_callback.py --epochs 2 --output-dir sg_demo
 
 ``SaveFirstBatchCallback`` is the example of SG's "Phase Callbacks" page with only its imports changed
-(``super_gradients...`` -> ``aitoolbox_like.callbacks.supergradients``; ``save_image`` from there too, which is
+(``super_gradients...`` -> ``aitoolbox_like.adapters.supergradients``; ``save_image`` from there too, which is
 torchvision's when torchvision imports) and one fix of the page's own bug: its ``on_training_start`` computes
 ``outputs_path`` but never stores it, so ``self.outputs_path`` stayed None. It writes the first training batch of
 every epoch and the first validation batch as PNGs into ``<experiment>/checkpoint_model/batch_images/`` (SG's
@@ -21,10 +21,10 @@ from aitoolbox_like import TTModel
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 
 # ---- the SG page's example; only these imports differ from SuperGradients' ----
-from aitoolbox_like.callbacks.supergradients import Callback, PhaseContext
-from aitoolbox_like.callbacks.supergradients import multi_process_safe
-from aitoolbox_like.callbacks.supergradients import save_image
-from aitoolbox_like.callbacks.supergradients import Phase, PhaseCallback
+from aitoolbox_like.adapters.supergradients import Callback, PhaseContext
+from aitoolbox_like.adapters.supergradients import multi_process_safe
+from aitoolbox_like.adapters.supergradients import save_image
+from aitoolbox_like.adapters.supergradients import Phase, PhaseCallback
 
 
 class SaveFirstBatchCallback(Callback):

@@ -4,9 +4,9 @@
 
 writes ``aitoolbox_like-torchvision-cpu.pth`` into the site-packages of the venv that runs it (the Makefile does,
 after each install). Python runs that file's line at every start of the venv's interpreter: it loads
-aitoolbox_like/_torchvision_compat.py of this checkout on its own (not the package, whose import loads torch) and
+aitoolbox_like/runtime/_torchvision_compat.py of this checkout on its own (not the package, whose import loads torch) and
 installs its import hook, which declares the two op schemas torchvision's CUDA build needs beside a CPU-only torch
-when torchvision is first imported, and does nothing otherwise (aitoolbox_like/_torchvision_compat.py says why).
+when torchvision is first imported, and does nothing otherwise (aitoolbox_like/runtime/_torchvision_compat.py says why).
 The line does nothing when that file is gone; deleting the .pth file removes the hook.
 """
 import logging
@@ -17,7 +17,7 @@ from pathlib import Path
 HOOK_FILE = 'aitoolbox_like-torchvision-cpu.pth'
 # The name the hook's copy of the module has in sys.modules: keeps it, and the schemas it declared, alive.
 HOOK_MODULE = '_aitoolbox_like_torchvision_hook'
-COMPAT_MODULE = Path(__file__).resolve().parents[1] / 'aitoolbox_like' / '_torchvision_compat.py'
+COMPAT_MODULE = Path(__file__).resolve().parents[1] / 'aitoolbox_like' / 'runtime' / '_torchvision_compat.py'
 
 logger = logging.getLogger('tools.cpu_torchvision')
 
@@ -42,7 +42,7 @@ def install() -> Path:
 def declare_torchvision_ops() -> None:
     """The hook's work done by hand in this process, for a script that may run outside the Makefile's venv
     (benchmarks/peers.py); in that venv the hook has done it already."""
-    from aitoolbox_like._torchvision_compat import prepare_torchvision
+    from aitoolbox_like.runtime._torchvision_compat import prepare_torchvision
     prepare_torchvision()
 
 

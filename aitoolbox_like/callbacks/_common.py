@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..experiment.reporting import as_number, import_matplotlib, is_number, lower_is_better, new_figure  # noqa: F401
+from ..results.reporting import as_number, import_matplotlib, is_number, lower_is_better, new_figure  # noqa: F401
 
 
 def missing_monitor_message(who: str, monitor: str, names: List[str], epoch: int) -> str:

@@ -18,8 +18,8 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List
 import torch
 
 from ..experiment import get_experiment, is_cloud_mode
-from ..host_copy import HostCopy, host_copy
-from ..multi_loss_optim import MultiLoss
+from ..runtime.host_copy import HostCopy, host_copy
+from ..model.multi_loss_optim import MultiLoss
 from ..storage.local import write_atomically
 from ._common import check_int, lower_is_better, missing_monitor_message
 from .abstract import AbstractCallback, AbstractExperimentCallback, StopTraining

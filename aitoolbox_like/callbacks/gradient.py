@@ -15,7 +15,7 @@ from .. import distributed
 from ..storage.urls import cloud_scheme
 from ._common import check_int, import_matplotlib, new_figure
 from .abstract import AbstractCallback, AbstractExperimentCallback
-from .handler import CollectiveInRankRestrictedCallbackError
+from ..engine.handler import CollectiveInRankRestrictedCallbackError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

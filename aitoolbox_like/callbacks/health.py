@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .. import distributed, loop_state
-from ..host_copy import HostCopy, host_copy
-from ..multi_loss_optim import MultiLoss
+from .. import distributed
+from ..engine import loop_state
+from ..runtime.host_copy import HostCopy, host_copy
+from ..model.multi_loss_optim import MultiLoss
 from .abstract import AbstractCallback
 from .preemption import find_checkpoint_callback
 

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence
 import torch
 
 from ..engine import loop_state
-from ..amp import AmpPolicy
-from ..model import ModelWrap, resolve_model
-from ..multi_loss_optim import MultiLoss, MultiOptimizer
+from ..runtime.amp import AmpPolicy
+from ..model.feeds import ModelWrap, resolve_model
+from ..model.multi_loss_optim import MultiLoss, MultiOptimizer
 from ._common import new_figure
 from .abstract import AbstractCallback
 

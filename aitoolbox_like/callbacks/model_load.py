@@ -4,7 +4,7 @@ import logging
 import os
 from typing import Any, Dict, Optional, Tuple
 
-from .. import sharded_checkpoint
+from ..checkpoint import sharded as sharded_checkpoint
 from ..engine import loop_state
 from ..experiment import Experiment, get_experiment, is_cloud_mode, model_file_name
 from ..storage.base import join_key

@@ -6,7 +6,7 @@ Files go to ``<local folder>/<project>/<experiment>_<timestamp>/`` (AIToolbox's 
 ``cloud_save_mode='s3'`` (``'gcs'``, ``'azure'``), to the same keys under ``s3://<bucket>/<cloud_dir_prefix>/``
 (``gs://``, ``az://``) through a background uploader (training does not wait for the network), which checks the
 bucket at the start of fit. Our pointers, claim, journal and temporary files live in the experiment's bookkeeping
-folder (aitoolbox_like.experiment). Checkpoints hold the full training state (aitoolbox_like.loop_state) so
+folder (aitoolbox_like.experiment). Checkpoints hold the full training state (aitoolbox_like.engine.loop_state) so
 ``fit(resume_from=...)`` continues exactly where a run stopped.
 
 With ``async_save=True`` (the default) a save only copies the state to host memory on the training thread; the
@@ -14,7 +14,7 @@ file, its pointers and its upload are written by a background thread (checkpoint
 one at a time. The next save, the end of fit (on_train_end / on_exception) and ``wait_for_pending_save()`` wait for
 it, and raise its error if it failed. Under FSDP (sharded checkpoints, one folder written by every rank) the same
 holds on each rank: its shards are copied to host memory and written by ``torch.distributed.checkpoint.async_save``
-(aitoolbox_like.sharded_checkpoint).
+(aitoolbox_like.checkpoint.sharded).
 """
 import copy
 import logging
@@ -24,13 +24,14 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
-from .. import distributed, sharded_checkpoint
-from ..checkpoint import AsyncCheckpointWriter, atomic_torch_save
+from .. import distributed
+from ..checkpoint import sharded as sharded_checkpoint
+from ..checkpoint.files import AsyncCheckpointWriter, atomic_torch_save
 from ..engine import loop_state
 from ..experiment import (BEST_POINTER, CHECKPOINT_DIR, LATEST_POINTER, MODEL_DIR, RESULTS_DIR, Experiment,
                           ExperimentUploader, get_experiment, get_uploader, model_file_name, normalize_cloud_save_mode,
                           write_pointer)
-from ..experiment.savers import write_experiment_results
+from ..results.savers import write_experiment_results
 from ..storage.base import validate_key_part
 from ..storage.local import remove_folder
 from ._common import lower_is_better, missing_monitor_message
@@ -174,7 +175,7 @@ class ExperimentSaverBase(AbstractCallback):
     def _save_sharded_state(self, subdir, folder_name, mid_epoch=False, pointer=None, after_write=None, wait=False,
                             named=None):
         """FSDP: every rank writes its shards into the folder ``<experiment>/<subdir>/<folder_name>`` (DCP, see
-        aitoolbox_like/sharded_checkpoint.py); rank 0 then points ``pointer`` at its marker file, queues the
+        aitoolbox_like/checkpoint/sharded.py); rank 0 then points ``pointer`` at its marker file, queues the
         upload (marker last, the cloud pointer set after it) and runs ``after_write``. Returns the folder's path
         (rank 0's name); None on the other ranks of an asynchronous save, which learn it in the background and then
         call ``named(path)``.

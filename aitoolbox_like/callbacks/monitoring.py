@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from ..predictions import batch_size_of
+from ..model.predictions import batch_size_of
 from ..storage.local import write_atomically
 from ._common import BatchLossReader, StepLearningRates, check_int
 from .abstract import AbstractCallback

@@ -15,10 +15,10 @@ import time
 from collections.abc import Mapping
 from typing import Optional
 
-from ..experiment.reporting import TRAIN_VAL_SUFFIX, TrainingHistoryPlotter, append_epoch_text_block
-from ..experiment.reporting import history_series    # public here too: the tensorboard / wandb callbacks use it
-from ..message_passing import MessageHandling
-from ..result_package.basic import TorchMetricsPackage
+from ..results.reporting import TRAIN_VAL_SUFFIX, TrainingHistoryPlotter, append_epoch_text_block
+from ..results.reporting import history_series    # public here too: the tensorboard / wandb callbacks use it
+from ..engine.message_passing import MessageHandling
+from ..results.basic import TorchMetricsPackage
 from ._common import check_int, import_matplotlib
 from ._common import is_number as _is_number
 from ._common import lower_is_better    # public in this module (AIToolbox-style import path)
@@ -55,7 +55,7 @@ class ModelPerformanceEvaluation(AbstractCallback):
         for method in ('prepare_result_package', 'get_results'):
             if not callable(getattr(result_package, method, None)):
                 raise TypeError(f'ModelPerformanceEvaluation: result_package must be a result package (e.g. '
-                                f'aitoolbox_like.result_package.ClassificationResultPackage()), got '
+                                f'aitoolbox_like.results.ClassificationResultPackage()), got '
                                 f'{type(result_package).__qualname__} without {method}()')
         check_int('eval_frequency', eval_frequency, 1, allow_none=True, who='ModelPerformanceEvaluation')
         self.result_package = result_package

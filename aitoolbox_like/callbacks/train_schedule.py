@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch.optim import lr_scheduler as torch_lr_scheduler
 
-from ..huggingface import is_transformers_schedule
-from ..multi_loss_optim import MultiLoss
+from ..model.huggingface import is_transformers_schedule
+from ..model.multi_loss_optim import MultiLoss
 from ._common import check_int
 from .abstract import AbstractCallback, AbstractScheduler
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Sequen
 
 import torch
 
-from .._torchvision_compat import prepare_torchvision
+from ..runtime._torchvision_compat import prepare_torchvision
 from ._common import check_int, import_matplotlib, new_figure
 from .abstract import AbstractExperimentCallback
 from .tensorboard import experiment_log_dir, first_batch, unwrap_model
@@ -57,7 +57,7 @@ def _as_image_tensor(images: Any) -> torch.Tensor:
 
 
 def _import_torchvision_utils() -> Any:
-    prepare_torchvision()       # torchvision's CUDA build beside CPU torch (aitoolbox_like/_torchvision_compat.py)
+    prepare_torchvision()       # torchvision's CUDA build beside CPU torch (aitoolbox_like/runtime/_torchvision_compat.py)
     try:
         import torchvision.utils
     except ImportError as exc:

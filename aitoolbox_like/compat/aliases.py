@@ -13,9 +13,9 @@ from typing import Dict, Union
 
 _CB = 'aitoolbox_like.callbacks'
 _SCHED = 'aitoolbox_like.callbacks.train_schedule'
-_SAVERS = 'aitoolbox_like.experiment.savers'
-_LOADER = 'aitoolbox_like.experiment.model_loader'
-_REPORTING = 'aitoolbox_like.experiment.reporting'
+_SAVERS = 'aitoolbox_like.results.savers'
+_LOADER = 'aitoolbox_like.results.model_loader'
+_REPORTING = 'aitoolbox_like.results.reporting'
 _UTILS = 'aitoolbox_like.compat.utils'
 _CLOUD = 'aitoolbox_like.compat.cloud'
 _GCLOUD = 'aitoolbox_like.compat.google_cloud'
@@ -46,8 +46,8 @@ _TORCHTRAIN_EXPORTS: Dict[str, Target] = {
     **_names('aitoolbox_like.model', 'TTModel', 'MultiGPUModelWrap', 'ModelWrap', 'AbstractModelFeedDefinition'),
     **_names('aitoolbox_like.distributed.parallel', 'TTDataParallel'),
     **_names(_LOOPS, 'TrainLoop', 'TrainLoopCheckpoint', 'TrainLoopEndSave', 'TrainLoopCheckpointEndSave'),
-    **_names('aitoolbox_like.multi_loss_optim', 'MultiLoss', 'MultiOptimizer'),
-    **_names('aitoolbox_like.datasets', 'BasicDataset'),
+    **_names('aitoolbox_like.model.multi_loss_optim', 'MultiLoss', 'MultiOptimizer'),
+    **_names('aitoolbox_like.model.datasets', 'BasicDataset'),
 }
 
 _CALLBACKS_EXPORTS: Dict[str, Target] = {
@@ -63,7 +63,7 @@ _CALLBACKS_EXPORTS: Dict[str, Target] = {
 }
 
 _EXPERIMENT_EXPORTS: Dict[str, Target] = _names(
-    'aitoolbox_like.result_package.basic', 'BinaryClassificationResultPackage', 'ClassificationResultPackage',
+    'aitoolbox_like.results.basic', 'BinaryClassificationResultPackage', 'ClassificationResultPackage',
     'RegressionResultPackage')
 
 _BASIC_SCHEDULERS = _names(_SCHED, 'AbstractScheduler', 'GeneralLRSchedulerCallback', 'ReduceLROnPlateauScheduler',
@@ -80,10 +80,10 @@ MODULES: Dict[str, Alias] = {
     'torchtrain.model': 'aitoolbox_like.model',
     'torchtrain.parallel': 'aitoolbox_like.distributed.parallel',
     'torchtrain.model_predict': 'aitoolbox_like.model_predict',
-    'torchtrain.multi_loss_optim': 'aitoolbox_like.multi_loss_optim',
+    'torchtrain.multi_loss_optim': 'aitoolbox_like.model.multi_loss_optim',
     'torchtrain.data': {},
     'torchtrain.data.batch_model_feed_defs': _names('aitoolbox_like.model', 'AbstractModelFeedDefinition'),
-    'torchtrain.data.dataset': 'aitoolbox_like.datasets',
+    'torchtrain.data.dataset': 'aitoolbox_like.model.datasets',
     'torchtrain.train_loop': _names(_LOOPS, 'TrainLoop', 'TrainLoopCheckpoint', 'TrainLoopEndSave',
                                     'TrainLoopCheckpointEndSave'),
     'torchtrain.train_loop.train_loop': _names(_LOOPS, 'TrainLoop'),
@@ -95,12 +95,12 @@ MODULES: Dict[str, Alias] = {
         'DDPHandler': Unsupported("DDPHandler is internal to AIToolbox's DDP mode; aitoolbox_like's DDP needs no "
                                   "handler object: use TrainLoop(..., gpu_mode='ddp') and, for gathering, "
                                   "aitoolbox_like.distributed.gather_predictions")},
-    'torchtrain.train_loop.components.message_passing': 'aitoolbox_like.message_passing',
+    'torchtrain.train_loop.components.message_passing': 'aitoolbox_like.engine.message_passing',
     'torchtrain.train_loop.components.model_prediction_store': {
         'ModelPredictionStore': Unsupported("ModelPredictionStore is internal to AIToolbox's TrainLoop; "
                                             "aitoolbox_like caches predictions itself (predict_on_*_set(force_"
                                             "prediction=True) recomputes, purge_prediction_cache() forgets)")},
-    'torchtrain.train_loop.components.pred_collate_fns': 'aitoolbox_like.predictions',
+    'torchtrain.train_loop.components.pred_collate_fns': 'aitoolbox_like.model.predictions',
     'torchtrain.callbacks': dict(_CALLBACKS_EXPORTS),
     **{f'torchtrain.callbacks.{name}': f'{_CB}.{name}'
        for name in ('abstract', 'basic', 'ddp', 'gradient', 'model_load', 'model_save', 'performance_eval',
@@ -111,20 +111,20 @@ MODULES: Dict[str, Alias] = {
 
     # ---- experiment
     'experiment': dict(_EXPERIMENT_EXPORTS),
-    'experiment.training_history': 'aitoolbox_like.history',
+    'experiment.training_history': 'aitoolbox_like.engine.history',
     'experiment.result_package': {},
-    'experiment.result_package.abstract_result_packages': 'aitoolbox_like.result_package.abstract',
-    'experiment.result_package.basic_packages': 'aitoolbox_like.result_package.basic',
-    'experiment.result_package.torch_metrics_packages': _names('aitoolbox_like.result_package.basic',
+    'experiment.result_package.abstract_result_packages': 'aitoolbox_like.results.abstract',
+    'experiment.result_package.basic_packages': 'aitoolbox_like.results.basic',
+    'experiment.result_package.torch_metrics_packages': _names('aitoolbox_like.results.basic',
                                                                'TorchMetricsPackage'),
-    'experiment.result_package.hf_evaluate_packages': _names('aitoolbox_like.result_package.basic',
+    'experiment.result_package.hf_evaluate_packages': _names('aitoolbox_like.results.basic',
                                                              'HFEvaluateResultPackage'),
     'experiment.core_metrics': {},
-    'experiment.core_metrics.abstract_metric': _names('aitoolbox_like.result_package.metrics', 'AbstractBaseMetric'),
+    'experiment.core_metrics.abstract_metric': _names('aitoolbox_like.results.metrics', 'AbstractBaseMetric'),
     'experiment.core_metrics.classification': _names(
-        'aitoolbox_like.result_package.metrics', 'AccuracyMetric', 'ROCAUCMetric', 'PrecisionRecallCurveAUCMetric',
+        'aitoolbox_like.results.metrics', 'AccuracyMetric', 'ROCAUCMetric', 'PrecisionRecallCurveAUCMetric',
         'F1ScoreMetric', 'PrecisionMetric', 'RecallMetric'),
-    'experiment.core_metrics.regression': _names('aitoolbox_like.result_package.metrics', 'MeanSquaredErrorMetric',
+    'experiment.core_metrics.regression': _names('aitoolbox_like.results.metrics', 'MeanSquaredErrorMetric',
                                                  'MeanAbsoluteErrorMetric'),
     'experiment.local_load': {},
     'experiment.local_load.local_model_load': _names(_LOADER, 'AbstractLocalModelLoader', 'PyTorchLocalModelLoader'),
@@ -180,7 +180,7 @@ MODULES: Dict[str, Alias] = {
     'nlp.torch_collate_fns': 'aitoolbox_like.nlp.collate',
     'nlp.experiment_evaluation': {},
     'nlp.experiment_evaluation.NLP_metrics': {
-        **_names('aitoolbox_like.result_package.metrics', 'AbstractBaseMetric'),
+        **_names('aitoolbox_like.results.metrics', 'AbstractBaseMetric'),
         **_names(f'{_NLP_METRICS}.rouge', 'ROUGEMetric', 'ROUGEPerlMetric'),
         **_names(f'{_NLP_METRICS}.squad', 'ExactMatchTextMetric', 'F1TextMetric'),
         **_names(f'{_NLP_METRICS}.bleu', 'BLEUSentenceScoreMetric', 'BLEUCorpusScoreMetric',

@@ -2,9 +2,9 @@
 
 The TrainLoop and its callbacks do not use these: they upload through :mod:`aitoolbox_like.storage`. These classes
 keep AIToolbox's constructors, methods, S3 key layout and return values, and are built from our pieces: the files
-are written by :class:`~aitoolbox_like.experiment.savers.PyTorchLocalModelSaver` /
-:class:`~aitoolbox_like.experiment.savers.LocalResultsSaver`, read by
-:class:`~aitoolbox_like.experiment.model_loader.PyTorchLocalModelLoader` and moved by
+are written by :class:`~aitoolbox_like.results.savers.PyTorchLocalModelSaver` /
+:class:`~aitoolbox_like.results.savers.LocalResultsSaver`, read by
+:class:`~aitoolbox_like.results.model_loader.PyTorchLocalModelLoader` and moved by
 the storage of their cloud (:func:`aitoolbox_like.storage.storage_for_mode`; for these S3 classes boto3's credential
 and endpoint resolution, e.g. ``AWS_ENDPOINT_URL_S3``; ``pip install aitoolbox_like[s3]``). What differs from
 AIToolbox:
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, List, Optional, Tuple, cast
 from ..callbacks.basic import SESSender as _SESSender
 from ..experiment import CHECKPOINT_DIR, MODEL_DIR, RESULTS_DIR, model_file_name
 from ..experiment.folder import ExperimentFolder
-from ..experiment.model_loader import AbstractLocalModelLoader, PyTorchLocalModelLoader
-from ..experiment.savers import (DEFAULT_RESULTS_ROOT, LocalResultsSaver, PyTorchLocalModelSaver,
+from ..results.model_loader import AbstractLocalModelLoader, PyTorchLocalModelLoader
+from ..results.savers import (DEFAULT_RESULTS_ROOT, LocalResultsSaver, PyTorchLocalModelSaver,
                                  new_experiment_timestamp)
 from ..storage.urls import storage_for_mode
 
@@ -270,7 +270,7 @@ class BaseModelLoader(BaseDataLoader):
 
 class PyTorchS3ModelLoader(BaseModelLoader):
     """Download a saved PyTorch model from S3 and initialise a model, optimizer, schedulers and grad scaler from it
-    (see :class:`~aitoolbox_like.experiment.model_loader.PyTorchLocalModelLoader`).
+    (see :class:`~aitoolbox_like.results.model_loader.PyTorchLocalModelLoader`).
 
     Args:
         local_model_result_folder_path: root folder of the projects on this machine.

@@ -12,7 +12,7 @@ Reached as ``aitoolbox.cloud.GoogleCloud.<module>`` (under ``aitoolbox_like.comp
 """
 from typing import Any, cast
 
-from ..experiment.savers import DEFAULT_RESULTS_ROOT
+from ..results.savers import DEFAULT_RESULTS_ROOT
 from .cloud import (BaseDataLoader, BaseDataSaver, BaseModelLoader, BaseModelSaver, BaseResultsSaver,
                     PyTorchS3ModelLoader, PyTorchS3ModelSaver, S3ResultsSaver)
 

@@ -1,10 +1,10 @@
 """Training over several processes, in one package: the processes and their ranks (processes.py), each process's
 share of the data and the gathered predictions (data.py), the TTModel-aware DDP / DataParallel wrappers and the
-loop's DDP forward (parallel.py), the tensors of a sharded model (tensors.py) and its state dicts (state_dicts.py),
-the launch of a ``gpu_mode='ddp'`` / ``'fsdp'`` fit under spawn, torchrun, SLURM or Ray (launch.py, slurm.py).
+loop's DDP forward (parallel.py), the tensors of a sharded model (tensors.py), and SLURM's tasks as ranks (slurm.py).
 
-The names callbacks and users need are importable from here (``aitoolbox_like.distributed.get_rank()``); the launch
-modules are imported when a distributed fit starts (``aitoolbox_like.distributed.launch``)."""
+The names callbacks and users need are importable from here (``aitoolbox_like.distributed.get_rank()``). The launch
+of a ``gpu_mode='ddp'`` / ``'fsdp'`` fit is the engine's (``aitoolbox_like.engine.launch``) and a sharded model's
+state dicts are the checkpoint room's (``aitoolbox_like.checkpoint.sharded.state_dicts``)."""
 from .data import (RemainingOrderSampler, ShardedSampler, distribute_loader, distribute_train_loop_loaders,
                    epoch_order, gather_predictions, loader_with_sampler)
 from .parallel import DDPFeed, TTDataParallel, TTDistributedDataParallel, skip_grad_sync

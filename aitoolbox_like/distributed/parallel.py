@@ -18,10 +18,10 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..model import current_one_pass, one_pass_evaluation
+from ..model.feeds import current_one_pass, one_pass_evaluation
 
 if TYPE_CHECKING:
-    from ..model import AbstractModelFeedDefinition, BatchFeed, OnePass
+    from ..model.feeds import AbstractModelFeedDefinition, BatchFeed, OnePass
 
 logger = logging.getLogger(__name__)
 

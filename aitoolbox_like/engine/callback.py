@@ -5,7 +5,7 @@ import inspect
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
-    from ..message_passing import MessageService
+    from .message_passing import MessageService
     from .train_loop import TrainLoop
 
 
@@ -97,7 +97,7 @@ class AbstractCallback:
 
     @property
     def message_service(self) -> Optional['MessageService']:
-        """The loop's :class:`~aitoolbox_like.message_passing.MessageService`, through which callbacks pass
+        """The loop's :class:`~aitoolbox_like.engine.message_passing.MessageService`, through which callbacks pass
         data to each other; None before registration.
 
         Read from the loop on every access rather than copied at registration, so subclasses that override

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, ParamSpec
 
 import torch
 
-from ..model import PlainModuleFeed, TTBasicModel
+from ..model.feeds import PlainModuleFeed, TTBasicModel
 from .callback import AbstractCallback
 
 if TYPE_CHECKING:
@@ -31,9 +31,9 @@ def launcher_parameters(launcher: Callable[..., Any]) -> List[str]:
 
 
 # Where each is imported from, for the messages (the engine itself imports none of them).
-_PTA_ADAPTER = 'from aitoolbox_like.callbacks.pytorch_accelerated'
-_SG_ADAPTER = 'from aitoolbox_like.callbacks.supergradients'
-_ORCA_ADAPTER = 'from aitoolbox_like.callbacks.orca'
+_PTA_ADAPTER = 'from aitoolbox_like.adapters.pytorch_accelerated'
+_SG_ADAPTER = 'from aitoolbox_like.adapters.supergradients'
+_ORCA_ADAPTER = 'from aitoolbox_like.adapters.orca'
 _LOADER = ("the data and the batch size are the DataLoaders' (DataLoader(dataset, batch_size=..., shuffle=True) "
            "given to TrainLoop(model, train_loader, validation_loader, ...))")
 
@@ -117,7 +117,7 @@ def check_fit_keywords(loop: 'TrainLoop', kwargs: Dict[str, Any]) -> None:
     callbacks a distributed fit builds its data with."""
     if not kwargs:
         return
-    from ..distributed.launch import fit_ddp, fit_fsdp      # the launchers' own signatures say what they accept
+    from .launch import fit_ddp, fit_fsdp      # the launchers' own signatures say what they accept
     own = ['num_epochs', 'num_iterations', 'callbacks', 'grad_accumulation', 'resume_from']
     by_mode = {'ddp': launcher_parameters(fit_ddp), 'fsdp': launcher_parameters(fit_fsdp),
                'dp': ['dp_model_args'], 'single': []}

@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 
 from .. import distributed
-from ..host_copy import to_host
-from ..model import BatchFeed, one_pass_evaluation
-from ..multi_loss_optim import MultiLoss
-from ..predictions import batch_size_of, combine_prediction_metadata_batches
+from ..runtime.host_copy import to_host
+from ..model.feeds import BatchFeed, one_pass_evaluation
+from ..model.multi_loss_optim import MultiLoss
+from ..model.predictions import batch_size_of, combine_prediction_metadata_batches
 from .handler import CollectiveInRankRestrictedCallbackError
 
 if TYPE_CHECKING:

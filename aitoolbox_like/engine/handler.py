@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, 
 
 from torch.optim import lr_scheduler as torch_lr_scheduler
 
-from ..huggingface import is_transformers_schedule
+from ..model.huggingface import is_transformers_schedule
 from .callback import HOOK_NAMES, HOOKS_WITH_ARGUMENTS, AbstractCallback, overrides_hook
 
 if TYPE_CHECKING:
@@ -24,8 +24,8 @@ logger = logging.getLogger(__name__)
 #: replaced by callbacks of the loop.
 #: Named by path and imported only when such a callback is given, so the core imports no callback library.
 FOREIGN_CALLBACK_ADAPTERS: Dict[str, str] = {
-    'pytorch_accelerated': 'aitoolbox_like.callbacks.pytorch_accelerated:adopt_callbacks',
-    'bigdl': 'aitoolbox_like.callbacks.orca.callback:adopt_bigdl_callbacks',
+    'pytorch_accelerated': 'aitoolbox_like.adapters.pytorch_accelerated:adopt_callbacks',
+    'bigdl': 'aitoolbox_like.adapters.orca.callback:adopt_bigdl_callbacks',
 }
 
 

@@ -23,16 +23,16 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset
 
 from .. import distributed
-from ..amp import AmpPolicy
-from ..console import default_console_output, in_notebook
-from ..devices import cuda_is_available
+from ..runtime.amp import AmpPolicy
+from ..runtime.console import default_console_output, in_notebook
+from ..runtime.devices import cuda_is_available
 from ..experiment.layout import CHECKPOINT_DIR
-from ..history import TrainingHistory
-from ..message_passing import MessageService
-from ..model import BatchFeed, CompiledFeed, ModelWrap, resolve_model
-from ..multi_loss_optim import MultiLoss, MultiOptimizer
-from ..predictions import append_predictions, torch_cat_transf
-from ..prefetch import DevicePrefetcher, prefetch_applies
+from .history import TrainingHistory
+from .message_passing import MessageService
+from ..model.feeds import BatchFeed, CompiledFeed, ModelWrap, resolve_model
+from ..model.multi_loss_optim import MultiLoss, MultiOptimizer
+from ..model.predictions import append_predictions, torch_cat_transf
+from ..runtime.prefetch import DevicePrefetcher, prefetch_applies
 from . import loop_state
 from .callback import AbstractCallback, AbstractScheduler, StopTraining, TrainingInterrupted
 from .checks import (check_fit_inputs, check_fit_keywords, explain_step_failure, foreign_method_error,
@@ -113,7 +113,7 @@ class TrainLoop:
             batch size, so a smaller last batch does not count as much as a full one: the mean over samples).
             Also settable as ``loop.eval_loss_weighting`` before an evaluation.
         prefetch_to_device (bool or None): on a CUDA device, copy the next training batch to the GPU while the
-            current step runs (pinned memory, a side stream; ``aitoolbox_like.prefetch``), so the step does not wait
+            current step runs (pinned memory, a side stream; ``aitoolbox_like.runtime.prefetch``), so the step does not wait
             for its copy. None (default): when the train loader has worker processes (``num_workers > 0``), where
             taking the next batch early cannot change what the run computes; True: also with ``num_workers=0``
             (a dataset drawing random numbers in the training process then draws them in another order); False:
@@ -462,7 +462,7 @@ class TrainLoop:
         try:
             with default_console_output():
                 if self.gpu_mode in ('ddp', 'fsdp'):
-                    from ..distributed.launch import fit_ddp, fit_fsdp     # torch.multiprocessing: these modes only
+                    from .launch import fit_ddp, fit_fsdp     # torch.multiprocessing: these modes only
                     launch = fit_ddp if self.gpu_mode == 'ddp' else fit_fsdp
                     return launch(self, num_epochs, num_iterations, callbacks, grad_accumulation, **kwargs)
                 if self.gpu_mode == 'dp':

@@ -14,7 +14,7 @@ def find_cloud_checkpoint(storage, experiment_key):
     see :func:`checkpoint_order`): an object exists only once completely uploaded, and a sharded checkpoint counts
     once its marker (uploaded last) is there; its key is then the marker's, as ``resume_from`` accepts it.
     """
-    from ..sharded_checkpoint import MARKER, SUFFIX
+    from ..checkpoint.sharded import MARKER, SUFFIX
     folder = join_key(experiment_key.rstrip('/'), CHECKPOINT_DIR) + '/'
     best: Optional[Tuple[Tuple[int, float], str]] = None
     for key in storage.list(folder):

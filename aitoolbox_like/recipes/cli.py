@@ -227,8 +227,8 @@ def _continue_in(recipe: Recipe, experiment: str) -> None:
 
 def _read_train_state(storage: 'Storage', folder_key: str) -> Any:
     """The training state (``train_state.pt``) of the sharded checkpoint stored under ``folder_key``, alone."""
-    from ..checkpoint import load_checkpoint
-    from ..sharded_checkpoint import TRAIN_STATE_FILE
+    from ..checkpoint.files import load_checkpoint
+    from ..checkpoint.sharded import TRAIN_STATE_FILE
     key = f'{folder_key}/{TRAIN_STATE_FILE}'
     with tempfile.TemporaryDirectory(prefix='aitoolbox_like_resume_') as tmp:
         local = storage.load_file(key, os.path.join(tmp, TRAIN_STATE_FILE))
@@ -247,7 +247,7 @@ def _newest_checkpoint(experiment: str, endpoint_url: Optional[str] = None) -> T
     if not _is_cloud(experiment):
         return loop_state.load_resume_checkpoint(None, experiment)
     from ..experiment import CHECKPOINT_DIR, find_cloud_checkpoint
-    from ..sharded_checkpoint import MARKER
+    from ..checkpoint.sharded import MARKER
     storage, prefix = _cloud_experiment(experiment, endpoint_url)
     found = find_cloud_checkpoint(storage, prefix)
     if found is None:
@@ -295,7 +295,7 @@ def cmd_resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from ..checkpoint import CheckpointError
+    from ..checkpoint.files import CheckpointError
     # A local folder is made absolute once: the recipe's imports, the loop's results root and resume_from use it.
     experiment = args.experiment if _is_cloud(args.experiment) else \
         os.path.abspath(os.path.expanduser(args.experiment))

@@ -420,7 +420,7 @@ class Planner:
 
 def _launcher_arguments(name: str) -> Dict[str, Any]:
     """The ``fit`` arguments ``distributed.launch.<name>`` (fit_ddp / fit_fsdp) adds, with their types."""
-    from ..distributed import launch
+    from ..engine import launch
     launcher = getattr(launch, name)
     hints = type_hints_of(launcher)
     return {p.name: expected_type(p, hints) for p in recipe_parameters(launcher, skip_first=True) or ()

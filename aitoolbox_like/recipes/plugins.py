@@ -9,7 +9,7 @@ tuning/ (whose trials are recipes).
 from typing import Tuple
 
 #: Packages of callback modules above recipes (their callbacks are registered the first time the registry is asked).
-CALLBACK_PACKAGES: Tuple[str, ...] = ('aitoolbox_like.integrations',)
+CALLBACK_PACKAGES: Tuple[str, ...] = ('aitoolbox_like.adapters',)
 
 #: ``package.module:function``, each called with the parser's subparsers to add its subcommand (``tune``).
 SUBCOMMANDS: Tuple[str, ...] = ('aitoolbox_like.tuning.cli:add_tune_parser',)

@@ -4,12 +4,12 @@ result_package, loop).
 A recipe says ``{name: EarlyStopping, patience: 3}``; ``EarlyStopping`` is looked up in the registry of the
 section's kind. Built-in names need no registration (they are collected the first time a registry is asked):
 
-- ``callback``: every public callback class of ``aitoolbox_like.callbacks.*`` and ``aitoolbox_like.integrations.*``;
+- ``callback``: every public callback class of ``aitoolbox_like.callbacks.*`` and ``aitoolbox_like.adapters.*``;
 - ``optimizer``: every ``torch.optim.Optimizer`` subclass in ``torch.optim``;
 - ``scheduler``: every LR scheduler of ``torch.optim.lr_scheduler`` (a recipe drives it through
   :class:`~aitoolbox_like.callbacks.train_schedule.LRSchedulerCallback`) and our scheduler callbacks;
 - ``criterion``: every loss of ``torch.nn`` (the classes whose names end in ``Loss``);
-- ``result_package``: the result packages of ``aitoolbox_like.result_package``;
+- ``result_package``: the result packages of ``aitoolbox_like.results``;
 - ``loop``: ``TrainLoop`` and the tracking loops;
 - ``model``, ``data``: none; register yours.
 
@@ -198,7 +198,7 @@ def _public_classes(module: Any, base: Any) -> Iterator[Tuple[str, Any]]:
 
 def callback_modules() -> List[Any]:
     """Every module of ``aitoolbox_like.callbacks`` and of the packages :data:`.plugins.CALLBACK_PACKAGES` names
-    (``aitoolbox_like.integrations``), imported now (none imports an optional package at import time, so this works
+    (``aitoolbox_like.adapters``), imported now (none imports an optional package at import time, so this works
     without the extras). A module that fails to import anyway is left out with a warning."""
     from .. import callbacks
     from .plugins import CALLBACK_PACKAGES
@@ -250,8 +250,8 @@ def _builtin_criteria(registry: Registry) -> None:
 
 
 def _builtin_result_packages(registry: Registry) -> None:
-    from .. import result_package
-    from ..result_package.abstract import AbstractResultPackage
+    from .. import results as result_package
+    from ..results.abstract import AbstractResultPackage
     for name in result_package.__all__:
         cls = getattr(result_package, name)
         if inspect.isclass(cls) and issubclass(cls, AbstractResultPackage) and not name.startswith('Abstract'):

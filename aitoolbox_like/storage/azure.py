@@ -17,7 +17,7 @@ import os
 import re
 from typing import Any
 
-from .._typing import StrPath
+from ..runtime._typing import StrPath
 from .cloud import CloudStorage
 from .base import (StorageAuthError, StorageError, missing_client_error)
 from .local import write_atomically

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import re
 
-from .._typing import StrPath
+from ..runtime._typing import StrPath
 
 _DRIVE_RE = re.compile(r'^[A-Za-z]:')
 

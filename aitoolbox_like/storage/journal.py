@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .._typing import StrPath
+from ..runtime._typing import StrPath
 from .base import Storage
 from .local import exclusive_lock, remove_folder, write_text_atomically
 from .urls import storage_for_location

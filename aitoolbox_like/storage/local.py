@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
-from .._typing import StrPath
+from ..runtime._typing import StrPath
 from .base import Storage, validate_key
 
 logger = logging.getLogger(__name__)

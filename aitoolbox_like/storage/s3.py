@@ -8,7 +8,7 @@ import logging
 import os
 from typing import Any
 
-from .._typing import StrPath
+from ..runtime._typing import StrPath
 from .cloud import CloudStorage
 from .base import (StorageAuthError, StorageError, missing_client_error)
 

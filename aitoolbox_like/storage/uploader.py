@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from .._typing import StrPath
+from ..runtime._typing import StrPath
 from .base import Storage, StorageError
 from .local import remove_folder
 from .urls import is_transient_backend_error

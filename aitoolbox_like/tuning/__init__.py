@@ -13,10 +13,10 @@ or from Python, :func:`tune`. The pieces, so that another backend (Ray Tune) reu
 - :mod:`.optuna_backend`: the study in an Optuna storage, continued by running the same command again;
 - :mod:`.ray_backend`: the same study, its trials run by Ray Tune on a Ray cluster (``--backend ray``).
 
-:class:`OptunaPruning` (in :mod:`aitoolbox_like.integrations.optuna`) is the callback for an objective of your own
+:class:`OptunaPruning` (in :mod:`aitoolbox_like.adapters.optuna`) is the callback for an objective of your own
 around ``TrainLoop.fit``. Nothing here imports Optuna until a search runs (``pip install 'aitoolbox_like[tune]'``).
 """
-from ..integrations.optuna import OptunaPruning
+from ..adapters.optuna import OptunaPruning
 from .results import TrialRecord
 from .search import BACKENDS, PRUNERS, TuneResult, tune
 from .space import Param, TuneInputError, parse_param, parse_params

@@ -30,7 +30,7 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from ..integrations.optuna import import_optuna
+from ..adapters.optuna import import_optuna
 from ..storage.local import exclusive_lock
 from .results import TrialRecord
 from .space import Param, TuneInputError

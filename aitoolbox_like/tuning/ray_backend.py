@@ -33,7 +33,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .optuna_backend import (counts, load_study, mark_interrupted, objective, opened_study, quiet_optuna, records,
                              storage_url)
-from ..integrations.ray import QUIET_WORKER_LOGS_HOOK
+from ..adapters.ray import QUIET_WORKER_LOGS_HOOK
 from .results import TrialRecord
 from .trial import MonitorNotRecorded, StudySettings, TrialFailed
 

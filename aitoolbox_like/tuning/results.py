@@ -17,7 +17,7 @@ import math
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ..experiment.reporting import matplotlib_available, new_figure
+from ..results.reporting import matplotlib_available, new_figure
 from ..recipes.recipe import Recipe
 from ..storage.local import write_atomically
 from .space import override

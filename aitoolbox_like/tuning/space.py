@@ -24,8 +24,8 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..callbacks.abstract import AbstractScheduler
-from ..experiment.reporting import is_number
-from ..integrations._trial_report import TuneInputError
+from ..results.reporting import is_number
+from ..adapters._trial_report import TuneInputError
 from ..recipes.plan import Call
 from ..recipes.recipe import Recipe
 from ..recipes.schema import RecipeError, key_parts

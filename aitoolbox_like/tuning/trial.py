@@ -31,7 +31,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from ..callbacks.preemption import PreemptionCheckpoint
 # The per-epoch report and its error live below the Optuna callback that subclasses them; documented here too.
-from ..integrations._trial_report import MonitorNotRecorded, ReportFn, TrialReport
+from ..adapters._trial_report import MonitorNotRecorded, ReportFn, TrialReport
 from ..recipes.run_files import PROG, attach_run_files, command_line_text
 from ..recipes.recipe import Recipe
 from .space import Param, override

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from aitoolbox_like import TrainLoop, TTBasicModel
 from aitoolbox_like.callbacks.model_save import ModelIterationCheckpoint
 from aitoolbox_like.callbacks.performance_eval import ModelPerformanceEvaluation, ModelPerformancePrintReport
-from aitoolbox_like.result_package import ClassificationResultPackage
+from aitoolbox_like.results import ClassificationResultPackage
 
 
 class DigitsMLP(TTBasicModel):

@@ -1,4 +1,4 @@
-"""The state of other libraries' callbacks (aitoolbox_like.callbacks.foreign_state): what a callback holds in its
+"""The state of other libraries' callbacks (aitoolbox_like.adapters.foreign_state): what a callback holds in its
 attributes goes into a weights_only checkpoint and back into the callback of the resumed run, after that callback
 reset itself; the loop's own objects and settings stay out; a setting changed for the resumed run wins; what cannot
 be saved is named."""
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from aitoolbox_like.callbacks.foreign_state import Encoder, ForeignState
+from aitoolbox_like.adapters.foreign_state import Encoder, ForeignState
 
 
 class Mode(enum.Enum):

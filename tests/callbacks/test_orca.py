@@ -1,4 +1,4 @@
-"""BigDL Orca-style callbacks (aitoolbox_like.callbacks.orca): Orca 2.4.0's hook order and counters over a fit (its
+"""BigDL Orca-style callbacks (aitoolbox_like.adapters.orca): Orca 2.4.0's hook order and counters over a fit (its
 torch_runner.py), the tutorial's hook names beside Orca's, the tutorial's MainCallback usages as a user writes them
 with only the import changed, MainCallback with fp16 / gradient accumulation, runner.stop, the runner's statistics
 and checkpoints. Orca's own callback classes run from its wheel in `make orca-check` (tools/orca_check)."""
@@ -10,7 +10,7 @@ from torch import nn
 
 from aitoolbox_like import TrainLoop, TTBasicModel, TTModel
 from aitoolbox_like.callbacks.abstract import AbstractCallback
-from aitoolbox_like.callbacks.orca import (ORCA_HOOKS, TUTORIAL_HOOKS, Callback, MainCallBack, MainCallback, Runner,
+from aitoolbox_like.adapters.orca import (ORCA_HOOKS, TUTORIAL_HOOKS, Callback, MainCallBack, MainCallback, Runner,
                                            runner_for)
 
 
@@ -527,7 +527,7 @@ class LossDictNet(TTModel):
 
 def test_usage_1_a_model_computing_its_losses_as_the_tutorial_writes_it():
     # The tutorial's Usage 1, as a user writes it; only the import line changed:
-    # from aitoolbox_like.callbacks.orca import MainCallBack
+    # from aitoolbox_like.adapters.orca import MainCallBack
     class CustomMainCB(MainCallBack):
         def on_iter_forward(self, runner):
             # Forward features
@@ -827,7 +827,7 @@ class Plain(nn.Module):
 
 def test_a_plain_module_trains_with_a_main_callback_validated_in_one_forward_with_orca_s_metrics():
     from aitoolbox_like.callbacks.basic import EarlyStopping
-    from aitoolbox_like.callbacks.orca import Accuracy
+    from aitoolbox_like.adapters.orca import Accuracy
     stats = []
 
     class Stats(Callback):
@@ -941,7 +941,7 @@ def test_a_bigdl_callback_kept_on_its_bigdl_import_is_refused_naming_the_import_
     class Mine(BigDLMainCallback):
         pass
 
-    with pytest.raises(TypeError, match=r'derive Mine from aitoolbox_like\.callbacks\.orca'):
+    with pytest.raises(TypeError, match=r'derive Mine from aitoolbox_like\.adapters\.orca'):
         make_loop().fit(num_epochs=1, callbacks=[Mine()])
-    with pytest.raises(TypeError, match=r'from aitoolbox_like\.callbacks\.orca import MainCallback'):
+    with pytest.raises(TypeError, match=r'from aitoolbox_like\.adapters\.orca import MainCallback'):
         make_loop().fit(num_epochs=1, callbacks=[BigDLMainCallback()])

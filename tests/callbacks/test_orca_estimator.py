@@ -1,4 +1,4 @@
-"""Orca's Estimator over a TrainLoop (aitoolbox_like.callbacks.orca.Estimator), against Orca's TorchRunner written
+"""Orca's Estimator over a TrainLoop (aitoolbox_like.adapters.orca.Estimator), against Orca's TorchRunner written
 as a plain PyTorch loop: its creators, its data handling (each worker's batch_size, its shuffling DistributedSampler
 and the sampler's epoch), its statistics, callbacks per fit, evaluate, predict, save / load. Under torchrun with 2
 CPU ranks: docs/callbacks/orca.md's Estimator script (tests/docs)."""
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from aitoolbox_like.callbacks.orca import Accuracy, Callback, Estimator
+from aitoolbox_like.adapters.orca import Accuracy, Callback, Estimator
 
 X = torch.randn(40, 4, generator=torch.Generator().manual_seed(0))
 Y = (X[:, 0] > 0).long()

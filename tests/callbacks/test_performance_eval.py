@@ -11,7 +11,7 @@ from aitoolbox_like.callbacks.performance_eval import (MetricHistoryRename, Mode
                                                        ModelPerformancePrintReport, ModelTrainHistoryFileWriter,
                                                        ModelTrainHistoryPlot, TrainHistoryFormatter,
                                                        make_metric_figure)
-from aitoolbox_like.result_package import AbstractResultPackage, ClassificationResultPackage
+from aitoolbox_like.results import AbstractResultPackage, ClassificationResultPackage
 from helpers import MLP, loaders
 
 
@@ -191,7 +191,7 @@ class DeviceRecordingMetric:
 
 
 def test_torch_metrics_package_of_an_aitoolbox_style_metric_is_moved_reset_and_called():
-    from aitoolbox_like.result_package import TorchMetricsPackage
+    from aitoolbox_like.results import TorchMetricsPackage
 
     loop = make_loop()
     metric = DeviceRecordingMetric()
@@ -403,7 +403,7 @@ import sys
 import torch
 from aitoolbox_like import AbstractCallback, TrainLoop
 from aitoolbox_like.callbacks.performance_eval import ModelPerformanceEvaluation
-from aitoolbox_like.result_package import {package}
+from aitoolbox_like.results import {package}
 from helpers import MLP, loaders
 
 class Probe(AbstractCallback):

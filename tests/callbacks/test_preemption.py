@@ -25,7 +25,7 @@ from aitoolbox_like.callbacks.train_schedule import StepLRScheduler  # noqa: E40
 from aitoolbox_like.checkpoint import load_checkpoint  # noqa: E402
 from aitoolbox_like.experiment import bookkeeping_dir  # noqa: E402
 from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave  # noqa: E402
-from aitoolbox_like.result_package import ClassificationResultPackage  # noqa: E402
+from aitoolbox_like.results import ClassificationResultPackage  # noqa: E402
 from saving_helpers import assert_same_weights, make_parts, weights  # noqa: E402
 from fresh_process import FreshProcess  # noqa: E402
 

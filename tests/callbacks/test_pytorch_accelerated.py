@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from aitoolbox_like import TrainLoop, TTBasicModel
 from aitoolbox_like.callbacks.abstract import AbstractCallback
-from aitoolbox_like.callbacks.pytorch_accelerated import AcceleratedCallbacks
+from aitoolbox_like.adapters.pytorch_accelerated import AcceleratedCallbacks
 from helpers import classification_data, state_equal
 
 

@@ -1,4 +1,4 @@
-"""SuperGradients-style callbacks (aitoolbox_like.callbacks.supergradients): SG's method order over a fit, phase
+"""SuperGradients-style callbacks (aitoolbox_like.adapters.supergradients): SG's method order over a fit, phase
 callbacks with the real batch tensors and model outputs in their context, multi_process_safe, the SG page's
 SaveFirstBatchCallback."""
 import glob
@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from aitoolbox_like import MultiLoss, TrainLoop, distributed
 from aitoolbox_like.callbacks.abstract import AbstractCallback
-from aitoolbox_like.callbacks import supergradients as sg
-from aitoolbox_like.callbacks.supergradients import (SG_METHOD_HOOKS, Callback, Phase, PhaseCallback, PhaseContext,
+from aitoolbox_like.adapters import supergradients as sg
+from aitoolbox_like.adapters.supergradients import (SG_METHOD_HOOKS, Callback, Phase, PhaseCallback, PhaseContext,
                                                      multi_process_safe)
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 from helpers import EXAMPLES_DIR, ImageClassifier, image_batches
@@ -619,9 +619,9 @@ def test_phase_context_has_the_fields_the_sg_pages_name():
 # One line added: the page's on_training_start creates outputs_path but never stores it (self.outputs_path stays
 # None and the first save_image fails in SuperGradients too), so the copy stores it.
 
-from aitoolbox_like.callbacks.supergradients import Callback, PhaseContext  # noqa: E402,F811
-from aitoolbox_like.callbacks.supergradients import multi_process_safe  # noqa: E402,F811
-from aitoolbox_like.callbacks.supergradients import save_image  # noqa: E402
+from aitoolbox_like.adapters.supergradients import Callback, PhaseContext  # noqa: E402,F811
+from aitoolbox_like.adapters.supergradients import multi_process_safe  # noqa: E402,F811
+from aitoolbox_like.adapters.supergradients import save_image  # noqa: E402
 
 
 class SaveFirstBatchCallback(Callback):

@@ -11,7 +11,7 @@ from torch import nn
 
 from aitoolbox_like import TrainLoop
 from helpers import ImageClassifier, image_batches
-from aitoolbox_like.callbacks.supergradients import (AverageMeter, Callback, Phase, PhaseCallback, PhaseContext,
+from aitoolbox_like.adapters.supergradients import (AverageMeter, Callback, Phase, PhaseCallback, PhaseContext,
                                                      SGMetricCollection, TrainingParams, UnavailableFieldError)
 
 

@@ -15,7 +15,7 @@ from torch import nn
 from aitoolbox_like import TrainLoop
 from aitoolbox_like.callbacks.abstract import AbstractCallback
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint
-from aitoolbox_like.callbacks.supergradients import (Callback, LRCallbackBase, Phase, PhaseCallback,
+from aitoolbox_like.adapters.supergradients import (Callback, LRCallbackBase, Phase, PhaseCallback,
                                                      TrainingParams, TrainingParamsCallback)
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 from helpers import ImageClassifier, image_batches

@@ -11,7 +11,7 @@ from aitoolbox_like.callbacks.tensorboard import (TensorboardFullTracking, Tenso
                                                   TensorboardLearningRate, TensorboardModelGraph,
                                                   TensorboardParameterHistograms, TensorboardTrainBatchLoss,
                                                   TensorboardTrainHistoryMetric)
-from aitoolbox_like.result_package import ClassificationResultPackage
+from aitoolbox_like.results import ClassificationResultPackage
 from helpers import MLP, loaders
 
 pytest.importorskip('tensorboard')

@@ -15,7 +15,7 @@ from aitoolbox_like.callbacks.abstract import AbstractCallback
 from aitoolbox_like.callbacks.model_save import ModelTrainEndSave
 from aitoolbox_like.callbacks.weight_averaging import ExponentialMovingAverage, StochasticWeightAveraging
 from aitoolbox_like.checkpoint import check_weights_only_safe, load_checkpoint
-from aitoolbox_like.result_package.basic import ClassificationResultPackage
+from aitoolbox_like.results.basic import ClassificationResultPackage
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 from helpers import MLP, classification_data, loaders
 

@@ -13,9 +13,9 @@ from aitoolbox_like.cloud.AWS.model_save import KerasS3ModelSaver, PyTorchS3Mode
 from aitoolbox_like.cloud.AWS.results_save import S3ResultsSaver
 from aitoolbox_like.cloud.AWS.simple_email_service import SESSender
 from aitoolbox_like.cloud.GoogleCloud.model_load import PyTorchGoogleStorageModelLoader
-from aitoolbox_like.experiment.model_loader import AbstractLocalModelLoader, PyTorchLocalModelLoader
-from aitoolbox_like.history import TrainingHistory
-from aitoolbox_like.result_package import ClassificationResultPackage
+from aitoolbox_like.results.model_loader import AbstractLocalModelLoader, PyTorchLocalModelLoader
+from aitoolbox_like.engine.history import TrainingHistory
+from aitoolbox_like.results import ClassificationResultPackage
 from cloud_servers import gcs_server  # noqa: F401  (pytest fixture)
 from s3_server import make_bucket, s3_server  # noqa: F401  (pytest fixture)
 

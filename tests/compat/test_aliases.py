@@ -72,7 +72,7 @@ def test_aliases_are_our_modules_not_copies():
     assert aliased is basic
     assert basic.__spec__.name == 'aitoolbox_like.callbacks.basic'      # our module keeps its own identity
     from aitoolbox_like.experiment.result_package.basic_packages import ClassificationResultPackage
-    from aitoolbox_like.result_package import ClassificationResultPackage as ours
+    from aitoolbox_like.results import ClassificationResultPackage as ours
     assert ClassificationResultPackage is ours
 
 

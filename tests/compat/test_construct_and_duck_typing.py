@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from aitoolbox_like import AbstractCallback, TrainLoop, TTModel
-from aitoolbox_like.result_package import HFEvaluateResultPackage, TorchMetricsPackage
+from aitoolbox_like.results import HFEvaluateResultPackage, TorchMetricsPackage
 from helpers import MLP, loaders, state_equal
 
 

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'ddp
 
 from aitoolbox_like import TrainLoop                                   # noqa: E402
 from aitoolbox_like.callbacks.ddp import InMultiProcessDataLoad         # noqa: E402
-from aitoolbox_like.ddp_launch import DDPWorkerError                   # noqa: E402
+from aitoolbox_like.engine.launch import DDPWorkerError                   # noqa: E402
 from aitoolbox_like.distributed import distribute_loader, find_free_port  # noqa: E402
 from ddp_common import (MarkRun, PredictOnRankZero, Regressor, SaveFinalWeights,  # noqa: E402
                         SaveMicroBatchGradients, SavePredictions, StopOnRank, build_validation_loader,

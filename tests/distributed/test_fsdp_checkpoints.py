@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'ddp_scripts'))
 
-from aitoolbox_like import sharded_checkpoint  # noqa: E402
+from aitoolbox_like.checkpoint import sharded as sharded_checkpoint  # noqa: E402
 from aitoolbox_like.callbacks.preemption import PreemptionCheckpoint  # noqa: E402
 from aitoolbox_like.checkpoint import load_checkpoint  # noqa: E402
 from aitoolbox_like.experiment import LATEST_POINTER, find_cloud_checkpoint, read_pointer  # noqa: E402

@@ -15,10 +15,10 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'ddp_scripts'))
 
-from aitoolbox_like import sharded_checkpoint  # noqa: E402
+from aitoolbox_like.checkpoint import sharded as sharded_checkpoint  # noqa: E402
 from aitoolbox_like.callbacks.preemption import PreemptionCheckpoint  # noqa: E402
 from aitoolbox_like.checkpoint import load_checkpoint  # noqa: E402
-from aitoolbox_like.ddp_launch import DDPWorkerError  # noqa: E402
+from aitoolbox_like.engine.launch import DDPWorkerError  # noqa: E402
 from aitoolbox_like.experiment import LATEST_POINTER, read_pointer  # noqa: E402
 from fsdp_common import callbacks, shard_each_layer  # noqa: E402
 from fsdp_defects_common import (SLOW_COPY_ENV, FailNextFetch, RecordStepWaits, SaveWholeWeightsAfter,  # noqa: E402

@@ -18,10 +18,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from aitoolbox_like import TrainLoop, TTModel
-from aitoolbox_like import distributed, parallel
+from aitoolbox_like import distributed
+from aitoolbox_like.distributed import parallel
 from aitoolbox_like.distributed import find_free_port
 from aitoolbox_like.model import MultiGPUModelWrap, TTBasicMultiGPUModel
-from aitoolbox_like.parallel import TTDataParallel, TTDistributedDataParallel, TTParallelBase
+from aitoolbox_like.distributed.parallel import TTDataParallel, TTDistributedDataParallel, TTParallelBase
 
 
 class ScaledRegressor(TTModel):

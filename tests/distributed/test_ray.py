@@ -14,7 +14,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from aitoolbox_like.checkpoint import load_checkpoint
-from aitoolbox_like.integrations.ray import CHECKPOINT_FILE_NAME, RayTrainReport
+from aitoolbox_like.adapters.ray import CHECKPOINT_FILE_NAME, RayTrainReport
 from helpers import state_equal
 from s3_server import make_bucket, s3_server  # noqa: F401  (pytest fixture)
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from aitoolbox_like import AbstractCallback, slurm
+from aitoolbox_like import AbstractCallback
+from aitoolbox_like.distributed import slurm
 from aitoolbox_like.callbacks.basic import Timer
 from aitoolbox_like.callbacks.preemption import find_preemption_callback
 from aitoolbox_like.checkpoint import load_checkpoint

@@ -251,7 +251,7 @@ def extra_keywords(obj):
     """Keywords a ``**kwargs`` is documented to take: TrainLoop.fit passes them to the gpu_mode's launcher."""
     from aitoolbox_like import TrainLoop
     if getattr(obj, '__qualname__', '') == TrainLoop.fit.__qualname__:
-        from aitoolbox_like.ddp_launch import fit_ddp, fit_fsdp
+        from aitoolbox_like.engine.launch import fit_ddp, fit_fsdp
         from aitoolbox_like.engine.checks import launcher_parameters
         return set(launcher_parameters(fit_ddp)) | set(launcher_parameters(fit_fsdp)) | {'dp_model_args'}
     return None

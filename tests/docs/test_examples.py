@@ -6,7 +6,7 @@ import matplotlib.image
 import pytest
 
 from aitoolbox_like.checkpoint import load_checkpoint
-from aitoolbox_like.integrations.ray import CHECKPOINT_FILE_NAME
+from aitoolbox_like.adapters.ray import CHECKPOINT_FILE_NAME
 
 from helpers import EXAMPLES_DIR, load_example
 
@@ -60,7 +60,7 @@ def test_ray_train_example_learns_and_a_second_run_of_the_same_name_continues_it
     import ray
     from ray.train import Checkpoint
 
-    from aitoolbox_like.integrations.ray import QUIET_WORKER_LOGS_HOOK
+    from aitoolbox_like.adapters.ray import QUIET_WORKER_LOGS_HOOK
 
     monkeypatch.setenv('OMP_NUM_THREADS', '1')      # inherited by Ray's workers
     # Ray's workers import the example's train_fn by its module name.

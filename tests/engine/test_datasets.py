@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from aitoolbox_like.datasets import BasicDataset, ListDataset
+from aitoolbox_like.model.datasets import BasicDataset, ListDataset
 
 
 def test_basic_dataset_indexes_rows_of_lists_and_tensors():

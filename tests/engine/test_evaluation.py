@@ -6,7 +6,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from aitoolbox_like import TrainLoop
 from aitoolbox_like.callbacks.performance_eval import ModelPerformanceEvaluation
-from aitoolbox_like.result_package import ClassificationResultPackage
+from aitoolbox_like.results import ClassificationResultPackage
 from helpers import MLP, loaders
 
 TRAIN, VAL = 0.0, 1.0       # the first feature of every sample says which set it comes from

@@ -16,10 +16,10 @@ from aitoolbox_like.callbacks.gradient import GradNormClip
 from aitoolbox_like.callbacks.performance_eval import ModelPerformanceEvaluation
 from aitoolbox_like.callbacks.train_schedule import (GeneralLRSchedulerCallback, LambdaLRScheduler,
                                                      LinearWithWarmupScheduler, LRSchedulerCallback)
-from aitoolbox_like.huggingface import HFFeedDefinition, HFModelWrap, is_transformers_schedule
+from aitoolbox_like.model.huggingface import HFFeedDefinition, HFModelWrap, is_transformers_schedule
 from aitoolbox_like.model import MultiGPUModelWrap
-from aitoolbox_like.param_groups import decay_parameter_names, weight_decay_param_groups
-from aitoolbox_like.result_package import ClassificationResultPackage
+from aitoolbox_like.model.param_groups import decay_parameter_names, weight_decay_param_groups
+from aitoolbox_like.results import ClassificationResultPackage
 
 pytestmark = pytest.mark.xdist_group('transformers')
 

@@ -5,7 +5,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from aitoolbox_like import AbstractCallback, TrainLoop
-from aitoolbox_like.message_passing import Message, MessageHandling, MessageService
+from aitoolbox_like.engine.message_passing import Message, MessageHandling, MessageService
 from helpers import MLP, classification_data
 
 KEEP, EPOCH, READ, OVERWRITE = (MessageHandling.KEEP_FOREVER, MessageHandling.UNTIL_END_OF_EPOCH,

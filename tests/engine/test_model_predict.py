@@ -12,13 +12,13 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from aitoolbox_like import AbstractCallback, ModelWrap, TTModel
-from aitoolbox_like.experiment.reporting import matplotlib_available
+from aitoolbox_like.results.reporting import matplotlib_available
 from aitoolbox_like.model import AbstractModelFeedDefinition
 from aitoolbox_like.model_predict import PyTorchModelPredictor
-from aitoolbox_like.multi_loss_optim import MultiLoss
-from aitoolbox_like.result_package.abstract import AbstractResultPackage
-from aitoolbox_like.result_package.basic import ClassificationResultPackage
-from aitoolbox_like.result_package.metrics import AccuracyMetric
+from aitoolbox_like.model.multi_loss_optim import MultiLoss
+from aitoolbox_like.results.abstract import AbstractResultPackage
+from aitoolbox_like.results.basic import ClassificationResultPackage
+from aitoolbox_like.results.metrics import AccuracyMetric
 from helpers import MLP, PlainMLP, classification_data
 
 from s3_server import make_bucket, s3_server  # noqa: F401  (pytest fixture)

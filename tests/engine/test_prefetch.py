@@ -1,4 +1,4 @@
-"""The CPU side of prefetching batches to the GPU (aitoolbox_like.prefetch): the order and the one-batch lead, what
+"""The CPU side of prefetching batches to the GPU (aitoolbox_like.runtime.prefetch): the order and the one-batch lead, what
 is moved and what is left to the model, when a fit prefetches, and a fit through the prefetcher equal to the bit to
 one without it (also across a resume in the middle of an epoch). The copies and streams run in tests/gpu."""
 import collections
@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from aitoolbox_like import TTBasicModel
 from aitoolbox_like.engine import train_loop as train_loop_module
-from aitoolbox_like.prefetch import DevicePrefetcher, move_batch, prefetch_applies
+from aitoolbox_like.runtime.prefetch import DevicePrefetcher, move_batch, prefetch_applies
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 
 

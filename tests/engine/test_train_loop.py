@@ -21,7 +21,7 @@ def test_import_does_not_load_optional_heavy_packages():
     # torch's FSDP, DTensor and distributed checkpoint modules too: about a second of every process start (each
     # restart of an elastic run), needed only once something is sharded.
     code = ('import sys, aitoolbox_like, aitoolbox_like.train_loop, aitoolbox_like.callbacks.basic, '
-            'aitoolbox_like.callbacks.model_save, aitoolbox_like.ddp_launch; '
+            'aitoolbox_like.callbacks.model_save, aitoolbox_like.engine.launch; '
             'print(sorted(m for m in ("boto3", "tensorboard", "matplotlib", "torchvision", "sklearn", '
             '"torchmetrics", "torch.distributed.fsdp", "torch.distributed.tensor", "torch.distributed.checkpoint") '
             'if m in sys.modules))')

@@ -11,10 +11,10 @@ import time
 import pytest
 import torch
 
-from aitoolbox_like.experiment.reporting import matplotlib_available
+from aitoolbox_like.results.reporting import matplotlib_available
 from aitoolbox_like.callbacks.abstract import AbstractCallback
 from aitoolbox_like.experiment import bookkeeping_dir, read_pointer
-from aitoolbox_like.result_package.basic import ClassificationResultPackage
+from aitoolbox_like.results.basic import ClassificationResultPackage
 # AIToolbox's loops, as its module paths serve them (its end-of-epoch evaluation: 'loss' is in their history).
 from aitoolbox_like.torchtrain.train_loop import TrainLoopCheckpoint, TrainLoopCheckpointEndSave
 from s3_server import make_bucket, s3_env  # noqa: F401  (fixture)

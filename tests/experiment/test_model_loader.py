@@ -6,8 +6,8 @@ import torch
 
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint
 from aitoolbox_like.checkpoint import CheckpointError
-from aitoolbox_like.experiment.model_loader import AbstractLocalModelLoader, PyTorchLocalModelLoader
-from aitoolbox_like.result_package.basic import ClassificationResultPackage
+from aitoolbox_like.results.model_loader import AbstractLocalModelLoader, PyTorchLocalModelLoader
+from aitoolbox_like.results.basic import ClassificationResultPackage
 from aitoolbox_like.train_loop import TrainLoop
 from aitoolbox_like.tracking import TrainLoopCheckpointEndSave
 from saving_helpers import Net, assert_same_weights, make_parts, weights

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from aitoolbox_like.callbacks.performance_eval import ModelPerformanceEvaluation, ModelTrainHistoryPlot
-from aitoolbox_like.experiment.reporting import TrainingHistoryPlotter, train_val_pairs
-from aitoolbox_like.result_package.basic import ClassificationResultPackage
+from aitoolbox_like.results.reporting import TrainingHistoryPlotter, train_val_pairs
+from aitoolbox_like.results.basic import ClassificationResultPackage
 from aitoolbox_like.tracking import TrainLoopCheckpointEndSave
 from helpers import MLP, experiment_dir, loaders
 

@@ -6,9 +6,9 @@ import zipfile
 import pytest
 import torch
 
-from aitoolbox_like.experiment.reporting import (GradientPlotter, HyperParamSourceReporter, TrainingHistoryPlotter,
+from aitoolbox_like.results.reporting import (GradientPlotter, HyperParamSourceReporter, TrainingHistoryPlotter,
                                                  TrainingHistoryWriter)
-from aitoolbox_like.history import TrainingHistory
+from aitoolbox_like.engine.history import TrainingHistory
 
 pytest.importorskip('matplotlib')
 

@@ -1,4 +1,4 @@
-"""Tests of aitoolbox_like.result_package: numbers checked against scikit-learn called directly."""
+"""Tests of aitoolbox_like.results: numbers checked against scikit-learn called directly."""
 
 import functools
 import json
@@ -10,7 +10,7 @@ import pytest
 import torch
 from sklearn import metrics as skm
 
-from aitoolbox_like.result_package import (
+from aitoolbox_like.results import (
     AbstractBaseMetric, AbstractResultPackage, AccuracyMetric, BinaryClassificationResultPackage,
     ClassificationResultPackage, F1ScoreMetric, GeneralResultPackage, MeanAbsoluteErrorMetric,
     MeanSquaredErrorMetric, MultipleResultPackageWrapper, PrecisionMetric, PrecisionRecallCurveAUCMetric,
@@ -436,7 +436,7 @@ def test_torchmetrics_package_collection_dict_and_non_scalar():
 
 
 def test_import_is_light():
-    code = ('import sys, aitoolbox_like.result_package; '
+    code = ('import sys, aitoolbox_like.results; '
             'print(sorted(m for m in ("sklearn", "torchmetrics") if m in sys.modules))')
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == '[]'

@@ -7,15 +7,15 @@ import pickle
 import pytest
 import torch
 
-from aitoolbox_like.experiment import savers
-from aitoolbox_like.experiment.model_loader import PyTorchLocalModelLoader
-from aitoolbox_like.experiment.reporting import matplotlib_available
-from aitoolbox_like.experiment.savers import (AbstractExperimentSaver, ExperimentFolder,
+from aitoolbox_like.results import savers
+from aitoolbox_like.results.model_loader import PyTorchLocalModelLoader
+from aitoolbox_like.results.reporting import matplotlib_available
+from aitoolbox_like.results.savers import (AbstractExperimentSaver, ExperimentFolder,
                                               FullPyTorchExperimentGoogleStorageSaver, FullPyTorchExperimentLocalSaver,
                                               FullPyTorchExperimentS3Saver, LocalResultsSaver,
                                               LocalSubOptimalModelRemover, PyTorchLocalModelSaver)
-from aitoolbox_like.history import TrainingHistory
-from aitoolbox_like.result_package.basic import ClassificationResultPackage
+from aitoolbox_like.engine.history import TrainingHistory
+from aitoolbox_like.results.basic import ClassificationResultPackage
 from saving_helpers import Net, assert_same_weights, data, weights
 
 TS = '2024-05-01_10-00-00'

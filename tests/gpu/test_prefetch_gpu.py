@@ -1,4 +1,4 @@
-"""Batches prefetched to the GPU (aitoolbox_like.prefetch): a fit with the default callbacks makes no host sync at
+"""Batches prefetched to the GPU (aitoolbox_like.runtime.prefetch): a fit with the default callbacks makes no host sync at
 all (it runs under ``torch.cuda.set_sync_debug_mode('error')``), prefetching gives the weights of the same fit
 without it to the bit, and a batch element the loop cannot move is left to the model."""
 import pytest

@@ -19,10 +19,10 @@ ALLOWED_THIRD_PARTY_PRIVATES = {
     ('aitoolbox_like.storage.s3', '_request_signer'),
     ('aitoolbox_like.storage.s3', '_credentials'),
     # pytorch-accelerated's RunHistory moves its epoch only by these two, which its own Trainer calls.
-    ('aitoolbox_like.callbacks.pytorch_accelerated', '_set_epoch'),
-    ('aitoolbox_like.callbacks.pytorch_accelerated', '_increment_epoch'),
+    ('aitoolbox_like.adapters.pytorch_accelerated', '_set_epoch'),
+    ('aitoolbox_like.adapters.pytorch_accelerated', '_increment_epoch'),
     # os._exit is public (the documented way to end a process without interpreter clean-up).
-    ('aitoolbox_like.distributed.launch', '_exit'),
+    ('aitoolbox_like.engine.launch', '_exit'),
     ('aitoolbox_like.distributed.slurm', '_exit'),
     ('aitoolbox_like.callbacks.health', '_exit'),
     # sys._current_frames() is documented (the sys module's docs) as the way to read another thread's stack.
@@ -120,16 +120,17 @@ def test_the_engine_lies_below_the_callback_library_and_names_it_only_by_the_pat
     assert figures['floor_of']['engine'] < figures['floor_of']['callbacks']
     offenders = [(module, target) for module, targets in _graph(type_checking=True).items()
                  if module.startswith('aitoolbox_like.engine') for target in targets
-                 if target == 'aitoolbox_like.callbacks' or target.startswith('aitoolbox_like.callbacks.')]
+                 if target.split('.')[:2] in (['aitoolbox_like', 'callbacks'], ['aitoolbox_like', 'adapters'])]
     assert offenders == []
     # The library's names in the engine: the function a fit adds its default callbacks with, and the adapters of
-    # other libraries' callbacks; each names a function that exists.
+    # other libraries' callbacks (adapters/, above the callbacks); each names a function that exists.
     from aitoolbox_like.callbacks.defaults import add_default_callbacks
-    from aitoolbox_like.callbacks.pytorch_accelerated import adopt_callbacks
+    from aitoolbox_like.adapters.pytorch_accelerated import adopt_callbacks
     from aitoolbox_like.engine import handler, train_loop
     named = [(module, node.value) for module, path in MODULES.items() if module.startswith('aitoolbox_like.engine')
              for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant)
-             and isinstance(node.value, str) and node.value.startswith('aitoolbox_like.callbacks')]
+             and isinstance(node.value, str) and node.value.startswith(('aitoolbox_like.callbacks',
+                                                                         'aitoolbox_like.adapters'))]
     assert sorted(named) == sorted([('aitoolbox_like.engine.handler', path)
                                     for path in handler.FOREIGN_CALLBACK_ADAPTERS.values()]
                                    + [('aitoolbox_like.engine.train_loop', train_loop.DEFAULT_CALLBACKS)])
@@ -144,7 +145,7 @@ def test_importing_the_loop_loads_the_engine_and_no_callback_library():
     loaded = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout.split()
     assert 'aitoolbox_like.engine.train_loop' in loaded
     above = ('aitoolbox_like.callbacks', 'aitoolbox_like.tracking', 'aitoolbox_like.recipes', 'aitoolbox_like.tuning',
-             'aitoolbox_like.integrations', 'aitoolbox_like.model_predict', 'aitoolbox_like.distributed.launch')
+             'aitoolbox_like.adapters', 'aitoolbox_like.model_predict', 'aitoolbox_like.engine.launch')
     assert [m for m in loaded if m.startswith(above)] == []
 
 
@@ -203,3 +204,30 @@ def test_no_module_outside_storage_imports_a_backend():
 
 def test_package_entrances_hold_no_logic():
     assert _house()['init_with_logic'] == []     # an __init__.py only imports and re-exports
+
+
+# Modules (not packages) that may only re-export: the design's documented entrance, TrainLoop and the tracking loops
+# together (AIToolbox's train_loop package offers them so).
+REEXPORT_ENTRANCES = {'aitoolbox_like.train_loop'}
+
+
+def _defines_something(tree):
+    """A def, a class, or an assignment other than ``__all__`` at module level."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return True
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(not (isinstance(t, ast.Name) and t.id == '__all__') for t in targets):
+                return True
+    return False
+
+
+def test_no_module_only_re_exports_outside_compat():
+    """A module whose code is all imports is a second path to names defined elsewhere: one path per name (compat/
+    serves AIToolbox's, and packages' __init__.py offer their room's names)."""
+    offenders = [module for module, path in sorted(MODULES.items())
+                 if path.name != '__init__.py' and not module.startswith('aitoolbox_like.compat')
+                 and module not in REEXPORT_ENTRANCES and module != 'aitoolbox_like.__main__'
+                 and not _defines_something(ast.parse(path.read_text()))]
+    assert offenders == []

@@ -94,7 +94,7 @@ def test_where_no_start_up_hook_runs_torchvision_fails_and_the_library_prepares_
 import json
 import torch
 from aitoolbox_like.callbacks.visualization import SaveBatchImages
-from aitoolbox_like.result_package.basic import TorchMetricsPackage
+from aitoolbox_like.results.basic import TorchMetricsPackage
 SaveBatchImages()
 import torchvision.utils
 from torchmetrics import Accuracy
@@ -110,7 +110,7 @@ def test_a_missing_torchvision_or_torchmetrics_is_named_with_the_extra_that_inst
     seen = run_python(NOT_INSTALLED.replace('NAMES', repr({'torchvision', 'torchmetrics'})) + '''
 import json
 from aitoolbox_like.callbacks.visualization import SaveBatchImages
-from aitoolbox_like.result_package.basic import AccuracyMetric, TorchMetricsPackage
+from aitoolbox_like.results.basic import AccuracyMetric, TorchMetricsPackage
 errors = {}
 for name, make in [('SaveBatchImages', SaveBatchImages), ('TorchMetricsPackage', lambda: TorchMetricsPackage([AccuracyMetric]))]:
     try:
@@ -131,7 +131,7 @@ def test_a_torchvision_that_fails_to_import_is_reported_as_installed_but_broken(
     seen = run_python('''
 import json
 from aitoolbox_like.callbacks.visualization import SaveBatchImages
-from aitoolbox_like.result_package.basic import AccuracyMetric, TorchMetricsPackage
+from aitoolbox_like.results.basic import AccuracyMetric, TorchMetricsPackage
 errors = {}
 for name, make in [('SaveBatchImages', SaveBatchImages), ('TorchMetricsPackage', lambda: TorchMetricsPackage([AccuracyMetric]))]:
     try:
@@ -151,7 +151,7 @@ SAVE_IMAGES = '''
 import json
 import sys
 import torch
-from aitoolbox_like.callbacks.supergradients import save_image
+from aitoolbox_like.adapters.supergradients import save_image
 torch.manual_seed(0)
 save_image(torch.rand(5, 3, 8, 8), 'colour.png', nrow=2)
 save_image(torch.randn(4, 1, 6, 6) * 3, 'grey_normalized.png', nrow=3, padding=1, normalize=True)

@@ -12,7 +12,7 @@ from aitoolbox_like.recipes import Recipe, RecipeError
 from aitoolbox_like.recipes.cli import main
 from aitoolbox_like.recipes.reference import reference_entries
 from aitoolbox_like.recipes.registry import REGISTRIES
-from aitoolbox_like.result_package import ClassificationResultPackage
+from aitoolbox_like.results import ClassificationResultPackage
 
 PARTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'recipe_parts.py')
 

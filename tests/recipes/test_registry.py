@@ -10,7 +10,7 @@ from aitoolbox_like.callbacks.basic import EarlyStopping
 from aitoolbox_like.callbacks.train_schedule import CosineScheduler
 from aitoolbox_like.recipes import UnknownNameError, lookup, register_callback, register_model
 from aitoolbox_like.recipes.registry import REGISTRIES, Registry, callback_modules
-from aitoolbox_like.result_package import ClassificationResultPackage
+from aitoolbox_like.results import ClassificationResultPackage
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 from aitoolbox_like.train_loop import TrainLoop
 
@@ -106,7 +106,7 @@ def test_the_core_does_not_import_the_recipes_package():
     offenders = []
     for path in package.rglob('*.py'):
         relative = path.relative_to(package)
-        if relative.parts[0] in ('recipes', 'tuning', 'integrations') or relative.name == '__main__.py':
+        if relative.parts[0] in ('recipes', 'tuning', 'adapters') or relative.name == '__main__.py':
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \

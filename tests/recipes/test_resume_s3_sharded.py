@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from aitoolbox_like import sharded_checkpoint
+from aitoolbox_like.checkpoint import sharded as sharded_checkpoint
 from aitoolbox_like.experiment import find_cloud_checkpoint
 from aitoolbox_like.recipes.cli import main
 from aitoolbox_like.storage.s3 import S3Storage

@@ -16,7 +16,7 @@ from aitoolbox_like.callbacks.model_save import ModelCheckpoint, ModelIterationC
 from aitoolbox_like.callbacks.train_schedule import StepLRScheduler
 from aitoolbox_like.checkpoint import AsyncCheckpointWriter, CheckpointError, load_checkpoint
 from aitoolbox_like.experiment import bookkeeping_dir, read_pointer
-from aitoolbox_like.result_package import ClassificationResultPackage
+from aitoolbox_like.results import ClassificationResultPackage
 from aitoolbox_like.train_loop import TrainLoop
 from saving_helpers import assert_same_weights, make_parts, weights
 

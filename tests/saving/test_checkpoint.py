@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from aitoolbox_like.checkpoint import (FORMAT_VERSION, CheckpointError, atomic_torch_save,
+from aitoolbox_like.checkpoint.files import (FORMAT_VERSION, CheckpointError, atomic_torch_save,
                                        check_weights_only_safe, load_checkpoint)
 
 _EXECUTED = []

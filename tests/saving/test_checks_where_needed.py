@@ -12,7 +12,7 @@ from aitoolbox_like import AbstractCallback, TrainLoop
 from aitoolbox_like.callbacks.abstract import AbstractExperimentCallback
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint
 from aitoolbox_like.experiment import BEST_POINTER, ExperimentUploader, read_pointer
-from aitoolbox_like.result_package.basic import ClassificationResultPackage
+from aitoolbox_like.results.basic import ClassificationResultPackage
 from aitoolbox_like.storage import StorageUnreachableError
 from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave
 from saving_helpers import make_parts

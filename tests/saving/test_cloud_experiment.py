@@ -19,8 +19,8 @@ from aitoolbox_like import AbstractCallback
 from aitoolbox_like.callbacks.basic import EarlyStopping
 from aitoolbox_like.callbacks.train_schedule import StepLRScheduler
 from aitoolbox_like.experiment import PENDING_UPLOADS, ExperimentUploader, bookkeeping_dir, find_cloud_checkpoint
-from aitoolbox_like.experiment.reporting import matplotlib_available
-from aitoolbox_like.result_package.basic import ClassificationResultPackage
+from aitoolbox_like.results.reporting import matplotlib_available
+from aitoolbox_like.results.basic import ClassificationResultPackage
 from aitoolbox_like.storage import StorageError, StorageUnreachableError
 from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave
 from saving_helpers import assert_same_weights, make_parts, weights

@@ -11,8 +11,8 @@ import torch
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint
 from aitoolbox_like.checkpoint import load_checkpoint
 from aitoolbox_like.experiment import BEST_POINTER, bookkeeping_dir, read_pointer
-from aitoolbox_like.experiment.reporting import matplotlib_available
-from aitoolbox_like.result_package.basic import ClassificationResultPackage
+from aitoolbox_like.results.reporting import matplotlib_available
+from aitoolbox_like.results.basic import ClassificationResultPackage
 from aitoolbox_like.train_loop import TrainLoop
 from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave, TrainLoopEndSave
 from saving_helpers import assert_same_weights, make_parts, weights
@@ -192,7 +192,7 @@ def test_tracking_loops_compile_and_weight_the_loss_by_sample_like_a_trainloop(c
 
 def test_tracking_loops_take_aitoolbox_s_positional_order(tmp_path):
     # AIToolbox code passes the loop's own arguments by position after the saver's.
-    from aitoolbox_like.predictions import append_predictions, torch_cat_transf
+    from aitoolbox_like.model.predictions import append_predictions, torch_cat_transf
     model, train, val, test, optimizer, criterion = _parts()
     loop = TrainLoopCheckpoint(model, train, val, test, optimizer, criterion, 'proj', 'exp', str(tmp_path), {}, None,
                                'bucket', '', (), False, 2, 0, append_predictions, torch_cat_transf, 3, True, False,

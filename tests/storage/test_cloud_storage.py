@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from aitoolbox_like import sharded_checkpoint
+from aitoolbox_like.checkpoint import sharded as sharded_checkpoint
 from aitoolbox_like.storage import StorageAuthError, StorageError, open_storage, storage_for_mode
 from aitoolbox_like.storage.urls import storage_for_location
 

@@ -6,7 +6,7 @@ rank against a fraction of a second of training. Here those ranks come from Pyth
 per pytest worker, started at the first such fit, imports those modules once, and each rank is a fork of it.
 
 Everything of the library's spawn path still runs: the pickled loop, the rendezvous, the ranks' results and failure
-reports, :class:`~aitoolbox_like.ddp_launch.DDPWorkerError`. Like a spawned rank, a forked one gets the caller's
+reports, :class:`~aitoolbox_like.engine.launch.DDPWorkerError`. Like a spawned rank, a forked one gets the caller's
 ``sys.path`` and working directory (multiprocessing sends them), and, from :func:`_in_callers_environment`, what a
 server would otherwise give it from its own start: the caller's environment as it is at this fit, its stdout and
 stderr as they are now (pytest's capture of this test), and the thread count a fresh interpreter would read from
@@ -28,7 +28,7 @@ _torch_start_processes = torch.multiprocessing.start_processes
 
 #: What every rank imports, in the server once.
 PRELOAD = ['torch', 'torch._dynamo', 'torch.distributed', 'torch.distributed.fsdp', 'aitoolbox_like',
-           'aitoolbox_like.ddp_launch']
+           'aitoolbox_like.engine.launch']
 
 
 class _CallersFd:

@@ -101,7 +101,7 @@ def test_a_nan_value_or_an_unrecorded_monitor_fails_the_fit():
 def test_it_is_a_registered_callback_and_importing_it_needs_no_optuna():
     assert lookup('callback', 'OptunaPruning') is OptunaPruning
     code = ('import sys; sys.modules["optuna"] = None\n'           # `import optuna` now fails
-            'import aitoolbox_like.tuning, aitoolbox_like.integrations.optuna as m\n'
+            'import aitoolbox_like.tuning, aitoolbox_like.adapters.optuna as m\n'
             'from aitoolbox_like.recipes.registry import lookup\n'
             'assert lookup("callback", "OptunaPruning") is aitoolbox_like.tuning.OptunaPruning\n'
             'try:\n'

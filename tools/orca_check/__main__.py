@@ -1,5 +1,5 @@
 """make orca-check: BigDL Orca 2.4.0's own PyTorch callback classes, with only their import lines changed, run on
-the TrainLoop through aitoolbox_like.callbacks.orca, against what Orca's own tests expect.
+the TrainLoop through aitoolbox_like.adapters.orca, against what Orca's own tests expect.
 
     python -m tools.orca_check [--min-classes N] [--min-expectations K] [--keep]
 
@@ -84,7 +84,7 @@ def main() -> int:
         if args.show_imports:
             print('\n'.join(edits))
         sys.path.insert(0, str(folder))
-        adapter = importlib.import_module('aitoolbox_like.callbacks.orca')
+        adapter = importlib.import_module('aitoolbox_like.adapters.orca')
         imported, import_errors = {}, {}
         for module in modules:
             try:

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from aitoolbox_like import TrainLoop
-from aitoolbox_like.callbacks import orca
+from aitoolbox_like.adapters import orca
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint
 
 from .. import kill_resume

@@ -5,7 +5,7 @@ replaced by imports of the same names from where they come here, on the statemen
 the line numbers, so tracebacks point at Orca's own lines):
 
 * Orca's callback API (``bigdl.orca.learn.pytorch.callbacks`` and its ``base`` module, also as ``from .base``)
-  -> ``aitoolbox_like.callbacks.orca``, the adapter under check;
+  -> ``aitoolbox_like.adapters.orca``, the adapter under check;
 * another module of the callbacks package -> its rewritten copy;
 * any other BigDL name (``bigdl.dllib``'s ``invalidInputError``, ``bigdl.orca.data.file``'s file helpers) ->
   ``tools.orca_check.stand_ins``, which has small local equivalents.
@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..callback_check import imported_names_text, rewrite_imports
 
-ADAPTER = 'aitoolbox_like.callbacks.orca'
+ADAPTER = 'aitoolbox_like.adapters.orca'
 STAND_INS = 'tools.orca_check.stand_ins'
 PACKAGE = 'bigdl.orca.learn.pytorch.callbacks'
 ADAPTER_MODULES = (PACKAGE, PACKAGE + '.base')

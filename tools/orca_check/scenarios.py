@@ -266,7 +266,7 @@ def probe_class(adapter: Any) -> type:
 
 
 def builtins_against_the_wheel(scenarios: Any) -> None:
-    """Each of Orca 2.4.0's built-in callbacks importable from the adapter (``aitoolbox_like.callbacks.orca``), run
+    """Each of Orca 2.4.0's built-in callbacks importable from the adapter (``aitoolbox_like.adapters.orca``), run
     in the same fit as the wheel's own class: the same files with the same contents, the same TensorBoard scalars,
     the same steps, the same progress bars, the same W&B calls."""
     orca, adapter = scenarios.orca, scenarios.adapter
@@ -345,7 +345,7 @@ def builtins_against_the_wheel(scenarios: Any) -> None:
          ['WandbLoggerCallback']),
     ]
     for name, check, expected, subjects in checks:
-        expectation = Expectation(f"check: aitoolbox_like.callbacks.orca's {name} as the wheel's", expected)
+        expectation = Expectation(f"check: aitoolbox_like.adapters.orca's {name} as the wheel's", expected)
 
         def body(watch: Watch, check: Callable[[], Any] = check, expectation: Expectation = expectation) -> None:
             expectation.actual = check()

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from aitoolbox_like import TrainLoop
 from aitoolbox_like.callbacks.model_save import ModelIterationCheckpoint
-from aitoolbox_like.callbacks.pytorch_accelerated import AcceleratedCallbacks
+from aitoolbox_like.adapters.pytorch_accelerated import AcceleratedCallbacks
 
 from .. import kill_resume
 from . import runs

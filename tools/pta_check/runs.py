@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from aitoolbox_like import TrainLoop, TTBasicModel
-from aitoolbox_like.callbacks.pytorch_accelerated import AcceleratedCallbacks
+from aitoolbox_like.adapters.pytorch_accelerated import AcceleratedCallbacks
 
 #: Values that differ between two runs by nature (the time a checkpoint was written).
 VOLATILE_KEYS = {'timestamp'}

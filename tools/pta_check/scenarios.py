@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from aitoolbox_like import TrainLoop
 from aitoolbox_like.callbacks.abstract import AbstractCallback
-from aitoolbox_like.callbacks.pytorch_accelerated import AcceleratedCallbacks
+from aitoolbox_like.adapters.pytorch_accelerated import AcceleratedCallbacks
 
 from . import runs
 

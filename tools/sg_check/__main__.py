@@ -1,5 +1,5 @@
 """make sg-check: SuperGradients' own callback classes, with only their import lines changed, run on the TrainLoop
-through aitoolbox_like.callbacks.supergradients, against what SG's own unit tests expect.
+through aitoolbox_like.adapters.supergradients, against what SG's own unit tests expect.
 
     python -m tools.sg_check [--min-classes N] [--min-expectations K] [--keep]
 
@@ -106,7 +106,7 @@ def main() -> int:
         if args.show_imports:
             print('\n'.join(edits))
         sys.path.insert(0, str(folder))
-        adapter = importlib.import_module('aitoolbox_like.callbacks.supergradients')
+        adapter = importlib.import_module('aitoolbox_like.adapters.supergradients')
         imported, import_errors = {}, {}
         for module in modules:
             try:

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from aitoolbox_like import TrainLoop, TTBasicModel
-from aitoolbox_like.callbacks import supergradients as adapter
+from aitoolbox_like.adapters import supergradients as adapter
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint
 
 from .. import kill_resume

@@ -5,7 +5,7 @@ imports of the same names from where they come here, on the statement's first li
 numbers, so tracebacks point at SG's own lines):
 
 * SG's callback API (``Callback``, ``PhaseCallback``, ``PhaseContext``, ``Phase``, ``multi_process_safe``)
-  -> ``aitoolbox_like.callbacks.supergradients``, the adapter under check;
+  -> ``aitoolbox_like.adapters.supergradients``, the adapter under check;
 * a class of another SG callback module -> that module's rewritten copy;
 * SG's pure-data modules (its object names, time units) -> their copies, unchanged;
 * any other SuperGradients name (its logger factory, registries, helpers, model-zoo utilities) ->
@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ..callback_check import imported_names_text, rewrite_imports
 
-ADAPTER = 'aitoolbox_like.callbacks.supergradients'
+ADAPTER = 'aitoolbox_like.adapters.supergradients'
 STAND_INS = 'tools.sg_check.stand_ins'
 # The names SG's callbacks import from SG's callback API and the adapter provides.
 ADAPTER_NAMES = {'Callback', 'PhaseCallback', 'PhaseContext', 'Phase', 'multi_process_safe'}

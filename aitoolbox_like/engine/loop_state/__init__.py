@@ -27,7 +27,7 @@ the training RNG.
 One idea per module: ``build`` (the loop -> a checkpoint dict), ``restore`` (a checkpoint dict -> the loop),
 ``resume`` (the ResumePlan a fit follows, and the start of a fit that sets it going), ``auto_resume``
 (``resume_from='auto'``), ``locate`` (finding and loading the checkpoint to resume from), ``rng`` (RNG capture).
-Their public names are all importable from here, and from ``aitoolbox_like.loop_state``.
+Their public names are all importable from here, and from ``aitoolbox_like.engine.loop_state``.
 """
 
 from .auto_resume import AUTO, check_auto_resume, find_auto_checkpoint

@@ -33,7 +33,7 @@ def check_auto_resume(loop: 'TrainLoop', callbacks: Any) -> None:
         raise ValueError("fit(resume_from='auto') continues from the run's newest checkpoint, but no registered "
                          'callback writes checkpoints, so every restart would train from scratch: add a '
                          'ModelCheckpoint or ModelIterationCheckpoint (or use TrainLoopCheckpoint; under Ray, '
-                         'aitoolbox_like.integrations.ray.RayTrainReport), or leave resume_from out')
+                         'aitoolbox_like.adapters.ray.RayTrainReport), or leave resume_from out')
 
 def _find_here(loop, experiment, callbacks):
     """What rank 0 would resume from: ('path', path, None), ('loaded', source name, checkpoint) or None."""

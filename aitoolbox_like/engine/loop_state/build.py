@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ... import distributed, sharded_checkpoint
-from ...checkpoint import FORMAT_VERSION, check_weights_only_safe
-from ...multi_loss_optim import MultiLoss
+from ... import distributed
+from ...checkpoint import sharded as sharded_checkpoint
+from ...checkpoint.files import FORMAT_VERSION, check_weights_only_safe
+from ...model.multi_loss_optim import MultiLoss
 from .rng import capture_rng_state
 
 if TYPE_CHECKING:

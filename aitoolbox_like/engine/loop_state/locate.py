@@ -5,8 +5,8 @@ import os
 import shutil
 import tempfile
 
-from ... import sharded_checkpoint
-from ...checkpoint import CheckpointError, load_checkpoint
+from ...checkpoint import sharded as sharded_checkpoint
+from ...checkpoint.files import CheckpointError, load_checkpoint
 from ...experiment import CHECKPOINT_DIR, LATEST_POINTER
 from ...experiment import bookkeeping_dir, find_cloud_checkpoint, find_latest_cloud_checkpoint, is_cloud_mode
 from ...experiment import read_pointer, run_owner_alive

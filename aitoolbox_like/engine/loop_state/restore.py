@@ -5,8 +5,9 @@ import logging
 
 import torch
 
-from ... import distributed, sharded_checkpoint
-from ...checkpoint import CheckpointError, load_model_weights
+from ... import distributed
+from ...checkpoint import sharded as sharded_checkpoint
+from ...checkpoint.files import CheckpointError, load_model_weights
 from .build import CHECKPOINT_KIND, optimizer_class_names, train_batch_size, unpack_losses
 from .rng import restore_rng_state
 

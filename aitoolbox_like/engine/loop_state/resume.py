@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple
 
 import torch
 
-from ... import distributed, sharded_checkpoint
-from ...checkpoint import CheckpointError
+from ... import distributed
+from ...checkpoint import sharded as sharded_checkpoint
+from ...checkpoint.files import CheckpointError
 from ...experiment import get_experiment
 from .auto_resume import AUTO, find_auto_checkpoint
 from .build import rebuild_losses

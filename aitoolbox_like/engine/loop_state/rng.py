@@ -7,7 +7,7 @@ from typing import Any, Tuple, cast
 
 import torch
 
-from ...devices import cuda_is_available
+from ...runtime.devices import cuda_is_available
 
 logger = logging.getLogger(__name__)
 

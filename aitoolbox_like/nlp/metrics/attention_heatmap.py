@@ -5,7 +5,7 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from ...result_package.metrics import AbstractBaseMetric
+from ...results.metrics import AbstractBaseMetric
 from .._requires import require
 from .text_dump import fresh_folder
 

@@ -5,7 +5,7 @@ from typing import Any, Callable, Dict
 
 import numpy as np
 
-from ...result_package.metrics import AbstractBaseMetric
+from ...results.metrics import AbstractBaseMetric
 from .._requires import require
 
 __all__ = ['GLUE_TASKS', 'glue_compute_metrics', 'xnli_compute_metrics', 'GLUEMetric', 'XNLIMetric']

@@ -3,7 +3,7 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
-from ...result_package.metrics import AbstractBaseMetric
+from ...results.metrics import AbstractBaseMetric
 
 __all__ = ['PerplexityMetric']
 

@@ -13,7 +13,7 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional, Sequence
 
-from ...result_package.metrics import AbstractBaseMetric
+from ...results.metrics import AbstractBaseMetric
 from .._requires import require
 from .text_dump import DEFAULT_CLEANING_REGEX, dump_answer_text_to_disk, fresh_folder, regex_clean_text
 

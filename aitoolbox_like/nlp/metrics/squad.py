@@ -5,7 +5,7 @@ import string
 from collections import Counter
 from typing import Any, List, Optional, Sequence
 
-from ...result_package.metrics import AbstractBaseMetric
+from ...results.metrics import AbstractBaseMetric
 from .text_dump import dump_answer_text_to_disk
 
 __all__ = ['normalize_answer', 'answer_tokens', 'token_f1', 'ExactMatchTextMetric', 'F1TextMetric']

@@ -1,7 +1,7 @@
 """Result packages of the GLUE and XNLI benchmarks (AIToolbox's ``GLUEResultPackage`` and ``XNLIResultPackage``)."""
 from typing import Any, Dict
 
-from ...result_package.abstract import AbstractResultPackage
+from ...results.abstract import AbstractResultPackage
 from ..metrics.glue import GLUEMetric, XNLIMetric
 from ._common import flatten
 

@@ -6,8 +6,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ...result_package.abstract import AbstractResultPackage
-from ...result_package.metrics import AccuracyMetric
+from ...results.abstract import AbstractResultPackage
+from ...results.metrics import AccuracyMetric
 from ..metrics.rouge import ROUGEMetric, ROUGEPerlMetric
 from ..metrics.squad import ExactMatchTextMetric, F1TextMetric
 from ._common import flatten, inside_experiment

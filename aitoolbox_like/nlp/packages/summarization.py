@@ -2,7 +2,7 @@
 NotImplementedError): ROUGE-1, ROUGE-2 and ROUGE-L of the predicted summaries."""
 from typing import Any, Dict, List, Optional
 
-from ...result_package.abstract import AbstractResultPackage
+from ...results.abstract import AbstractResultPackage
 from ..metrics.rouge import ROUGEMetric
 from ..vocabulary import Vocabulary
 from ._common import flatten, id_rows

@@ -3,7 +3,7 @@ BLEU, perplexity, and optionally the attention heat maps and the translations wr
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
-from ...result_package.abstract import AbstractResultPackage
+from ...results.abstract import AbstractResultPackage
 from ..metrics.attention_heatmap import AttentionHeatMap
 from ..metrics.bleu import BLEUCorpusScoreMetric, BLEUSentenceScoreMetric
 from ..metrics.perplexity import PerplexityMetric

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from aitoolbox_like import AbstractCallback
 from aitoolbox_like.callbacks.gradient import GradNormClip
 from aitoolbox_like.callbacks.weight_averaging import ExponentialMovingAverage
-from aitoolbox_like.result_package.basic import RegressionResultPackage
+from aitoolbox_like.results.basic import RegressionResultPackage
 from aitoolbox_like.tracking import TrainLoopCheckpoint, TrainLoopCheckpointEndSave
 from ddp_common import equivalence_setup, reference_loader, regression_data
 

@@ -14,7 +14,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from aitoolbox_like import AbstractCallback, sharded_checkpoint
+from aitoolbox_like import AbstractCallback
+from aitoolbox_like.checkpoint import sharded as sharded_checkpoint
 from aitoolbox_like.tracking import TrainLoopCheckpoint
 from ddp_common import equivalence_setup, regression_data
 

@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch                                                      # noqa: E402
 import torch.distributed as dist                                 # noqa: E402
 
-from aitoolbox_like import sharded_checkpoint                    # noqa: E402
+from aitoolbox_like.checkpoint import sharded as sharded_checkpoint  # noqa: E402
 from aitoolbox_like.callbacks.tensorboard import TensorboardParameterHistograms  # noqa: E402
 from aitoolbox_like.distributed import is_fsdp_model             # noqa: E402
 from fsdp_common import callbacks, tracked_loop                  # noqa: E402

@@ -24,7 +24,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from aitoolbox_like import AbstractCallback, TrainLoop, sharded_checkpoint
+from aitoolbox_like import AbstractCallback, TrainLoop
+from aitoolbox_like.checkpoint import sharded as sharded_checkpoint
 from aitoolbox_like.callbacks.model_save import ModelCheckpoint
 from aitoolbox_like.callbacks.preemption import find_preemption_callback
 from elastic_fit import IndexedRegression, Net

@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from aitoolbox_like import AbstractCallback, TrainLoop, TTBasicModel
-from aitoolbox_like.integrations.ray import RayTrainReport
+from aitoolbox_like.adapters.ray import RayTrainReport
 
 NUM_EPOCHS = 3
 #: The epoch and the batch (of this rank's shard) after which rank 1 kills its own process, once.
