@@ -15,7 +15,7 @@ CONSTRAINT := $(VENV)/torch-constraint.txt
 DEMO_STAMP := $(VENV)/.installed-demo
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install demo test test-area typecheck bench gpu-check docs clean compat-check sg-check pta-check orca-check bench-peers
+.PHONY: install demo test system-check test-area typecheck bench gpu-check docs clean compat-check sg-check pta-check orca-check bench-peers
 
 # $(call install-extra,EXTRA): the venv, torch, then the package with EXTRA, torch held at $(TORCH).
 define install-extra
@@ -57,11 +57,18 @@ $(AZURITE):
 # The tests start a few hundred Python processes that import the package: with PYTHONDONTWRITEBYTECODE set (as on
 # these machines) each would compile it from source again, so it is unset here and the bytecode is written once.
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n auto --dist loadgroup --ignore=tests/gpu
+# The system tests (marked `system`: on the SLURM cluster, a Ray node, torchrun's elastic agent) are
+# `make system-check`'s, which CI runs after this.
 test: $(DEV_STAMP) $(AZURITE)
 	@log=$$(mktemp); $(PY) -m mypy aitoolbox_like > $$log 2>&1 & typecheck=$$!; \
-	echo '$(PYTEST) --durations=30 tests'; $(PYTEST) --durations=30 tests; tests=$$?; \
+	echo "$(PYTEST) -m 'not system' --durations=30 tests"; $(PYTEST) -m 'not system' --durations=30 tests; tests=$$?; \
 	wait $$typecheck; typed=$$?; echo '$(PY) -m mypy aitoolbox_like'; cat $$log; rm -f $$log; \
 	test $$tests -eq 0 -a $$typed -eq 0
+
+# The tests that run on a real cluster or launcher: SLURM jobs requeued and preempted, Ray Train and Ray Tune, workers
+# killed and restarted by torchrun's elastic agent (about 6 minutes on two cores, most of it the SLURM group's).
+system-check: $(DEV_STAMP) $(AZURITE)
+	$(PYTEST) -m system --durations=10 tests
 
 # The tests of one area, e.g. `make test-area AREA=tests/saving` or AREA=tests/distributed/test_ddp.py (CONTRIBUTING.md).
 AREA ?= tests

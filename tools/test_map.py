@@ -9,7 +9,8 @@ for ``engine/train_loop.py``, where TrainLoop is defined; AIToolbox's paths coun
 or names it by its dotted path in a string (``monkeypatch.setattr('aitoolbox_like.x.y', ...)``, ``python -m
 aitoolbox_like.x``). Helper scripts a test runs (tests/**/ddp_scripts, tests/compat/scripts, ...) count as test files
 of their own. tests/project/test_test_map.py checks that the checked-in map is the one the tests make today and that
-every module of more than ``MIN_LINES`` lines has a test file.
+every module of more than ``MIN_LINES`` lines has a test file (``THROUGH`` names, for the modules a user only
+reaches through the loop, the tests that exercise them).
 """
 import argparse
 import ast
@@ -19,7 +20,7 @@ import sys
 import types
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / 'aitoolbox_like'
@@ -29,6 +30,25 @@ MAP_FILE = TESTS / 'test_map.txt'
 MIN_LINES = 100
 # A dotted path in a string: aitoolbox_like.x.y (a module, or a module and a name).
 _DOTTED = re.compile(r'(?<![\w.])aitoolbox_like(?:\.[A-Za-z_]\w*)+')
+
+# Modules no test imports, as the user reaches them only through the loop or a public class: the test files that
+# exercise them, each with a word that file must contain (so the entry cannot outlive the tests it names).
+THROUGH: Dict[str, Tuple[str, List[str]]] = {
+    'aitoolbox_like/adapters/orca/builtin_callbacks.py': ('MaxstepsCallback', ['tests/adapters/test_orca.py']),
+    'aitoolbox_like/callbacks/_common.py': ('EarlyStopping', ['tests/callbacks/test_basic.py']),
+    'aitoolbox_like/callbacks/_mlflow_sender.py': ('MLflow', ['tests/callbacks/test_mlflow.py']),
+    'aitoolbox_like/checkpoint/sharded/writing.py': ('fsdp', ['tests/distributed/test_fsdp_checkpoints.py']),
+    'aitoolbox_like/engine/evaluation.py': ('one_pass', ['tests/engine/test_evaluation.py']),
+    'aitoolbox_like/engine/loop_state/build.py': ('resume_from', ['tests/saving/test_resume.py']),
+    'aitoolbox_like/engine/loop_state/locate.py': ('resume_from', ['tests/saving/test_resume.py']),
+    'aitoolbox_like/engine/loop_state/restore.py': ('resume_from', ['tests/saving/test_resume.py']),
+    'aitoolbox_like/engine/loop_state/resume.py': ('resume_from', ['tests/saving/test_resume.py']),
+    'aitoolbox_like/experiment/run_folder.py': ('claim', ['tests/saving/test_cloud_experiment.py']),
+    'aitoolbox_like/recipes/plan.py': ('build', ['tests/recipes/test_recipe.py']),
+    'aitoolbox_like/results/conversion.py': ('numpy', ['tests/results/test_result_package.py']),
+    'aitoolbox_like/runtime/_torchvision_compat.py': ('torchvision', ['tests/project/test_install.py']),
+    'aitoolbox_like/tuning/results.py': ('results', ['tests/tuning/test_tune.py']),
+}
 
 HEADER = """\
 # Module -> the test files that use it (tools/test_map.py writes this file; tests/project/test_test_map.py checks it).
@@ -129,7 +149,10 @@ def build_map() -> Dict[str, List[str]]:
     for path in test_files():
         for module in modules_used(path, modules):
             users[module].add(str(path.relative_to(ROOT)))
-    return {str(modules[module].relative_to(ROOT)): sorted(users[module]) for module in sorted(modules)}
+    mapping = {str(modules[module].relative_to(ROOT)): sorted(users[module]) for module in sorted(modules)}
+    for module, (_, tests) in THROUGH.items():
+        mapping[module] = sorted(set(mapping.get(module, [])) | set(tests))
+    return mapping
 
 
 def render(mapping: Dict[str, List[str]]) -> str:

@@ -70,6 +70,7 @@ def _records(out_dir):
             for path in glob.glob(os.path.join(out_dir, 'samples_*.jsonl'))}
 
 
+@pytest.mark.system
 @pytest.mark.timeout(300)
 def test_a_worker_killed_mid_epoch_under_torchrun_restarts_and_ends_with_the_uninterrupted_weights(tmp_path):
     reference, killed = tmp_path / 'reference', tmp_path / 'killed'
@@ -99,6 +100,7 @@ def _wait_until_listening(port, process, timeout=60):
             time.sleep(0.05)
 
 
+@pytest.mark.system
 @pytest.mark.timeout(300)
 def test_a_machine_lost_for_good_the_other_finishes_alone_training_each_sample_of_the_epoch_once(tmp_path):
     """Two torchrun agents on localhost stand in for two machines (--nnodes=1:2, one process each). In epoch 1 the
@@ -149,6 +151,7 @@ def _killed(pids):
             pass
 
 
+@pytest.mark.system
 @pytest.mark.timeout(180)
 def test_with_slow_steps_sigterm_to_torchrun_checkpoints_every_rank_at_the_same_step_before_the_kill(tmp_path):
     """Steps of 2 s on 2 workers; SIGTERM to torchrun's agent (what Kubernetes or `docker stop` send to a container's
@@ -228,6 +231,7 @@ def _deadline_run(out_dir, *args, run=0, signal_phase=False):
     return [json.loads(path.read_text()) for path in stopped], output
 
 
+@pytest.mark.system
 @pytest.mark.timeout(300)
 def test_under_torchrun_sigterm_in_a_loader_wait_then_in_a_checkpoint_write_each_stops_with_a_checkpoint(tmp_path):
     """2 workers, 4 batches each per epoch, 3 epochs. Run 0: the train loader's read of batch 5 stalls (60 s);
