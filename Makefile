@@ -57,16 +57,17 @@ $(AZURITE):
 # The tests start a few hundred Python processes that import the package: with PYTHONDONTWRITEBYTECODE set (as on
 # these machines) each would compile it from source again, so it is unset here and the bytecode is written once.
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n auto --dist loadgroup --ignore=tests/gpu
-# The system tests (marked `system`: on the SLURM cluster, a Ray node, torchrun's elastic agent) are
-# `make system-check`'s, which CI runs after this.
+# The system tests (marked `system`: on the SLURM cluster, a Ray node or under torchrun, or killing the ranks of a
+# multi-process run) are `make system-check`'s, which CI runs after this.
 test: $(DEV_STAMP) $(AZURITE)
 	@log=$$(mktemp); $(PY) -m mypy aitoolbox_like > $$log 2>&1 & typecheck=$$!; \
 	echo "$(PYTEST) -m 'not system' --durations=30 tests"; $(PYTEST) -m 'not system' --durations=30 tests; tests=$$?; \
 	wait $$typecheck; typed=$$?; echo '$(PY) -m mypy aitoolbox_like'; cat $$log; rm -f $$log; \
 	test $$tests -eq 0 -a $$typed -eq 0
 
-# The tests that run on a real cluster or launcher: SLURM jobs requeued and preempted, Ray Train and Ray Tune, workers
-# killed and restarted by torchrun's elastic agent (about 6 minutes on two cores, most of it the SLURM group's).
+# The tests that run on a real cluster or launcher: SLURM jobs requeued and preempted, Ray Train and Ray Tune, fits
+# under torchrun and workers killed and restarted by its elastic agent, the ranks of multi-process runs killed or hung
+# (about 6 minutes on two cores, most of it the SLURM group's).
 system-check: $(DEV_STAMP) $(AZURITE)
 	$(PYTEST) -m system --durations=10 tests
 

@@ -91,12 +91,14 @@ def pytest_configure(config):
                                 f"versions setup.py's dev extra names (pip install -e '.[dev]')")
     config.addinivalue_line('markers', 'real_spawn: the ranks of a gpu_mode=ddp/fsdp fit started in the test are '
                                        'fresh interpreters, as in a script (the others fork from tests/support/warm_ranks.py)')
-    config.addinivalue_line('markers', 'system: runs on a real cluster or launcher (SLURM, Ray, torchrun elastic): '
+    config.addinivalue_line('markers', 'system: runs on a real cluster or launcher (SLURM, Ray, torchrun) or kills '
+                                       'the ranks of a multi-process run: '
                                        '`make system-check` runs these, `make test` the others; CI runs both')
 
 
 # The system tests: those on the SLURM cluster or a Ray node (by their fixture or xdist group, so a new test there is
-# one too) and the ones marked `system` by hand (torchrun's elastic agent killing and restarting workers).
+# one too) and the ones marked `system` by hand: a fit under torchrun (its elastic agent killing and restarting
+# workers too), the ranks of a multi-process run killed or hung, AIToolbox's DDP script spawning fresh ranks.
 _SYSTEM_FIXTURES = frozenset({'slurm_cluster'})
 _SYSTEM_GROUPS = frozenset({'ray'})
 

@@ -90,6 +90,7 @@ def test_spawn_trains_like_one_process_and_returns_the_model(tmp_path):
     assert marks == {'everywhere_rank0': '2', 'everywhere_rank1': '2', 'rank0only_rank0': '2'}
 
 
+@pytest.mark.system
 @pytest.mark.timeout(120)
 def test_torchrun_trains_like_one_process(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS='1',

@@ -80,6 +80,7 @@ def test_fsdp_trains_like_one_process_exports_whole_model_and_resumes_in_one_pro
     assert loader.loaded_from.endswith('_E0.dcp/.metadata')
 
 
+@pytest.mark.system
 @pytest.mark.timeout(240)
 def test_fsdp_kill_9_then_resume_is_exact(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS='1',

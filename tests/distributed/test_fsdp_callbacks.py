@@ -172,6 +172,7 @@ def test_swa_under_fsdp_averages_the_sharded_weights_and_updates_batchnorm_over_
     assert_close_states({k[len('module.'):]: v for k, v in state.items() if k[len('module.'):] in average}, average)
 
 
+@pytest.mark.system
 @pytest.mark.timeout(240)
 def test_fsdp_under_torchrun_trains_like_one_process_and_its_sharded_checkpoint_resumes_in_one(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS='1',

@@ -56,6 +56,7 @@ def _wait_for(paths, process, timeout):
 # ---------------------------------------------------------------------------------------------- asynchronous
 
 
+@pytest.mark.system
 @pytest.mark.timeout(300)
 def test_kill_9_during_a_background_sharded_write_keeps_the_previous_checkpoint_and_resume_is_exact(tmp_path):
     out = str(tmp_path)

@@ -28,6 +28,7 @@ def _experiment(tmp_path):
     return experiment
 
 
+@pytest.mark.system
 @pytest.mark.timeout(120)
 def test_a_rank_stuck_in_a_callback_ends_the_ddp_job_naming_it_and_its_frame(warm_python, tmp_path):
     output = _run(warm_python, tmp_path, '--ranks', '2', '--hang-rank', '1')

@@ -164,6 +164,7 @@ def test_doc_block_runs(code, is_fragment, tmp_path, block_runner):
     assert status == 0, f'the block failed (exit status {status}):\n{code}\n--- output ---\n{output.read_text()}'
 
 
+@pytest.mark.system
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize('code, is_fragment', _python_blocks(_FOR_TORCHRUN))
 def test_torchrun_doc_block_runs_under_torchrun(code, is_fragment, tmp_path):

@@ -63,6 +63,7 @@ def test_ddp_recipe_spawns_two_processes(spawned):
     assert all(not torch.equal(spawned[name], initial[name]) for name in initial)   # trained
 
 
+@pytest.mark.system
 @pytest.mark.timeout(200)
 def test_ddp_recipe_under_torchrun_trains_as_the_spawned_run(spawned, tmp_path):
     (tmp_path / 'ddp.yaml').write_text(RECIPE)

@@ -224,6 +224,7 @@ class SlowInWorkerDigitsCNN(DigitsCNN):
 """
 
 
+@pytest.mark.system
 @pytest.mark.timeout(300)
 def test_ctrl_c_stops_every_worker_of_a_concurrent_search_each_trial_with_its_checkpoint(tmp_path, digits_recipe):
     """docs/tuning.md: with --concurrent K, Ctrl-C stops every worker's trial after its step with its checkpoint, the
