@@ -35,7 +35,7 @@ from ..model.predictions import append_predictions, torch_cat_transf
 from ..runtime.prefetch import DevicePrefetcher, prefetch_applies
 from . import loop_state
 from .callback import AbstractCallback, AbstractScheduler, StopTraining, TrainingInterrupted
-from .checks import (check_fit_inputs, check_fit_keywords, explain_step_failure, foreign_method_error,
+from .checks import (ForeignMethod, check_fit_inputs, check_fit_keywords, explain_step_failure,
                      loss_to_record, names_foreign_keywords)
 from .evaluation import EVAL_LOSS_WEIGHTINGS, Evaluation
 from .handler import CallbacksHandler, import_object
@@ -254,10 +254,9 @@ class TrainLoop:
         self.callbacks_handler = self.callbacks_handler_class(self)
         self.message_service = MessageService()     # callbacks pass data to each other through it (AIToolbox's)
 
-    def __getattr__(self, name: str) -> Any:
-        # Called only for a name the loop does not have: another library's trainer method (pytorch-accelerated's
-        # train, evaluate) is named with what it is here.
-        raise foreign_method_error(type(self).__name__, name)
+    # Another library's trainer methods (pytorch-accelerated's train, evaluate), named with what they are here.
+    train = ForeignMethod()
+    evaluate = ForeignMethod()
 
     # ---------------------------------------------------------------------------------------- devices and ranks
 
