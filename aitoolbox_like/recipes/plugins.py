@@ -1,5 +1,5 @@
 """The one place where recipes name packages that build on them (docs/architecture.md): by import path, imported
-when first used, so that recipes/ imports neither integrations/ (whose trial report raises a RecipeError) nor
+when first used, so that recipes/ imports neither adapters/ (whose trial report raises a RecipeError) nor
 tuning/ (whose trials are recipes).
 
 - :data:`CALLBACK_PACKAGES`: the packages whose public modules' callback classes the callback registry offers
