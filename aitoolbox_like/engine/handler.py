@@ -98,8 +98,12 @@ class HookDispatch:
     (``handler.dispatch.on_batch_end()``). The handler sets them whenever the registered callbacks change: a hook no
     callback uses is a call that does nothing, a hook one callback uses is that callback's method itself, and a hook
     several use calls each in execution order. ``on_exception`` calls each and logs what fails in it, so that one
-    failing handler hides neither the others nor the exception being handled. (No ``__getattr__`` here: it would
-    slow every read of a hook's callable, about four times in CPython 3.11.)"""
+    failing handler hides neither the others nor the exception being handled."""
+
+    if TYPE_CHECKING:
+        # For the type checker only: at run time a ``__getattr__`` would slow every read of a hook's callable
+        # (about four times in CPython 3.11, whose attribute reads are then no longer specialized).
+        def __getattr__(self, name: str) -> Callable[..., None]: ...
 
 
 def _dispatcher(hook_name: str, fns: List[Callable[..., Any]]) -> Callable[..., None]:
