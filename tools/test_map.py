@@ -85,7 +85,7 @@ _RESOLVED: Dict[str, Optional[str]] = {}
 def _resolve(parts: List[str], modules: Dict[str, Path]) -> Optional[str]:
     for cut in range(len(parts), 0, -1):
         try:
-            obj = importlib.import_module('.'.join(parts[:cut]))
+            module = obj = importlib.import_module('.'.join(parts[:cut]))
         except Exception:       # not a module, or an optional extra missing: try a shorter prefix
             continue
         for name in parts[cut:]:
@@ -99,8 +99,7 @@ def _resolve(parts: List[str], modules: Dict[str, Path]) -> Optional[str]:
             name = getattr(obj, '__module__', None) or ''
         if name in modules:
             return name
-        fallback = importlib.import_module('.'.join(parts[:cut])).__name__
-        return fallback if fallback in modules else None
+        return module.__name__ if module.__name__ in modules else None
     return None
 
 

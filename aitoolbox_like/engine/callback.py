@@ -230,8 +230,10 @@ class AbstractCallback:
 # nothing per step.
 HOOK_NAMES: Tuple[str, ...] = tuple(name for name in vars(AbstractCallback)
                                     if name.startswith('on_') or name == 'train_step')
-HOOKS_WITH_ARGUMENTS: Tuple[str, ...] = tuple(
-    name for name in HOOK_NAMES if len(inspect.signature(getattr(AbstractCallback, name)).parameters) > 1)
+#: Each hook's number of arguments (beyond self), from AbstractCallback's signatures.
+HOOK_ARITY: Dict[str, int] = {name: len(inspect.signature(getattr(AbstractCallback, name)).parameters) - 1
+                              for name in HOOK_NAMES}
+HOOKS_WITH_ARGUMENTS: Tuple[str, ...] = tuple(name for name in HOOK_NAMES if HOOK_ARITY[name])
 
 
 class AbstractScheduler:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, 
 from torch.optim import lr_scheduler as torch_lr_scheduler
 
 from ..model.huggingface import is_transformers_schedule
-from .callback import HOOK_NAMES, HOOKS_WITH_ARGUMENTS, AbstractCallback, overrides_hook
+from .callback import HOOK_ARITY, HOOK_NAMES, HOOKS_WITH_ARGUMENTS, AbstractCallback, overrides_hook
 
 if TYPE_CHECKING:
     from .train_loop import TrainLoop
@@ -73,10 +73,6 @@ def _not_a_callback(i: int, obj: Any) -> TypeError:
                      f'subclass of aitoolbox_like.callbacks.abstract.AbstractCallback')
 
 
-def _nothing(*args: Any) -> None:
-    """What a hook no callback uses does (for a hook of unknown arity)."""
-
-
 # What a hook no callback uses does, one per number of arguments: a call without ``*args`` (no tuple to build) costs
 # about a third less, and the step calls six hooks that usually nobody uses.
 def _nothing0() -> None: ...
@@ -88,9 +84,6 @@ def _nothing4(a: Any, b: Any, c: Any, d: Any) -> None: ...    # noqa: E704
 
 _NOTHING_BY_ARITY: Dict[int, Callable[..., None]] = {0: _nothing0, 1: _nothing1, 2: _nothing2, 3: _nothing3,
                                                      4: _nothing4}
-# The number of arguments of each hook, from AbstractCallback's signatures.
-_HOOK_ARITY: Dict[str, int] = {name: len(inspect.signature(getattr(AbstractCallback, name)).parameters) - 1
-                               for name in HOOK_NAMES}
 
 
 class HookDispatch:
@@ -118,7 +111,7 @@ def _dispatcher(hook_name: str, fns: List[Callable[..., Any]]) -> Callable[..., 
                     logger.exception('on_exception handler %r failed while handling %r', fn, exception)
         return each_isolated
     if not fns:
-        return _NOTHING_BY_ARITY.get(_HOOK_ARITY.get(hook_name, -1), _nothing)
+        return _NOTHING_BY_ARITY[HOOK_ARITY[hook_name]]
     if len(fns) == 1:
         return fns[0]
     calls = tuple(fns)
