@@ -1,4 +1,5 @@
 """Small models and data shared by the tests, and the shipped examples loaded as modules."""
+import ast
 import importlib.util
 import os
 
@@ -122,3 +123,15 @@ def load_example(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def assert_only_import_lines_changed(source, rewritten):
+    """A library's module rewritten by a check's Rewriter (tools/sg_check, tools/orca_check): as many lines as the
+    original, so tracebacks point at the library's own lines, and no line changed but those of its imports."""
+    before, after = source.splitlines(), rewritten.splitlines()
+    assert len(before) == len(after)
+    changed = [i + 1 for i, (old, new) in enumerate(zip(before, after)) if old != new]
+    import_lines = {line for node in ast.walk(ast.parse(source)) if isinstance(node, (ast.Import, ast.ImportFrom))
+                    for line in range(node.lineno, node.end_lineno + 1)}
+    assert set(changed) <= import_lines
+    return after

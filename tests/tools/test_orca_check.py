@@ -2,10 +2,10 @@
 but BigDL's import lines and sends each name where it comes from here, the stand-ins behave as BigDL's helpers do
 on local paths, and Orca's callback classes are found by their bases. The check itself (Orca's wheel, Orca's
 classes on the TrainLoop) runs in CI as `make orca-check`."""
-import ast
 import os
 
 import pytest
+from helpers import assert_only_import_lines_changed
 
 from tools.orca_check import stand_ins
 from tools.orca_check.rewrite import ADAPTER, STAND_INS, Rewriter
@@ -35,13 +35,7 @@ def rewriter():
 
 def test_only_bigdl_import_lines_change_and_each_name_goes_where_it_comes_from_here():
     text, edits = rewriter().rewrite(ORCA_MODULE)
-    before, after = ORCA_MODULE.splitlines(), text.splitlines()
-    assert len(before) == len(after)            # line numbers kept: tracebacks point at Orca's own lines
-    changed = [i + 1 for i, (old, new) in enumerate(zip(before, after)) if old != new]
-    import_lines = sorted({line for node in ast.walk(ast.parse(ORCA_MODULE))
-                           if isinstance(node, (ast.Import, ast.ImportFrom))
-                           for line in range(node.lineno, node.end_lineno + 1)})
-    assert set(changed) <= set(import_lines)
+    before, after = ORCA_MODULE.splitlines(), assert_only_import_lines_changed(ORCA_MODULE, text)
     assert [line for line, _ in edits] == [3, 4, 5, 13]
     new = dict(edits)
     assert new[3] == f'from {ADAPTER} import Callback'                  # relative to the callbacks package

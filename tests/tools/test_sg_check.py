@@ -1,9 +1,9 @@
 """make sg-check's own machinery (tools/sg_check), without the network: the import-line rewriting changes nothing
 but import lines and sends each name where it comes from here, and the callback classes of a wheel are found by
 their bases. The check itself (SG's wheel, SG's classes on the TrainLoop) runs in CI as `make sg-check`."""
-import ast
 
 import pytest
+from helpers import assert_only_import_lines_changed
 
 from tools.sg_check.rewrite import ADAPTER, STAND_INS, Rewriter
 from tools.sg_check.stand_ins import Unavailable, numpy_1, placeholder
@@ -38,13 +38,7 @@ def rewriter():
 
 def test_only_import_lines_change_and_each_name_goes_where_it_comes_from_here():
     text, edits = rewriter().rewrite(SG_MODULE)
-    before, after = SG_MODULE.splitlines(), text.splitlines()
-    assert len(before) == len(after)            # line numbers kept: tracebacks point at SG's own lines
-    changed = [i + 1 for i, (old, new) in enumerate(zip(before, after)) if old != new]
-    import_lines = sorted({line for node in ast.walk(ast.parse(SG_MODULE))
-                           if isinstance(node, (ast.Import, ast.ImportFrom))
-                           for line in range(node.lineno, node.end_lineno + 1)})
-    assert set(changed) <= set(import_lines)
+    before, after = SG_MODULE.splitlines(), assert_only_import_lines_changed(SG_MODULE, text)
     assert [line for line, _ in edits] == [2, 3, 5, 6, 10, 17]
     new = dict(edits)
     assert new[2] == f'from {STAND_INS} import cv2 as cv2'                      # not installed here
