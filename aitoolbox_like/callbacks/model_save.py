@@ -120,7 +120,7 @@ class ExperimentSaverBase(AbstractCallback):
         try:
             self.wait_for_pending_save()
         finally:
-            self._close_stager()
+            self._close_background_writers()
 
     def on_exception(self, exception):
         try:
@@ -130,7 +130,7 @@ class ExperimentSaverBase(AbstractCallback):
             logger.error('%s: %s (while fit failed with %s)', type(self).__name__, error, type(exception).__name__)
             exception.add_note(f'also: {error}')
         finally:
-            self._close_stager()
+            self._close_background_writers()
 
     def _save_state(self, subdir, file_name, mid_epoch=False, pointer=None, after_write=None, wait=False,
                     checkpoint=None, all_ranks=False):
@@ -144,17 +144,22 @@ class ExperimentSaverBase(AbstractCallback):
         loop = self.train_loop_obj
         self.wait_for_pending_save()        # one write in flight at most; its error is raised here
         self.save_hyperparams()
+        writer = self.async_writer
         if checkpoint is None:
-            checkpoint = loop_state.build_checkpoint(loop, self.hyperparams, mid_epoch=mid_epoch,
-                                                     all_ranks=all_ranks)
-        folder = self.experiment.subdir(subdir)
-        path = os.path.join(folder, file_name)
-        experiment_dir = self.experiment.dir_path
-        temp_dir = self.experiment.temp_dir()
+            # With async_save, built as the writer's snapshot: one walk copies it and checks it loads.
+            checkpoint = loop_state.build_checkpoint(loop, self.hyperparams, mid_epoch=mid_epoch, all_ranks=all_ranks,
+                                                     snapshot=writer.snapshot if writer is not None else None)
+        elif writer is not None:
+            checkpoint = writer.snapshot(checkpoint)
+        experiment = self.experiment
+        experiment_dir = experiment.claim()
+        path = os.path.join(experiment_dir, subdir, file_name)
         uploader = self.uploader
 
         def write(state):
-            atomic_torch_save(state, path, temp_dir=temp_dir)
+            # The folders are made here, with async_save in the background: file-system calls, each save.
+            experiment.subdir(subdir)
+            atomic_torch_save(state, path, temp_dir=experiment.temp_dir())
             if pointer:
                 # After the file is complete: a reader following the pointer always finds a whole checkpoint.
                 write_pointer(experiment_dir, pointer, path)
@@ -163,12 +168,12 @@ class ExperimentSaverBase(AbstractCallback):
             if after_write is not None:
                 after_write(path)
 
-        if self.async_writer is None:
+        if writer is None:
             write(checkpoint)
         else:
-            self.async_writer.submit(path, write, self.async_writer.snapshot(checkpoint))
+            writer.submit(path, write, checkpoint)
             if wait:
-                self.async_writer.wait()
+                writer.wait()
         return path
 
 
@@ -240,9 +245,13 @@ class ExperimentSaverBase(AbstractCallback):
             writer.submit(save.folder or folder_name, complete, None)
         return save.folder
 
-    def _close_stager(self):
+    def _close_background_writers(self):
+        """The end of fit: the sharded saves' stager and the writer thread are let go (a later save starts them
+        again)."""
         stager, self._stager = self._stager, None
         sharded_checkpoint.close_stager(stager)
+        if self.async_writer is not None:
+            self.async_writer.close()
 
 
 # ------------------------------------------------------------------------------------------ the saving callbacks

@@ -36,6 +36,7 @@ _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _DICT_TYPES = (dict, OrderedDict)
 _SEQUENCE_TYPES = (list, tuple, torch.Size)
 _KEY_TYPES = (str, int)
+_KEY_TYPE_SET = frozenset(_KEY_TYPES + (bool,))
 _IMMUTABLE_LEAVES = frozenset(_SCALAR_TYPES + (torch.Size,))
 
 # How torch's weights_only unpickler reports an object it refuses to rebuild (as opposed to a
@@ -299,137 +300,211 @@ def load_checkpoint(path_or_file: StrPath | IO[bytes], map_location: Any = 'cpu'
 # ---------------------------------------------------------------------------------------------- asynchronous writes
 
 
-_PathKey = tuple[Any, ...]
-
-
 class AsyncCheckpointWriter:
     """Writes checkpoints in a background thread, one at a time, so training waits only for a host copy.
 
     The saving callbacks use one writer each:
 
     1. :meth:`snapshot` (training thread): a deep copy of the checkpoint dict whose tensors are copied to host
-       memory (CPU tensors cloned, device tensors copied with ``.to('cpu', copy=True)`` semantics). The buffers
-       of the previous snapshot are reused when a tensor has the same place, shape and dtype, so a steady run
-       copies into memory that is already mapped (no page faults) and holds at most one extra copy of the state.
-       Nothing is pickled on the training thread.
+       memory (CPU tensors copied, device tensors copied into pinned host memory without waiting for each). The
+       buffers of the previous snapshot are reused when a tensor has the same shape and dtype, so a steady run copies
+       into memory that is already mapped (no page faults), in one batched copy, and holds at most one extra copy of
+       the state. Nothing is pickled on the training thread. A value that ``torch.load(weights_only=True)`` would
+       refuse raises :class:`CheckpointError` naming where it is (the walk that copies is the walk that checks).
     2. :meth:`submit` (training thread): waits for the write in flight (at most one: memory stays bounded), raises
-       its error if it failed, then starts a thread that runs ``job(snapshot)``: serialise, fsync, rename, update
+       its error if it failed, then hands ``job(snapshot)`` to the writer thread: serialise, fsync, rename, update
        the pointers, queue the upload.
     3. :meth:`wait`: blocks until the write in flight is complete and raises :class:`CheckpointError` (with the
        original error as its cause) if it failed. An error is raised once, at the first ``wait`` / ``submit``
        after it happened: never silently dropped.
 
-    The thread is not a daemon: a process that ends normally finishes the write in flight first. A process killed
-    during the write (``kill -9``) loses only that write: the file is written to a temporary name and renamed, and
-    pointers are updated only afterwards, so the previous checkpoint and pointer stay intact.
+    The writer thread is started by the first write and ends :data:`IDLE_SECONDS` after its last one, or at
+    :meth:`close`: a run that saves every few milliseconds (every epoch of a small model) does not start a thread per
+    write. It is not a daemon: a process that ends normally finishes the write in flight first (and, if nobody
+    called :meth:`close`, exits at most ``IDLE_SECONDS`` later). A process killed during the write (``kill -9``)
+    loses only that write: the file is written to a temporary name and renamed, and pointers are updated only
+    afterwards, so the previous checkpoint and pointer stay intact.
 
     ``before_write`` is a hook for tests: called in the background thread with the target's description (the
     checkpoint path) before the job runs (block it on an Event to hold a write in flight).
     """
 
+    #: Seconds the writer thread waits for the next write before it ends.
+    IDLE_SECONDS = 1.0
+
     def __init__(self) -> None:
         self.before_write: Optional[Callable[[str], None]] = None
-        self._thread: Optional[threading.Thread] = None
+        self._setup()
         self._description = ''
         self._error: Optional[BaseException] = None
-        self._pool: dict[_PathKey, torch.Tensor] = {}
+        self._pool: list[torch.Tensor] = []
+
+    def _setup(self) -> None:
+        # Guards what the two threads share: the job handed over, whether it is done, and the thread itself.
+        self._condition = threading.Condition()
+        self._job: Optional[tuple[Callable[[Any], None], Any, str]] = None
+        self._busy = False
+        self._thread: Optional[threading.Thread] = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # Pickled with its callback (a DDP spawn): a thread cannot travel, and the staging buffers need not.
-        self.wait()
+        # Pickled with its callback (a DDP spawn): a thread and its lock cannot travel, and the staging buffers need
+        # not.
+        self.close()
         state = dict(self.__dict__)
-        state.update(_thread=None, _pool={})
+        for name in ('_condition', '_job', '_busy', '_thread'):
+            del state[name]
+        state['_pool'] = []
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup()
 
     @property
     def pending(self) -> bool:
         """True while a write is in flight."""
-        return self._thread is not None and self._thread.is_alive()
+        return self._busy
 
-    def snapshot(self, obj: Any) -> Any:
+    def snapshot(self, obj: Any, where: str = 'checkpoint') -> Any:
         """A deep copy of ``obj`` (dicts, lists, tuples, scalars, tensors) with every tensor copied to host memory.
 
-        Call it only when no write is in flight (:meth:`submit` and :meth:`wait` ensure it): it reuses the
-        previous snapshot's buffers."""
-        if self._thread is not None:
+        Raises :class:`CheckpointError` (as :func:`check_weights_only_safe` does, ``where`` naming ``obj``) where
+        ``obj`` holds a value a weights_only checkpoint cannot. Call it only when no write is in flight
+        (:meth:`submit` and :meth:`wait` ensure it): it reuses the previous snapshot's buffers."""
+        if self._busy:
             raise RuntimeError('AsyncCheckpointWriter.snapshot() while a write is in flight; call wait() first')
-        new_pool: dict[_PathKey, torch.Tensor] = {}
-        memo: dict[int, torch.Tensor] = {}
-        devices: set[torch.device] = set()
-        copied = self._copy(obj, (), memo, new_pool, devices)
-        for device in devices:
-            torch.cuda.synchronize(device)      # the non-blocking device -> pinned host copies are complete
-        self._pool = new_pool
+        walk = _SnapshotWalk(self._pool)
+        with torch.no_grad():
+            copied = walk.copy(obj)
+            if walk.unsafe:
+                check_weights_only_safe(obj, where)     # names where the value is
+            walk.finish()
+        self._pool = walk.buffers
         return copied
 
-    def _copy(self, value: Any, path: _PathKey, memo: dict[int, torch.Tensor], new_pool: dict[_PathKey, torch.Tensor],
-              devices: set[torch.device]) -> Any:
-        kind = type(value)
-        if isinstance(value, torch.Tensor):
-            if id(value) in memo:               # the same tensor twice (tied weights) stays one tensor
-                return memo[id(value)]
-            copied = self._copy_tensor(value, path, devices)
-            memo[id(value)] = copied
-            new_pool[path] = copied
-            return copied
-        # Immutable leaves (numbers, strings, None, torch.Size, dtype, device) are kept without a call: an optimizer's
-        # state is mostly lists of parameter indices and numbers, and the copy runs on the training thread.
-        if kind in _DICT_TYPES:
-            return kind((key, item if type(item) in _IMMUTABLE_LEAVES else
-                         self._copy(item, path + (key,), memo, new_pool, devices)) for key, item in value.items())
-        if kind is list or kind is tuple:
-            items = [item if type(item) in _IMMUTABLE_LEAVES else self._copy(item, path + (i,), memo, new_pool, devices)
-                     for i, item in enumerate(value)]
-            return items if kind is list else tuple(items)
-        return value        # immutable: numbers, strings, None, torch.Size, dtype, device
-
-    def _copy_tensor(self, value: torch.Tensor, path: _PathKey, devices: set[torch.device]) -> torch.Tensor:
-        tensor = value.detach()
-        if tensor.layout != torch.strided or tensor.is_quantized:
-            return tensor.to('cpu', copy=True)
-        buffer = self._pool.get(path)
-        reusable = (buffer is not None and buffer.shape == tensor.shape and buffer.dtype == tensor.dtype
-                    and buffer.is_contiguous() and tensor.is_contiguous())
-        if tensor.device.type == 'cpu':
-            if not reusable:
-                return tensor.clone(memory_format=torch.contiguous_format)
-            assert buffer is not None
-            buffer.copy_(tensor)
-            return buffer
-        if tensor.is_cuda:
-            if not reusable or not buffer.is_pinned():   # type: ignore[union-attr]
-                buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            assert buffer is not None
-            buffer.copy_(tensor, non_blocking=True)
-            devices.add(tensor.device)
-            return buffer
-        return tensor.to('cpu', copy=True)
-
     def submit(self, description: str, job: Callable[[Any], None], snapshot: Any) -> None:
-        """Run ``job(snapshot)`` in a background thread once the previous write is complete (its error, if any,
+        """Run ``job(snapshot)`` in the writer thread once the previous write is complete (its error, if any,
         is raised here first). ``description`` names the write in errors (the checkpoint's path)."""
         self.wait()
-        self._description = description
-        self._thread = threading.Thread(target=self._run, args=(job, snapshot, description),
-                                        name=f'checkpoint-writer {os.path.basename(description)}', daemon=False)
-        self._thread.start()
+        with self._condition:
+            self._description = description
+            self._job = (job, snapshot, description)
+            self._busy = True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name='checkpoint-writer', daemon=False)
+                self._thread.start()
+            self._condition.notify_all()
 
-    def _run(self, job: Callable[[Any], None], snapshot: Any, description: str) -> None:
-        try:
-            if self.before_write is not None:
-                self.before_write(description)
-            job(snapshot)
-            logger.debug('Checkpoint %s written in the background', description)
-        except BaseException as error:      # kept for the training thread, which raises it at its next wait()
-            self._error = error
+    def _serve(self) -> None:
+        condition = self._condition
+        while True:
+            with condition:
+                while self._job is None:
+                    if not condition.wait(timeout=self.IDLE_SECONDS) and self._job is None:
+                        self._thread = None     # under the lock: a submit from now on starts a new thread
+                        return
+                    if self._thread is not threading.current_thread():      # close()
+                        return
+                job, snapshot, description = self._job
+                self._job = None
+            try:
+                if self.before_write is not None:
+                    self.before_write(description)
+                job(snapshot)
+                logger.debug('Checkpoint %s written in the background', description)
+            except BaseException as error:      # kept for the training thread, which raises it at its next wait()
+                self._error = error
+            finally:
+                del job, snapshot           # the copy is not held while the thread waits
+                with condition:
+                    self._busy = False
+                    condition.notify_all()
 
     def wait(self) -> None:
         """Block until the write in flight (if any) is complete; raise CheckpointError if a write failed."""
-        thread = self._thread
-        if thread is not None:
-            thread.join()
-            self._thread = None
+        if self._busy:
+            with self._condition:
+                while self._busy:
+                    self._condition.wait()
         error, self._error = self._error, None
         if error is not None:
             raise CheckpointError(f'writing the checkpoint {self._description} in the background failed: '
                                   f'{type(error).__name__}: {error}') from error
+
+    def close(self) -> None:
+        """Let the write in flight finish, then end the writer thread (a later write starts a new one). Raises
+        nothing: a failed write stays to be raised by the next :meth:`wait`."""
+        with self._condition:
+            while self._busy:
+                self._condition.wait()
+            thread, self._thread = self._thread, None
+            self._condition.notify_all()
+        if thread is not None:
+            thread.join()
+
+
+class _SnapshotWalk:
+    """One :meth:`AsyncCheckpointWriter.snapshot`: copies a checkpoint's containers, and gives each tensor a host
+    buffer. A CPU tensor whose buffer (the previous snapshot's, in the order the walk meets them) has its shape and
+    dtype is copied by :meth:`finish`, all in one batched copy: per-tensor calls were most of a save's time on the
+    training thread for a model of many small tensors (an optimizer's state is three per parameter)."""
+
+    def __init__(self, pool: list[torch.Tensor]) -> None:
+        self.pool = pool
+        self.buffers: list[torch.Tensor] = []
+        self.memo: dict[int, torch.Tensor] = {}
+        self.targets: list[torch.Tensor] = []
+        self.sources: list[torch.Tensor] = []
+        self.devices: set[torch.device] = set()
+        self.unsafe = False         # a value a weights_only checkpoint cannot hold was met
+
+    def copy(self, value: Any) -> Any:
+        kind = type(value)
+        if kind is torch.Tensor or kind is torch.nn.Parameter:
+            copied = self.memo.get(id(value))
+            if copied is None:          # the same tensor twice (tied weights) stays one tensor
+                copied = self.memo[id(value)] = self._copy_tensor(value)
+            return copied
+        # Immutable leaves are kept without a call: an optimizer's state is mostly lists of indices and numbers.
+        copy, leaves = self.copy, _IMMUTABLE_LEAVES
+        if kind in _DICT_TYPES:
+            if not _KEY_TYPE_SET.issuperset(map(type, value)):
+                self.unsafe = True
+            return kind((key, item if type(item) in leaves else copy(item)) for key, item in value.items())
+        if kind is list or kind is tuple:
+            items = [item if type(item) in leaves else copy(item) for item in value]
+            return items if kind is list else tuple(items)
+        if kind not in leaves:
+            # A tensor subclass is pickled as its class; anything else is not a value weights_only loads.
+            self.unsafe = True
+        return value
+
+    def _copy_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        # Under no_grad (snapshot): a copy of a tensor that requires grad is a plain one, without a detach() each.
+        index = len(self.buffers)
+        buffer = self.pool[index] if index < len(self.pool) else None
+        reusable = (buffer is not None and buffer.shape == tensor.shape and buffer.dtype == tensor.dtype
+                    and tensor.layout is torch.strided and not tensor.is_quantized and tensor.is_contiguous())
+        if tensor.is_cpu:
+            if reusable:
+                self.targets.append(buffer)     # type: ignore[arg-type]
+                self.sources.append(tensor)
+            else:
+                buffer = tensor.to('cpu', copy=True) if tensor.layout is not torch.strided or tensor.is_quantized \
+                    else tensor.clone(memory_format=torch.contiguous_format)
+        elif tensor.is_cuda and tensor.layout is torch.strided and not tensor.is_quantized:
+            if not reusable or not buffer.is_pinned():      # type: ignore[union-attr]
+                buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            buffer.copy_(tensor, non_blocking=True)     # type: ignore[union-attr]
+            self.devices.add(tensor.device)
+        else:
+            buffer = tensor.to('cpu', copy=True)
+        self.buffers.append(buffer)     # type: ignore[arg-type]
+        return buffer       # type: ignore[return-value]
+
+    def finish(self) -> None:
+        """The batched copies, and the device's copies complete."""
+        if self.targets:
+            torch._foreach_copy_(self.targets, self.sources)
+        for device in self.devices:
+            torch.cuda.synchronize(device)      # the non-blocking device -> pinned host copies are complete

@@ -129,7 +129,7 @@ class Evaluation:
                 result, _ = self._isolated(lambda: self._run_pass(loader, 'loss', {'type': dataset_type},
                                                                   move_to_cpu=True))
             hit = self._cache[key] = (self.position, result)
-        loss = copy.deepcopy(hit[1])
+        loss = _fresh_copy(hit[1])
         return loss.item() if float_dict_format and isinstance(loss, (torch.Tensor, MultiLoss)) else loss
 
     def predictions(self, dataset_type: str, force: bool = False,
@@ -144,7 +144,7 @@ class Evaluation:
             _, result = self._isolated(lambda: self._run_pass(
                 loader, 'predictions', {'type': dataset_type}, execute_callbacks=execute_callbacks, move_to_cpu=True))
             hit = self._cache[key] = (self.position, result)
-        return copy.deepcopy(hit[1])
+        return _fresh_copy(hit[1])
 
     def expect_predictions(self, dataset_type: str) -> None:
         """Say that the predictions of the loop's ``dataset_type`` loader will be asked for at the current training
@@ -417,6 +417,25 @@ def mean_float64(losses: Sequence[Any]) -> torch.Tensor:
             if stacked.numel() == len(losses):
                 return stacked.reshape(-1).to(torch.float64).mean()
     return torch.stack([torch.as_tensor(loss, dtype=torch.float64).reshape(()) for loss in losses]).mean()
+
+
+def _fresh_copy(value: Any, memo: Optional[Dict[int, Any]] = None) -> Any:
+    """A copy of a cached result that its caller may change: ``copy.deepcopy``'s result (one copy of an object met
+    twice), with plain tensors cloned and tuples, lists and dicts rebuilt here, since deepcopy costs a tensor about ten
+    times its clone (every epoch, on the predictions a metric asks for)."""
+    if memo is None:
+        memo = {}
+    kind = type(value)
+    if kind is torch.Tensor and not value.requires_grad:
+        copied = memo.get(id(value))
+        if copied is None:
+            copied = memo[id(value)] = value.clone()
+        return copied
+    if kind is tuple or kind is list:
+        return kind(_fresh_copy(item, memo) for item in value)
+    if kind is dict:
+        return {key: _fresh_copy(item, memo) for key, item in value.items()}
+    return copy.deepcopy(value, memo)
 
 
 def _cpu(value: Any) -> Any:

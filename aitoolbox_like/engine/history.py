@@ -114,7 +114,7 @@ class TrainingHistory:
     # ---- checkpoint state ----
     def state_dict(self) -> dict[str, Any]:
         """Values, their epochs, ``current_epoch`` and the step records, for a checkpoint."""
-        state = {'train_history': copy.deepcopy(self.train_history), 'epochs': copy.deepcopy(self._epochs),
+        state = {'train_history': _copy_lists(self.train_history), 'epochs': _copy_lists(self._epochs),
                  'current_epoch': self.current_epoch}
         if self.steps:
             state['steps'] = copy.deepcopy(self.steps)
@@ -201,3 +201,15 @@ class TrainingHistory:
 
     def __repr__(self) -> str:
         return f'TrainingHistory({self.train_history!r})'
+
+
+# What a history value usually is: copied by reference, as deepcopy would return it.
+_IMMUTABLE = frozenset((int, float, bool, str, type(None)))
+
+
+def _copy_lists(lists: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """``copy.deepcopy(lists)`` for a dict of lists of values, without deepcopy's per-value work where a value is a
+    number or a string (every save copies the whole history)."""
+    memo: dict[int, Any] = {}
+    return {name: [value if type(value) in _IMMUTABLE else copy.deepcopy(value, memo) for value in values]
+            for name, values in lists.items()}

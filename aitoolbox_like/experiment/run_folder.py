@@ -86,6 +86,9 @@ class Experiment:
         self._reported_unfinished = None
         self._waits_cut_short = False     # a stop signal cut a wait for the uploads short: later ones do not wait
         self._files_written: Dict[str, str] = {}    # the loop's experiment_files as last written: {name: text}
+        # The experiment folder whose hyperparams_list.txt this run saw complete (a saver calls save_hyperparams at
+        # every save: the file-system check is made once).
+        self._hyperparams_saved_in: Optional[str] = None
 
     @property
     def journal(self) -> UploadJournal:
@@ -213,6 +216,7 @@ class Experiment:
             pass
         self.claimed = False
         self._files_written = {}
+        self._hyperparams_saved_in = None
         logger.info('Removed the experiment folder %s: the run failed before its first training step', self.dir_path)
         return True
 
@@ -416,7 +420,8 @@ class Experiment:
         folder = self.claim()
         written = self.save_experiment_files(uploader)
         txt_path = os.path.join(folder, HYPERPARAMS_TXT)
-        if os.path.exists(txt_path):
+        if self._hyperparams_saved_in == folder or os.path.exists(txt_path):
+            self._hyperparams_saved_in = folder
             return written
         hyperparams = hyperparams if hyperparams is not None else {}
         upload_from = len(written)
@@ -436,6 +441,7 @@ class Experiment:
         # Written last: its presence means the set is complete.
         write_hyperparams_text(txt_path, hyperparams, temp_dir=temp_dir)
         written.append(txt_path)
+        self._hyperparams_saved_in = folder
         if uploader is not None:
             for path in written[upload_from:]:
                 uploader.upload_at_start(path)

@@ -3,11 +3,13 @@ the file, the pointers and the upload are written by a background thread, one at
 docs/saving-and-resuming.md promises: exact resume, training goes on during a write, kill -9 during a write keeps the
 previous checkpoint, errors surface, and the end of fit waits for the last write."""
 import os
+import pickle
 import signal
 import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -136,12 +138,16 @@ class _Observer(AbstractCallback):
 
     def on_batch_end(self):
         loop = self.train_loop_obj
+        if loop.epoch == 1 and loop.iteration == 0:
+            # The writer thread holds the epoch-0 write at the gate by now (or soon: it waits for the GIL).
+            assert self.gate.entered.wait(60), 'the epoch-0 write never started'
         if loop.epoch == 1 and self.gate.entered.is_set() and not self.gate.release.is_set():
             folder = self.saver.experiment.dir_path
+            checkpoints = os.path.join(folder, 'checkpoint_model')     # made by the write, in the background
             self.batches_while_blocked.append(
                 (loop.iteration, self.saver.async_writer.pending,
                  read_pointer(folder) is not None,
-                 os.listdir(os.path.join(folder, 'checkpoint_model'))))
+                 os.listdir(checkpoints) if os.path.isdir(checkpoints) else []))
             if loop.iteration == 3:
                 self.gate.release.set()
 
@@ -178,6 +184,82 @@ def test_snapshot_is_a_deep_host_copy_that_reuses_its_buffers():
     assert torch.equal(buffer, torch.arange(6.))                        # a copy: later training does not move it
     second = writer.snapshot(state)
     assert second['model']['w'] is buffer and torch.equal(buffer, torch.arange(6.) + 1)     # buffer reused
+
+
+def test_a_buffer_is_reused_only_for_a_tensor_of_its_shape_and_dtype():
+    writer = AsyncCheckpointWriter()
+    first = writer.snapshot({'a': torch.ones(3), 'b': torch.ones(2)})
+    # The state changed shape and dtype at the same places: new buffers, never a broadcast or cast into the old ones.
+    second = writer.snapshot({'a': torch.arange(4.), 'b': torch.arange(2, dtype=torch.int64)})
+    assert second['a'] is not first['a'] and torch.equal(second['a'], torch.arange(4.))
+    assert second['b'] is not first['b'] and second['b'].dtype == torch.int64
+
+
+class _HeldState(AbstractCallback):
+    """A callback whose state holds a value a weights_only checkpoint cannot: a NumPy scalar."""
+
+    def __init__(self):
+        super().__init__('held state')
+
+    def state_dict(self):
+        return {'best': np.float64(0.5)}
+
+
+@pytest.mark.parametrize('async_save', [True, False])
+def test_a_state_weights_only_refuses_is_named_when_it_is_saved(tmp_path, async_save):
+    # The background save checks in the walk that copies the state; the message is the synchronous save's.
+    with pytest.raises(CheckpointError) as error:
+        _fit(_loop(), 1, _saver(tmp_path, async_save=async_save), extra=[_HeldState()])
+    message = str(error.value)
+    assert "['best']: numpy.float64 cannot be stored in a weights_only checkpoint" in message
+    assert 'convert numpy values with .item()' in message and message.startswith('checkpoint[')
+
+
+def test_a_dict_key_weights_only_refuses_is_named_by_the_snapshot():
+    with pytest.raises(CheckpointError, match=r"checkpoint\['x'\]: dict key \(1, 2\) has type tuple"):
+        AsyncCheckpointWriter().snapshot({'x': {(1, 2): torch.ones(1)}})
+
+
+def test_one_writer_thread_serves_the_writes_until_it_is_closed_or_idle():
+    writer = AsyncCheckpointWriter()
+    threads, snapshots = [], []
+
+    def job(snapshot):
+        threads.append(threading.current_thread())
+        snapshots.append(None if snapshot is None else int(snapshot['v']))     # its buffer serves the next one
+    for value in range(3):
+        writer.submit(f'write {value}', job, writer.snapshot({'v': torch.tensor(value)}))
+        writer.wait()
+    assert snapshots == [0, 1, 2]
+    assert len(set(threads)) == 1 and threads[0] is not threading.current_thread() and threads[0].is_alive()
+    writer.close()
+    assert not threads[0].is_alive()
+    writer.submit('after close', job, None)        # a write after close() starts a new thread
+    writer.wait()
+    assert threads[3] is not threads[0]
+    writer.IDLE_SECONDS = 0.05
+    writer.submit('idle', job, None)                # the thread now ends by itself once idle
+    writer.wait()
+    threads[-1].join(timeout=30)
+    assert not threads[-1].is_alive()
+    writer.submit('after idle', job, None)
+    writer.wait()
+    assert len(threads) == 6 and threads[-1].is_alive()
+    writer.close()
+
+
+def test_a_writer_travels_to_a_spawned_process_and_writes_there():
+    # DDP spawn pickles the callbacks with their writer: the thread and its lock stay behind.
+    writer = AsyncCheckpointWriter()
+    writer.submit('before', lambda snapshot: None, writer.snapshot({'w': torch.ones(2)}))
+    copy = pickle.loads(pickle.dumps(writer))
+    assert not writer.pending
+    done = []
+    copy.submit('after', done.append, copy.snapshot({'w': torch.zeros(2)}))
+    copy.wait()
+    assert torch.equal(done[0]['w'], torch.zeros(2))
+    copy.close()
+    writer.close()
 
 
 # ---------------------------------------------------------------------------------------------- kill -9
@@ -295,7 +377,8 @@ def test_rm_subopt_deletes_only_complete_checkpoints(tmp_path):
 
     def hook(path):
         # What the folder holds while a checkpoint is written: only complete files, the previous newest included.
-        seen.append(sorted(os.listdir(os.path.dirname(path))))
+        folder = os.path.dirname(path)      # made by the first write
+        seen.append(sorted(os.listdir(folder)) if os.path.isdir(folder) else [])
     saver.async_writer.before_write = hook
     _fit(_loop(), 4, saver)
     for before in seen[1:]:

@@ -130,7 +130,7 @@ def optimizer_class_names(loop):
     class is refused instead of failing a step later)."""
     return [type(optimizer).__qualname__ for optimizer in loop.optimizers] if loop.optimizer is not None else []
 
-def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True, all_ranks=False):
+def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True, all_ranks=False, snapshot=None):
     """The loop's full state as a checkpoint dict.
 
     Args:
@@ -144,8 +144,10 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True, all_
             states and the running losses of the epoch averaged over the ranks, so each rank of a resumed run
             continues with its own random stream and the epoch's loss counts every rank. False (a save by rank 0
             alone, e.g. while fit is failing): rank 0's own, and a resumed run gives them to every rank.
+        snapshot (``AsyncCheckpointWriter.snapshot``): return a copy that training does not change, for a write in
+            the background (see begin_checkpoint).
     """
-    checkpoint, losses = begin_checkpoint(loop, hyperparams, mid_epoch, weights, all_ranks)
+    checkpoint, losses = begin_checkpoint(loop, hyperparams, mid_epoch, weights, all_ranks, snapshot)
     if losses is not None:
         losses.complete(checkpoint)
     return checkpoint
@@ -161,7 +163,8 @@ def begin_checkpoint(loop: 'TrainLoop', hyperparams: Any = None, mid_epoch: bool
 
     ``snapshot`` (``AsyncCheckpointWriter.snapshot``): the dict returned is then a copy that training does not
     change, for a write in the background: what may be shared with the loop, its callbacks or its optimizer is
-    copied by ``snapshot``; the RNG states are not (see _copy_but_rng_states)."""
+    copied by ``snapshot``; the RNG states are not (see _copy_but_rng_states). The snapshot's walk is then the check
+    that everything in it loads with ``weights_only=True``, and it copies the weights to host memory."""
     model = loop.model
     optimizer = loop.optimizer
     fsdp = distributed.is_fsdp_model(model)
@@ -170,7 +173,9 @@ def begin_checkpoint(loop: 'TrainLoop', hyperparams: Any = None, mid_epoch: bool
         if optimizer_state is not None:
             optimizer_state = sharded_checkpoint.index_keyed(loop, optimizer_state)
     else:
-        model_state = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in model.state_dict().items()}
+        # A snapshot copies the tensors to host memory itself (state_dict's are detached).
+        model_state = dict(model.state_dict()) if snapshot is not None else \
+            {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in model.state_dict().items()}
         optimizer_state = optimizer.state_dict() if callable(getattr(optimizer, 'state_dict', None)) else None
     hyperparams_json, hyperparams_plain = _json_safe(hyperparams)
     handler = loop.callbacks_handler
@@ -237,8 +242,9 @@ def begin_checkpoint(loop: 'TrainLoop', hyperparams: Any = None, mid_epoch: bool
     if 'loss_batch_accum_ranks' in data_position:
         data_position['loss_batch_accum_ranks'] = [_pack_losses(rank_losses)
                                                    for rank_losses in data_position['loss_batch_accum_ranks']]
-    _check_weights_only_safe_but_rng_states(checkpoint)
-    if snapshot is not None:
+    if snapshot is None:
+        _check_weights_only_safe_but_rng_states(checkpoint)
+    else:
         checkpoint = _copy_but_rng_states(checkpoint, snapshot)
     return checkpoint, losses
 
