@@ -133,14 +133,15 @@ class ExperimentSaverBase(AbstractCallback):
             self._close_background_writers()
 
     def _save_state(self, subdir, file_name, mid_epoch=False, pointer=None, after_write=None, wait=False,
-                    checkpoint=None, all_ranks=False):
+                    checkpoint=None, all_ranks=False, fsdp=None):
         """Write the loop's full state atomically into ``<experiment>/<subdir>/<file_name>``, then point
         ``pointer`` at it, queue its upload and run ``after_write(path)``; returns the file's path.
 
         With ``async_save`` the training thread only waits for the previous write and copies the state to host
         memory; the rest runs in the background (``wait=True``: wait for it before returning). ``checkpoint``: the
         state to write, already built (an FSDP export, gathered by every rank); None: built here (``all_ranks``:
-        with every rank taking part, loop_state.build_checkpoint)."""
+        with every rank taking part, loop_state.build_checkpoint; ``fsdp``: whether the model is sharded, where the
+        caller knows)."""
         loop = self.train_loop_obj
         self.wait_for_pending_save()        # one write in flight at most; its error is raised here
         self.save_hyperparams()
@@ -148,7 +149,8 @@ class ExperimentSaverBase(AbstractCallback):
         if checkpoint is None:
             # With async_save, built as the writer's snapshot: one walk copies it and checks it loads.
             checkpoint = loop_state.build_checkpoint(loop, self.hyperparams, mid_epoch=mid_epoch, all_ranks=all_ranks,
-                                                     snapshot=writer.snapshot if writer is not None else None)
+                                                     snapshot=writer.snapshot if writer is not None else None,
+                                                     fsdp=fsdp)
         elif writer is not None:
             checkpoint = writer.snapshot(checkpoint)
         experiment = self.experiment
@@ -464,7 +466,7 @@ class ModelCheckpoint(ExperimentSaverBase):
                 return None
         else:
             path = self._save_state(CHECKPOINT_DIR, file_name, mid_epoch=mid_epoch, pointer=LATEST_POINTER,
-                                    after_write=after_write, wait=wait, all_ranks=all_ranks)
+                                    after_write=after_write, wait=wait, all_ranks=all_ranks, fsdp=False)
         self.latest_checkpoint_path = path
         return path
 

@@ -130,7 +130,8 @@ def optimizer_class_names(loop):
     class is refused instead of failing a step later)."""
     return [type(optimizer).__qualname__ for optimizer in loop.optimizers] if loop.optimizer is not None else []
 
-def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True, all_ranks=False, snapshot=None):
+def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True, all_ranks=False, snapshot=None,
+                     fsdp=None):
     """The loop's full state as a checkpoint dict.
 
     Args:
@@ -146,15 +147,17 @@ def build_checkpoint(loop, hyperparams=None, mid_epoch=False, weights=True, all_
             alone, e.g. while fit is failing): rank 0's own, and a resumed run gives them to every rank.
         snapshot (``AsyncCheckpointWriter.snapshot``): return a copy that training does not change, for a write in
             the background (see begin_checkpoint).
+        fsdp (bool): whether the model is sharded with FSDP, where the caller has just found out (None: found here,
+            a walk over the model's modules).
     """
-    checkpoint, losses = begin_checkpoint(loop, hyperparams, mid_epoch, weights, all_ranks, snapshot)
+    checkpoint, losses = begin_checkpoint(loop, hyperparams, mid_epoch, weights, all_ranks, snapshot, fsdp)
     if losses is not None:
         losses.complete(checkpoint)
     return checkpoint
 
 def begin_checkpoint(loop: 'TrainLoop', hyperparams: Any = None, mid_epoch: bool = False, weights: bool = True,
-                     all_ranks: bool = False, snapshot: Optional[Callable[[Any], Any]] = None
-                     ) -> Tuple[Dict[str, Any], Optional[LossesOverRanks]]:
+                     all_ranks: bool = False, snapshot: Optional[Callable[[Any], Any]] = None,
+                     fsdp: Optional[bool] = None) -> Tuple[Dict[str, Any], Optional[LossesOverRanks]]:
     """:func:`build_checkpoint`'s dict, and what is left of it: the mean over ranks of the running losses of an FSDP
     fit's mid-epoch checkpoint without ``all_ranks`` (a collective, which build_checkpoint runs at once), or None.
     Until ``losses.complete(checkpoint)`` has run, the dict holds this rank's own running losses there. The same
@@ -167,7 +170,8 @@ def begin_checkpoint(loop: 'TrainLoop', hyperparams: Any = None, mid_epoch: bool
     that everything in it loads with ``weights_only=True``, and it copies the weights to host memory."""
     model = loop.model
     optimizer = loop.optimizer
-    fsdp = distributed.is_fsdp_model(model)
+    if fsdp is None:
+        fsdp = distributed.is_fsdp_model(model)
     if fsdp or not weights:
         model_state, optimizer_state = sharded_checkpoint.full_state(loop) if weights else ({}, None)
         if optimizer_state is not None:
