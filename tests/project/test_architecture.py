@@ -27,6 +27,8 @@ ALLOWED_THIRD_PARTY_PRIVATES = {
     ('aitoolbox_like.callbacks.health', '_exit'),
     # sys._current_frames() is documented (the sys module's docs) as the way to read another thread's stack.
     ('aitoolbox_like.callbacks.health', '_current_frames'),
+    # torch's batched copy, which torch.optim's own foreach implementations use; torch has no public one.
+    ('aitoolbox_like.checkpoint.files', '_foreach_copy_'),
 }
 
 
