@@ -35,8 +35,7 @@ _SCALAR_TYPES = (int, float, bool, complex, str, bytes, type(None), torch.dtype,
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _DICT_TYPES = (dict, OrderedDict)
 _SEQUENCE_TYPES = (list, tuple, torch.Size)
-_KEY_TYPES = (str, int)
-_KEY_TYPE_SET = frozenset(_KEY_TYPES + (bool,))
+_KEY_TYPES = frozenset((str, int, bool))
 _IMMUTABLE_LEAVES = frozenset(_SCALAR_TYPES + (torch.Size,))
 
 # How torch's weights_only unpickler reports an object it refuses to rebuild (as opposed to a
@@ -144,7 +143,7 @@ def _all_weights_only_safe(obj: object) -> bool:
         if kind in _DICT_TYPES:
             if id(value) not in seen:
                 seen.add(id(value))
-                if any(type(key) not in _KEY_TYPES and type(key) is not bool for key in value):
+                if not _KEY_TYPES.issuperset(map(type, value)):
                     return False
                 stack.extend(value.values())
             continue
@@ -172,7 +171,7 @@ def _raise_at_first_unsafe(obj: object, where: str) -> None:
             seen.add(id(value))
             if kind in _DICT_TYPES:
                 for key, item in value.items():
-                    if type(key) not in _KEY_TYPES and type(key) is not bool:
+                    if type(key) not in _KEY_TYPES:
                         raise CheckpointError(
                             f'{location}: dict key {key!r} has type {_type_name(key)}; '
                             f'checkpoint dict keys must be str or int'
@@ -348,7 +347,8 @@ class AsyncCheckpointWriter:
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled with its callback (a DDP spawn): a thread and its lock cannot travel, and the staging buffers need
-        # not.
+        # not. A failed write is raised here, in this process, not carried to the next.
+        self.wait()
         self.close()
         state = dict(self.__dict__)
         for name in ('_condition', '_job', '_busy', '_thread'):
@@ -468,7 +468,7 @@ class _SnapshotWalk:
         # Immutable leaves are kept without a call: an optimizer's state is mostly lists of indices and numbers.
         copy, leaves = self.copy, _IMMUTABLE_LEAVES
         if kind in _DICT_TYPES:
-            if not _KEY_TYPE_SET.issuperset(map(type, value)):
+            if not _KEY_TYPES.issuperset(map(type, value)):
                 self.unsafe = True
             return kind((key, item if type(item) in leaves else copy(item)) for key, item in value.items())
         if kind is list or kind is tuple:
@@ -482,25 +482,28 @@ class _SnapshotWalk:
     def _copy_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         # Under no_grad (snapshot): a copy of a tensor that requires grad is a plain one, without a detach() each.
         index = len(self.buffers)
-        buffer = self.pool[index] if index < len(self.pool) else None
-        reusable = (buffer is not None and buffer.shape == tensor.shape and buffer.dtype == tensor.dtype
-                    and tensor.layout is torch.strided and not tensor.is_quantized and tensor.is_contiguous())
-        if tensor.is_cpu:
+        kept = self.pool[index] if index < len(self.pool) else None
+        dense = tensor.layout is torch.strided and not tensor.is_quantized
+        reusable = (dense and kept is not None and kept.shape == tensor.shape and kept.dtype == tensor.dtype
+                    and tensor.is_contiguous())
+        buffer: torch.Tensor
+        if not dense or not (tensor.is_cpu or tensor.is_cuda):
+            buffer = tensor.to('cpu', copy=True)
+        elif tensor.is_cpu:
             if reusable:
-                self.targets.append(buffer)     # type: ignore[arg-type]
+                assert kept is not None
+                buffer = kept
+                self.targets.append(buffer)
                 self.sources.append(tensor)
             else:
-                buffer = tensor.to('cpu', copy=True) if tensor.layout is not torch.strided or tensor.is_quantized \
-                    else tensor.clone(memory_format=torch.contiguous_format)
-        elif tensor.is_cuda and tensor.layout is torch.strided and not tensor.is_quantized:
-            if not reusable or not buffer.is_pinned():      # type: ignore[union-attr]
-                buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            buffer.copy_(tensor, non_blocking=True)     # type: ignore[union-attr]
-            self.devices.add(tensor.device)
+                buffer = tensor.clone(memory_format=torch.contiguous_format)
         else:
-            buffer = tensor.to('cpu', copy=True)
-        self.buffers.append(buffer)     # type: ignore[arg-type]
-        return buffer       # type: ignore[return-value]
+            buffer = kept if reusable and kept is not None and kept.is_pinned() else \
+                torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            buffer.copy_(tensor, non_blocking=True)
+            self.devices.add(tensor.device)
+        self.buffers.append(buffer)
+        return buffer
 
     def finish(self) -> None:
         """The batched copies, and the device's copies complete."""
