@@ -55,9 +55,10 @@ $(AZURITE):
 test-prerequisites:
 	@$(MAKE) --no-print-directory -j2 $(DEV_STAMP) $(AZURITE)
 
-# The type check runs beside the tests: the suite leaves about a third of the two cores idle while its processes wait
-# (for servers, signals, the SLURM scheduler), and the check's ~20 s fit there instead of before the suite. Either
-# failing fails `make test`; the check's output comes after the tests'. The tests run on every core (pytest-xdist;
+# The type check runs beside the tests, at a lower priority (nice): the suite leaves about an eighth of the two cores
+# idle while its processes wait (for servers, signals, subprocesses), and the check's ~25 s of CPU fit there instead
+# of before the suite, or of slowing the workers' collection (both import every test module, the first time compiling
+# what they import). Either failing fails `make test`; the check's output comes after the tests'. The tests run on every core (pytest-xdist;
 # tests sharing a server or a cluster are one xdist_group). tests/gpu is `make gpu-check`'s.
 # The tests start a few hundred Python processes that import the package: with PYTHONDONTWRITEBYTECODE set (as on
 # these machines) each would compile it from source again, so it is unset here and the bytecode is written once.
@@ -65,7 +66,7 @@ PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n auto --dist loadg
 # The system tests (marked `system`: on the SLURM cluster, a Ray node or under torchrun, or killing the ranks of a
 # multi-process run) are `make system-check`'s, which CI runs after this.
 test: test-prerequisites
-	@log=$$(mktemp); $(PY) -m mypy aitoolbox_like > $$log 2>&1 & typecheck=$$!; \
+	@log=$$(mktemp); nice -n 10 $(PY) -m mypy aitoolbox_like > $$log 2>&1 & typecheck=$$!; \
 	echo "$(PYTEST) -m 'not system' --durations=30 tests"; $(PYTEST) -m 'not system' --durations=30 tests; tests=$$?; \
 	wait $$typecheck; typed=$$?; echo '$(PY) -m mypy aitoolbox_like'; cat $$log; rm -f $$log; \
 	test $$tests -eq 0 -a $$typed -eq 0

@@ -14,23 +14,26 @@ import urllib.request
 import pytest
 import torch
 
-mlflow = pytest.importorskip('mlflow')
-
-from mlflow.tracking import MlflowClient  # noqa: E402
-
-from aitoolbox_like import AbstractCallback  # noqa: E402
-from aitoolbox_like.callbacks.mlflow import MLflowTracking  # noqa: E402
-from aitoolbox_like.callbacks.model_save import ModelCheckpoint  # noqa: E402
-from aitoolbox_like.callbacks.performance_eval import ModelTrainHistoryFileWriter  # noqa: E402
-from aitoolbox_like.tracking import TrainLoopCheckpoint  # noqa: E402
-from aitoolbox_like.train_loop import TrainLoop  # noqa: E402
-from helpers import MLP, loaders  # noqa: E402
-from s3_server import make_bucket, s3_server  # noqa: E402,F401  (pytest fixture)
+from aitoolbox_like import AbstractCallback
+from aitoolbox_like.callbacks.mlflow import MLflowTracking
+from aitoolbox_like.callbacks.model_save import ModelCheckpoint
+from aitoolbox_like.callbacks.performance_eval import ModelTrainHistoryFileWriter
+from aitoolbox_like.tracking import TrainLoopCheckpoint
+from aitoolbox_like.train_loop import TrainLoop
+from helpers import MLP, loaders
+from s3_server import make_bucket, s3_server  # noqa: F401  (pytest fixture)
 
 # One mlflow at a time, in one pytest-xdist worker (its set-up is paid once, and two would share 2 cores).
 pytestmark = pytest.mark.xdist_group('mlflow')
 
 _SERVER_START_TIMEOUT_S = 60.0
+
+
+def mlflow_client(tracking_uri):
+    """mlflow's MlflowClient on ``tracking_uri``, imported here: mlflow takes about 2 s to import, which only the
+    pytest worker that runs these tests pays, not every worker at collection."""
+    from mlflow.tracking import MlflowClient
+    return MlflowClient(tracking_uri)
 
 
 def _free_port():
@@ -161,7 +164,7 @@ def test_local_sqlite_store_logs_params_metrics_batch_losses_artifacts_and_tags(
     loop.fit(num_epochs=2, callbacks=[recorder, ModelTrainHistoryFileWriter(file_format='csv'), tracker])
     assert tracker.not_logged == []
 
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     run = client.get_run(tracker.run_id)
     assert run.info.status == 'FINISHED'
     assert run.info.run_name == 'exp'
@@ -204,7 +207,7 @@ def test_plain_loop_with_file_store_and_checkpoints_as_artifacts(tmp_path, monke
     tracker = MLflowTracking(store, experiment_name='mine', run_name='first', log_checkpoints=True)
     saver = ModelCheckpoint('p', 'e', str(tmp_path / 'results'), {'lr': 0.1}, 'local')
     loop.fit(num_epochs=1, callbacks=[saver, tracker])
-    client = MlflowClient(store)
+    client = mlflow_client(store)
     run = client.get_run(tracker.run_id)
     assert client.get_experiment(run.info.experiment_id).name == 'mine' and run.info.run_name == 'first'
     assert run.data.tags['project'] == 'p' and run.data.tags['experiment'] == 'e'    # the saving callback's names
@@ -218,7 +221,7 @@ def test_server_with_s3_artifacts_resume_continues_the_same_run(mlflow_server, t
     tracker = MLflowTracking(mlflow_server.uri, experiment_name='server-resume')
     loop.fit(num_epochs=2, callbacks=[tracker])
     assert tracker.not_logged == []
-    client = MlflowClient(mlflow_server.uri)
+    client = mlflow_client(mlflow_server.uri)
     run_id = tracker.run_id
     assert client.get_run(run_id).info.status == 'FINISHED'
     artifacts = _artifact_paths(client, run_id)
@@ -275,7 +278,7 @@ def test_server_down_during_training_is_one_warning_and_caught_up(mlflow_server,
     assert len(warnings) == 1 and 'not answering' in warnings[0].getMessage(), [r.getMessage() for r in warnings]
     assert any('answers again' in r.getMessage() for r in caplog.records)
     assert tracker.not_logged == []
-    client = MlflowClient(mlflow_server.uri)
+    client = mlflow_client(mlflow_server.uri)
     assert client.get_run(tracker.run_id).info.status == 'FINISHED'
     _assert_history_logged(client, tracker.run_id, loop)        # epoch 1, logged while down, was caught up
     assert sorted(_metric_steps(client, tracker.run_id, 'batch_loss')) == list(range(15))

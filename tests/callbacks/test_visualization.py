@@ -1,5 +1,3 @@
-# torchvision imports here as in any script the venv runs: the Makefile's venv has a start-up hook for its CUDA
-# build beside CPU torch (tools/cpu_torchvision.py); the library imports it lazily and reports a clear error.
 import glob
 import os
 
@@ -10,8 +8,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from aitoolbox_like import TrainLoop, TTBasicModel
 from aitoolbox_like.callbacks.visualization import PredictionVisualization, SaveBatchImages, make_prediction_figure
-
-torchvision = pytest.importorskip('torchvision')
 
 
 class TinyCNN(TTBasicModel):
@@ -64,6 +60,10 @@ def test_batch_image_grids_match_torchvision_and_leave_training_unchanged():
     saved = matplotlib.image.imread(os.path.join(folder, 'val_epoch_1.png'))
     assert saved.shape[:2] == (2 + 2 * 10, 2 + 8 * 10)      # 2 rows of 8 images of 8x8, padding 2
     first_val = next(iter(loop.validation_loader))[0][:16]
+    # torchvision imports as in any script the venv runs (the Makefile's venv has a start-up hook for its CUDA build
+    # beside CPU torch: tools/cpu_torchvision.py); here, not at the top, so that only the worker running this test
+    # pays its import.
+    import torchvision
     expected = torchvision.utils.make_grid(first_val, nrow=8, normalize=True).permute(1, 2, 0).numpy()
     assert abs(saved[..., :3] - expected).max() <= 1 / 255 + 1e-6
 

@@ -13,13 +13,11 @@ import zlib
 import pytest
 import torch
 
-wandb = pytest.importorskip('wandb')
-
-from aitoolbox_like import AbstractCallback  # noqa: E402
-from aitoolbox_like.callbacks.wandb import AlertConfig, WandBTracking  # noqa: E402
-from aitoolbox_like.tracking import TrainLoopCheckpoint  # noqa: E402
-from aitoolbox_like.train_loop import TrainLoop  # noqa: E402
-from helpers import MLP, loaders  # noqa: E402
+from aitoolbox_like import AbstractCallback
+from aitoolbox_like.callbacks.wandb import AlertConfig, WandBTracking
+from aitoolbox_like.tracking import TrainLoopCheckpoint
+from aitoolbox_like.train_loop import TrainLoop
+from helpers import MLP, loaders
 
 _BLOCK = 32 * 1024
 _HEADER_LEN = 7          # ':W&B' + magic + version
@@ -100,6 +98,8 @@ def run_files(root):
 
 @pytest.fixture
 def offline_wandb(tmp_path, monkeypatch):
+    # wandb imported at use (here and in the tests): only the pytest worker that runs them pays its import
+    import wandb
     for name, value in (('WANDB_MODE', 'offline'), ('WANDB_SILENT', 'true'), ('WANDB_DIR', str(tmp_path / 'wb')),
                         ('WANDB_CONFIG_DIR', str(tmp_path / 'wb_config')),
                         ('WANDB_CACHE_DIR', str(tmp_path / 'wb_cache')),
@@ -161,6 +161,7 @@ def _expected_epoch_rows(loop, epochs):
 
 
 def test_offline_run_logs_config_history_batch_losses_alerts_and_resumes_the_same_run(offline_wandb):
+    import wandb
     tmp_path = offline_wandb
     loop = _checkpoint_loop(tmp_path)
     recorder = RecordBatchLosses()
@@ -238,6 +239,7 @@ def test_offline_run_logs_config_history_batch_losses_alerts_and_resumes_the_sam
 
 
 def test_pre_initialized_mode_without_a_run_fails_clearly(offline_wandb):
+    import wandb
     train, val, test = loaders()
     model = MLP()
     loop = TrainLoop(model, train, val, test, torch.optim.SGD(model.parameters(), lr=0.1),
@@ -288,6 +290,7 @@ def test_json_unfriendly_hyperparams_become_their_repr():
 
 
 def test_pre_initialized_run_is_used_and_left_open(offline_wandb):
+    import wandb
     tmp_path = offline_wandb
     user_run = wandb.init(project='mine', dir=str(tmp_path / 'own'), config={'set_by': 'user'})
     train, val, test = loaders()
@@ -316,6 +319,7 @@ class Boom(AbstractCallback):
 
 
 def test_an_exception_finishes_the_run_as_failed_and_propagates(offline_wandb):
+    import wandb
     tmp_path = offline_wandb
     train, val, test = loaders()
     model = MLP()

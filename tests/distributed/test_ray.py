@@ -8,10 +8,7 @@ import os
 import sys
 
 import pytest
-import ray
 import torch
-from ray.train import FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
 
 from aitoolbox_like.checkpoint import load_checkpoint
 from aitoolbox_like.adapters.ray import CHECKPOINT_FILE_NAME, RayTrainReport
@@ -30,6 +27,11 @@ pytestmark = pytest.mark.xdist_group('ray')
 @pytest.mark.timeout(600)
 def test_killed_worker_resumes_from_the_s3_checkpoint_to_the_uninterrupted_weights(tmp_path, s3_server, monkeypatch,
                                                                                     quick_ray_train):
+    # Ray imported here, not at the top: the module is collected by every pytest worker of make test too, which
+    # leaves out this system test.
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
     monkeypatch.setenv('OMP_NUM_THREADS', '1')      # inherited by the spawned processes and Ray's workers
     reference = build_loop()
     reference.fit(num_epochs=NUM_EPOCHS, num_gpus=2, on_gpu=False)

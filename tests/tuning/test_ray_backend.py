@@ -3,7 +3,6 @@ the same pruning and the same result files as ``--backend optuna``."""
 import os
 
 import optuna
-import ray
 import pytest
 
 from aitoolbox_like.recipes import Recipe
@@ -67,6 +66,7 @@ def test_ray_tune_runs_two_trials_at_once_prunes_like_optuna_and_writes_the_same
     assert result.best is not None and result.best.number == int(best['number'])
     assert Recipe.load(out / 'best.yaml').config['optimizer']['lr'] == float(best['optimizer.lr'])
     assert (out / 'history.png').stat().st_size > 0
+    import ray      # imported at use: every pytest worker of make test collects this module (a system test)
     assert not ray.is_initialized()                 # the local cluster started for the search is shut down
 
     # The same command continues the study: it has its three trials, so nothing runs (and no cluster starts).
