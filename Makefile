@@ -58,8 +58,8 @@ test-prerequisites:
 # The type check runs beside the tests, at a lower priority (nice): the suite leaves about an eighth of the two cores
 # idle while its processes wait (for servers, signals, subprocesses), and the check's ~25 s of CPU fit there instead
 # of before the suite, or of slowing the workers' collection (both import every test module, the first time compiling
-# what they import). Either failing fails `make test`; the check's output comes after the tests'. The tests run on every core (pytest-xdist;
-# tests sharing a server or a cluster are one xdist_group). tests/gpu is `make gpu-check`'s.
+# what they import). Either failing fails `make test`; the check's output comes after the tests'. The tests run on
+# every core (pytest-xdist; tests sharing a server or a cluster are one xdist_group). tests/gpu is `make gpu-check`'s.
 # The tests start a few hundred Python processes that import the package: with PYTHONDONTWRITEBYTECODE set (as on
 # these machines) each would compile it from source again, so it is unset here and the bytecode is written once.
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n auto --dist loadgroup --ignore=tests/gpu
