@@ -3,7 +3,8 @@
 First, the default path: ``TrainLoop(model, train, val, None, optimizer, criterion).fit(num_epochs=N)``, nothing
 but the loaders and the model (the evaluation a user gets without asking: the validation loss after every epoch,
 the epoch's training loss from its batches), against the hand-written loop that validates once per epoch (the mean
-validation loss, in eval mode without gradients), with the raw loop against itself as the noise floor.
+validation loss, in eval mode without gradients), with the raw loop against itself as the noise floor; the runs'
+order rotates from repeat to repeat.
 
 Then the loop's own cost, without evaluation: the variants interleaved in one process (raw loop, the raw loop again
 as the noise floor, TrainLoop without callbacks, TrainLoop with 50 no-op callbacks on every per-step hook), repeated,
@@ -227,22 +228,25 @@ def run_default_trainloop(batches, val_batches, epochs, **loop_kwargs):
 
 
 def default_path(batches, val_batches, epochs, repeats):
-    """Median ratios of the whole fit's speed: the default TrainLoop, and AIToolbox's end-of-epoch evaluation
-    (eval_train_set=True), against the hand-written loop that validates once per epoch; and the noise floor."""
+    """Ratios of the whole fit's speed per repeat: the default TrainLoop, and AIToolbox's end-of-epoch evaluation
+    (eval_train_set=True), against the hand-written loop that validates once per epoch; the noise floor; and whether
+    a default TrainLoop shows its progress bar here."""
     for _ in range(2):
         run_raw_validating(batches, val_batches, 1), run_default_trainloop(batches, val_batches, 1)
+    runs = {'raw': lambda: run_raw_validating(batches, val_batches, epochs),
+            'again': lambda: run_raw_validating(batches, val_batches, epochs),
+            'default': lambda: run_default_trainloop(batches, val_batches, epochs)[0],
+            'aitoolbox': lambda: run_default_trainloop(batches, val_batches, epochs, eval_train_set=True)[0]}
+    names = list(runs)
     default, aitoolbox, floor = [], [], []
-    bar = None
-    for _ in range(repeats):
-        raw = run_raw_validating(batches, val_batches, epochs)
-        again = run_raw_validating(batches, val_batches, epochs)
-        plain, loop = run_default_trainloop(batches, val_batches, epochs)
-        bar = loop.progress_bar
-        with_train_pass, _ = run_default_trainloop(batches, val_batches, epochs, eval_train_set=True)
-        floor.append(raw / again)
-        default.append(raw / plain)
-        aitoolbox.append(raw / with_train_pass)
-    return default, aitoolbox, floor, bar
+    for repeat in range(repeats):
+        # The order rotates from repeat to repeat: a run's place in the sequence (what ran just before it, how long
+        # the process has run) weighs on each variant alike, the raw loop's second run included.
+        seconds = {name: runs[name]() for name in names[repeat % 4:] + names[:repeat % 4]}
+        floor.append(seconds['raw'] / seconds['again'])
+        default.append(seconds['raw'] / seconds['default'])
+        aitoolbox.append(seconds['raw'] / seconds['aitoolbox'])
+    return default, aitoolbox, floor, TrainLoop(None, None, None, None, None, None).progress_bar
 
 
 def run_trainloop(batches, epochs, num_callbacks, guard=None):

@@ -470,7 +470,9 @@ class _SnapshotWalk:
         if kind in _DICT_TYPES:
             if not _KEY_TYPES.issuperset(map(type, value)):
                 self.unsafe = True
-            return kind((key, item if type(item) in leaves else copy(item)) for key, item in value.items())
+            # A comprehension, then the dict's own type: about half the time of kind() over a generator of pairs.
+            copied = {key: item if type(item) in leaves else copy(item) for key, item in value.items()}
+            return copied if kind is dict else kind(copied)
         if kind is list or kind is tuple:
             items = [item if type(item) in leaves else copy(item) for item in value]
             return items if kind is list else tuple(items)
