@@ -246,7 +246,7 @@ def default_path(batches, val_batches, epochs, repeats):
         floor.append(seconds['raw'] / seconds['again'])
         default.append(seconds['raw'] / seconds['default'])
         aitoolbox.append(seconds['raw'] / seconds['aitoolbox'])
-    return default, aitoolbox, floor, TrainLoop(None, None, None, None, None, None).progress_bar
+    return default, aitoolbox, floor, TrainLoop(new_model_and_optimizer()[0], None, None, None, None, None).progress_bar
 
 
 def run_trainloop(batches, epochs, num_callbacks, guard=None):
