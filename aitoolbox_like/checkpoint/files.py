@@ -471,8 +471,8 @@ class _SnapshotWalk:
             if not _KEY_TYPES.issuperset(map(type, value)):
                 self.unsafe = True
             # A comprehension, then the dict's own type: about half the time of kind() over a generator of pairs.
-            copied = {key: item if type(item) in leaves else copy(item) for key, item in value.items()}
-            return copied if kind is dict else kind(copied)
+            entries = {key: item if type(item) in leaves else copy(item) for key, item in value.items()}
+            return entries if kind is dict else kind(entries)
         if kind is list or kind is tuple:
             items = [item if type(item) in leaves else copy(item) for item in value]
             return items if kind is list else tuple(items)
