@@ -91,7 +91,10 @@ def _has_uv(python: str) -> bool:
 def install(requirements: Sequence[str], target: str, python: str = sys.executable) -> str:
     """Install ``requirements`` (pip's syntax: ``-c FILE``, ``-e SPEC``, names) into ``target``'s environment, and
     return which installer did it: 'uv' or 'pip'."""
-    options, environment, why = uv_arguments(pip_configuration(python))
+    try:
+        options, environment, why = uv_arguments(pip_configuration(python))
+    except (subprocess.CalledProcessError, ValueError, SyntaxError) as unreadable:
+        options, environment, why = None, {}, f"pip's configuration could not be read ({unreadable})"
     if options is None:
         logger.warning('%s: pip installs instead of uv', why)
     elif _has_uv(python):
