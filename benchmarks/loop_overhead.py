@@ -232,7 +232,7 @@ def default_path(batches, val_batches, epochs, repeats):
     (eval_train_set=True), against the hand-written loop that validates once per epoch; the noise floor; and whether
     a default TrainLoop shows its progress bar here."""
     for _ in range(2):
-        run_raw_validating(batches, val_batches, 1), run_default_trainloop(batches, val_batches, 1)
+        _, warm_up = run_raw_validating(batches, val_batches, 1), run_default_trainloop(batches, val_batches, 1)[1]
     runs = {'raw': lambda: run_raw_validating(batches, val_batches, epochs),
             'again': lambda: run_raw_validating(batches, val_batches, epochs),
             'default': lambda: run_default_trainloop(batches, val_batches, epochs)[0],
@@ -246,7 +246,7 @@ def default_path(batches, val_batches, epochs, repeats):
         floor.append(seconds['raw'] / seconds['again'])
         default.append(seconds['raw'] / seconds['default'])
         aitoolbox.append(seconds['raw'] / seconds['aitoolbox'])
-    return default, aitoolbox, floor, TrainLoop(new_model_and_optimizer()[0], None, None, None, None, None).progress_bar
+    return default, aitoolbox, floor, warm_up.progress_bar
 
 
 def run_trainloop(batches, epochs, num_callbacks, guard=None):

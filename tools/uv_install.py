@@ -16,6 +16,7 @@ itself is installed by pip before (the Makefile), from the local CPU build, and 
 """
 import argparse
 import ast
+import importlib.util
 import logging
 import os
 import subprocess
@@ -29,6 +30,8 @@ UV = 'uv==0.13.9'
 HANDED_OVER = {'index-url': ('--index-url', False), 'extra-index-url': ('--extra-index-url', True),
                'find-links': ('--find-links', True), 'constraint': ('--constraints', True),
                'trusted-host': ('--allow-insecure-host', True)}
+# pip's yes/no options that say which packages are candidates, as uv is told them when they are on.
+FLAGS = {'no-index': ['--no-index'], 'pre': ['--prerelease', 'allow']}
 # pip's options that change nothing of what is installed (cert: uv gets it as SSL_CERT_FILE; config-file: where the
 # settings were read).
 IRRELEVANT = {'timeout', 'default-timeout', 'disable-pip-version-check', 'progress-bar', 'quiet', 'verbose',
@@ -40,9 +43,10 @@ TRUE = {'1', 'true', 'yes', 'on'}
 SECTIONS = ('global', 'install', ':env:')
 
 
-def pip_configuration(python: str = sys.executable) -> Dict[str, str]:
+def pip_configuration() -> Dict[str, str]:
     """pip's effective settings for ``pip install`` (option -> value), from ``pip config list``."""
-    listed = subprocess.run([python, '-m', 'pip', 'config', 'list'], capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run([sys.executable, '-m', 'pip', 'config', 'list'], capture_output=True, text=True,
+                            check=True).stdout
     by_section: Dict[str, Dict[str, str]] = {section: {} for section in SECTIONS}
     for line in listed.splitlines():
         key, _, value = line.partition('=')
@@ -65,12 +69,9 @@ def uv_arguments(settings: Dict[str, str]) -> Tuple[Optional[List[str]], Dict[st
             flag, many = HANDED_OVER[option]
             for item in value.split() if many else [value]:
                 options += [flag, item]
-        elif option == 'no-index':
+        elif option in FLAGS:
             if value.lower() in TRUE:
-                options.append('--no-index')
-        elif option == 'pre':
-            if value.lower() in TRUE:
-                options += ['--prerelease', 'allow']
+                options += FLAGS[option]
         elif option not in IRRELEVANT:
             return None, {}, f"pip's setting {option}={value!r}, which uv is not told"
     if 'cert' in settings and 'SSL_CERT_FILE' not in os.environ:
@@ -78,33 +79,32 @@ def uv_arguments(settings: Dict[str, str]) -> Tuple[Optional[List[str]], Dict[st
     return options, environment, None
 
 
-def _has_uv(python: str) -> bool:
-    found = subprocess.run([python, '-c', 'import uv'], capture_output=True)
-    if found.returncode == 0:
+def _has_uv() -> bool:
+    if importlib.util.find_spec('uv') is not None:
         return True
-    installed = subprocess.run([python, '-m', 'pip', 'install', '--quiet', UV], capture_output=True, text=True)
+    installed = subprocess.run([sys.executable, '-m', 'pip', 'install', '--quiet', UV], capture_output=True, text=True)
     if installed.returncode != 0:
         logger.warning('uv could not be installed (%s): pip installs instead', installed.stderr.strip()[-400:])
     return installed.returncode == 0
 
 
-def install(requirements: Sequence[str], target: str, python: str = sys.executable) -> str:
+def install(requirements: Sequence[str], target: str) -> str:
     """Install ``requirements`` (pip's syntax: ``-c FILE``, ``-e SPEC``, names) into ``target``'s environment, and
     return which installer did it: 'uv' or 'pip'."""
     try:
-        options, environment, why = uv_arguments(pip_configuration(python))
+        options, environment, why = uv_arguments(pip_configuration())
     except (subprocess.CalledProcessError, ValueError, SyntaxError) as unreadable:
         options, environment, why = None, {}, f"pip's configuration could not be read ({unreadable})"
     if options is None:
         logger.warning('%s: pip installs instead of uv', why)
-    elif _has_uv(python):
-        command = [python, '-m', 'uv', 'pip', 'install', '--quiet', '--python', target, *options, *requirements]
+    elif _has_uv():
+        command = [sys.executable, '-m', 'uv', 'pip', 'install', '--quiet', '--python', target, *options, *requirements]
         done = subprocess.run(command, env={**os.environ, **environment}, stderr=subprocess.PIPE, text=True)
         if done.returncode == 0:
             return 'uv'
         logger.warning('uv failed (%s): pip installs instead', done.stderr.strip()[-800:])
-    subprocess.run([python, '-m', 'pip', '--python', target, 'install', '--quiet', '--no-compile', *requirements],
-                   check=True)
+    subprocess.run([sys.executable, '-m', 'pip', '--python', target, 'install', '--quiet', '--no-compile',
+                    *requirements], check=True)
     return 'pip'
 
 
