@@ -339,7 +339,9 @@ class ModelCheckpoint(ExperimentSaverBase):
         return f'{type(self).__name__}[{self.project_name}/{self.experiment_name}]'
 
     def state_dict(self):
-        return {'scored': copy.deepcopy(self.scored)}
+        # Each entry holds a score, an epoch and a file name, none of which changes in place: a copy of each list, not
+        # a deepcopy of all of them (taken at every save, over a list that grows by one entry per epoch).
+        return {'scored': [list(entry) for entry in self.scored]}
 
     def load_state_dict(self, state_dict):
         self.scored = copy.deepcopy(state_dict.get('scored', []))

@@ -337,6 +337,9 @@ class AsyncCheckpointWriter:
         self._description = ''
         self._error: Optional[BaseException] = None
         self._pool: list[torch.Tensor] = []
+        # (dtype, shape, layout, is_cpu) of each pool buffer, when every one of them is a plain CPU buffer that the
+        # next snapshot's tensors may be copied into without a check each (see snapshot); None otherwise.
+        self._pool_signature: Optional[list[tuple[Any, ...]]] = None
 
     def _setup(self) -> None:
         # Guards what the two threads share: the job handed over, whether it is done, and the thread itself.
@@ -354,6 +357,7 @@ class AsyncCheckpointWriter:
         for name in ('_condition', '_job', '_busy', '_thread'):
             del state[name]
         state['_pool'] = []
+        state['_pool_signature'] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -373,13 +377,25 @@ class AsyncCheckpointWriter:
         (:meth:`submit` and :meth:`wait` ensure it): it reuses the previous snapshot's buffers."""
         if self._busy:
             raise RuntimeError('AsyncCheckpointWriter.snapshot() while a write is in flight; call wait() first')
-        walk = _SnapshotWalk(self._pool)
         with torch.no_grad():
-            copied = walk.copy(obj)
+            walk = None
+            if self._pool_signature is not None:
+                # The common case, a checkpoint of the same tensors as the last one: each tensor is given the
+                # buffer at its place in the walk, and one check over all of them afterwards confirms the guess
+                # (a check per tensor during the walk was half of the snapshot's time on the training thread).
+                # When it fails, the walk is made again, tensor by tensor.
+                walk = _SnapshotWalk(self._pool, self._pool_signature)
+                copied = walk.copy(obj)
+                if not walk.reused_every_buffer():
+                    walk = None
+            if walk is None:
+                walk = _SnapshotWalk(self._pool)
+                copied = walk.copy(obj)
             if walk.unsafe:
                 check_weights_only_safe(obj, where)     # names where the value is
             walk.finish()
         self._pool = walk.buffers
+        self._pool_signature = walk.signature()
         return copied
 
     def submit(self, description: str, job: Callable[[Any], None], snapshot: Any) -> None:
@@ -447,9 +463,12 @@ class _SnapshotWalk:
     """One :meth:`AsyncCheckpointWriter.snapshot`: copies a checkpoint's containers, and gives each tensor a host
     buffer. A CPU tensor whose buffer (the previous snapshot's, in the order the walk meets them) has its shape and
     dtype is copied by :meth:`finish`, all in one batched copy: per-tensor calls were most of a save's time on the
-    training thread for a model of many small tensors (an optimizer's state is three per parameter)."""
+    training thread for a model of many small tensors (an optimizer's state is three per parameter).
 
-    def __init__(self, pool: list[torch.Tensor]) -> None:
+    With ``signature`` (the previous snapshot's :meth:`signature`) the walk only guesses: the n-th tensor met gets
+    the n-th buffer, and :meth:`reused_every_buffer` then checks every guess at once."""
+
+    def __init__(self, pool: list[torch.Tensor], signature: Optional[list[tuple[Any, ...]]] = None) -> None:
         self.pool = pool
         self.buffers: list[torch.Tensor] = []
         self.memo: dict[int, torch.Tensor] = {}
@@ -457,6 +476,11 @@ class _SnapshotWalk:
         self.sources: list[torch.Tensor] = []
         self.devices: set[torch.device] = set()
         self.unsafe = False         # a value a weights_only checkpoint cannot hold was met
+        self.plain = 0              # tensors copied into a buffer of their own by the CPU branch
+        self.expected = signature
+        if signature is not None:
+            self._copy_tensor = self._reuse_tensor      # type: ignore[method-assign]
+            self.buffers = self.targets = pool
 
     def copy(self, value: Any) -> Any:
         kind = type(value)
@@ -492,6 +516,7 @@ class _SnapshotWalk:
         if not dense or not (tensor.is_cpu or tensor.is_cuda):
             buffer = tensor.to('cpu', copy=True)
         elif tensor.is_cpu:
+            self.plain += 1
             if reusable:
                 assert kept is not None
                 buffer = kept
@@ -506,6 +531,27 @@ class _SnapshotWalk:
             self.devices.add(tensor.device)
         self.buffers.append(buffer)
         return buffer
+
+    def _reuse_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        index = len(self.sources)
+        self.sources.append(tensor)
+        # Past the pool's end the guess has already failed (reused_every_buffer): any tensor stands in.
+        return self.pool[index] if index < len(self.pool) else tensor
+
+    def reused_every_buffer(self) -> bool:
+        """Whether the guesses of a walk with a signature hold: as many tensors as buffers, each a CPU tensor of its
+        buffer's dtype, shape and layout (the pool holds plain CPU buffers only, see :meth:`signature`)."""
+        return [(t.dtype, t.shape, t.layout, t.is_cpu) for t in self.sources] == self.expected
+
+    def signature(self) -> Optional[list[tuple[Any, ...]]]:
+        """What the next snapshot's tensors must match to reuse this one's buffers without a check each: every
+        buffer's (dtype, shape, layout, is_cpu), when every tensor of this snapshot was a dense CPU tensor (never
+        for device, sparse or quantized tensors, whose copies are made one by one); else None."""
+        if self.expected is not None:
+            return self.expected        # confirmed by reused_every_buffer
+        if not self.buffers or self.plain != len(self.buffers):
+            return None
+        return [(b.dtype, b.shape, b.layout, b.is_cpu) for b in self.buffers]
 
     def finish(self) -> None:
         """The batched copies, and the device's copies complete."""
