@@ -1,6 +1,8 @@
 """benchmarks/peers.py runs end to end on a tiny configuration: it prints its markdown table, reports a peer that
 is not installed as skipped (with the command that installs it), writes its plot, and rewrites only the marked
-block of the docs page. No timing is asserted: the benchmark measures, the tests only check that it runs."""
+block of the docs page. step_breakdown.py names its pieces, and hf_eval.py counts an epoch boundary as its docs say.
+No timing is asserted: the benchmarks measure, the tests only check that they run and what they add up."""
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +71,15 @@ def test_the_step_breakdown_names_every_piece_and_sets_their_sum_beside_the_whol
                      'optimizer update around step() and zero_grad(): applied flags, skip decision, hook dispatches',
                      'sum of the pieces', 'whole step over the raw step (tiny MLP, batches of 32)']
     assert all(line.endswith(' us') for line in process.stdout.splitlines()[1:])
+
+
+def test_an_epoch_boundary_costs_the_time_between_epochs_and_what_the_next_steps_take_beyond_the_usual():
+    # hf_eval's figure: a background write's time shows in the steps after the boundary, not between the epochs.
+    spec = importlib.util.spec_from_file_location('hf_eval', ROOT / 'benchmarks' / 'hf_eval.py')
+    hf_eval = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hf_eval)
+    marks = hf_eval.Boundaries()
+    # Each epoch: its start, then each step's end (seconds). Steps take 1 s, except the first two after a boundary
+    # (3 s and 2 s: 3 s more than usual in all), and 3 s pass between the epochs.
+    marks.epochs = [[0, 1, 2, 3, 4], [7, 10, 12, 13, 14], [17, 20, 22, 23, 24]]
+    assert marks.cost() == (3, 3)
