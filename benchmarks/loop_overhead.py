@@ -242,7 +242,7 @@ def default_path(batches, val_batches, epochs, repeats):
     for repeat in range(repeats):
         # The order rotates from repeat to repeat: a run's place in the sequence (what ran just before it, how long
         # the process has run) weighs on each variant alike, the raw loop's second run included.
-        seconds = {name: runs[name]() for name in names[repeat % 4:] + names[:repeat % 4]}
+        seconds = {name: runs[name]() for name in names[repeat % len(names):] + names[:repeat % len(names)]}
         floor.append(seconds['raw'] / seconds['again'])
         default.append(seconds['raw'] / seconds['default'])
         aitoolbox.append(seconds['raw'] / seconds['aitoolbox'])
